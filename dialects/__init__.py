@@ -1,0 +1,1 @@
+"""xDSL dialects of partir: the core loop dialect, StableHLO's gaps, CHLO."""

@@ -1,0 +1,75 @@
+"""The part of CHLO (XLA's "client HLO") that JAX emits next to StableHLO.
+
+`jax.jit(f).lower(...)` gives StableHLO plus a few CHLO ops: `jnp.square` is
+`chlo.square`, exact GELU uses `chlo.erf`/`chlo.erfc`, `jnp.tan` is `chlo.tan`,
+and so on. xdsl-jax has no CHLO dialect and jaxlib exposes no pass that expands
+CHLO into StableHLO, so partir defines the elementwise ones here, with MLIR's
+syntax (`chlo.erf %x : tensor<4xf32> -> tensor<4xf32>`). Ops not listed (e.g.
+`chlo.top_k`) still import, as unregistered ops, and fail later by name.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import AnyTensorType
+from xdsl.ir import Dialect
+from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def, traits_def
+from xdsl.traits import Pure
+
+# name -> whether the result is a predicate (i1) rather than the operand's type.
+UNARY_OPS: dict[str, bool] = {
+    "acos": False,
+    "acosh": False,
+    "asin": False,
+    "asinh": False,
+    "atan": False,
+    "atanh": False,
+    "bessel_i1e": False,
+    "conj": False,
+    "cosh": False,
+    "digamma": False,
+    "erf": False,
+    "erf_inv": False,
+    "erfc": False,
+    "is_inf": True,
+    "is_neg_inf": True,
+    "is_pos_inf": True,
+    "lgamma": False,
+    "sinh": False,
+    "square": False,
+    "tan": False,
+}
+BINARY_OPS = ("next_after", "polygamma", "zeta")
+
+
+class ChloUnaryOp(IRDLOperation):
+    """Base of the elementwise unary CHLO ops."""
+
+    operand = operand_def(AnyTensorType)
+    result = result_def(AnyTensorType)
+    traits = traits_def(Pure())
+    assembly_format = "$operand attr-dict `:` type($operand) `->` type($result)"
+
+
+class ChloBinaryOp(IRDLOperation):
+    """Base of the elementwise binary CHLO ops."""
+
+    lhs = operand_def(AnyTensorType)
+    rhs = operand_def(AnyTensorType)
+    result = result_def(AnyTensorType)
+    traits = traits_def(Pure())
+    assembly_format = "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)"
+
+
+def _class_name(op: str) -> str:
+    return "".join(part.capitalize() for part in op.split("_")) + "Op"
+
+
+def _define(base: type[IRDLOperation], op: str) -> type[IRDLOperation]:
+    cls = type(_class_name(op), (base,), {"name": f"chlo.{op}", "__doc__": f"`chlo.{op}`."})
+    return irdl_op_definition(cls)
+
+
+UNARY_CLASSES = {op: _define(ChloUnaryOp, op) for op in UNARY_OPS}
+BINARY_CLASSES = {op: _define(ChloBinaryOp, op) for op in BINARY_OPS}
+
+CHLO = Dialect("chlo", [*UNARY_CLASSES.values(), *BINARY_CLASSES.values()], [])

@@ -1,0 +1,69 @@
+"""The reference interpreter: runs a module of any partir stage on NumPy arrays.
+
+It is the oracle for every rewrite and lowering, so each op's implementation
+follows the StableHLO spec (or the partir dialect's definition) directly,
+favouring obviousness over speed. An op with no implementation raises an
+`InterpretationError` that names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.interpreter import Interpreter
+from xdsl.interpreters.func import FuncFunctions
+from xdsl.utils.exceptions import InterpretationError
+
+from dialects.interpreter.chlo import ChloFunctions
+from dialects.interpreter.core import PartirFunctions
+from dialects.interpreter.dtypes import numpy_dtype
+from dialects.interpreter.stablehlo import StableHLOFunctions
+
+
+def make_interpreter(module: ModuleOp) -> Interpreter:
+    interp = Interpreter(module)
+    for functions in (FuncFunctions(), PartirFunctions(), StableHLOFunctions(), ChloFunctions()):
+        interp.register_implementations(functions)
+    return interp
+
+
+def run_function(module: ModuleOp, args: Sequence[Any], function: str = "main") -> list[np.ndarray]:
+    """Run `@function` of `module` on flat `args` and return its flat results."""
+    entry = next(
+        (
+            op
+            for op in module.body.block.ops
+            if isinstance(op, func.FuncOp) and op.sym_name.data == function
+        ),
+        None,
+    )
+    if entry is None:
+        raise InterpretationError(f"module has no func.func @{function}")
+    inputs = entry.function_type.inputs.data
+    if len(args) != len(inputs):
+        raise InterpretationError(
+            f"@{function} takes {len(inputs)} arguments, {len(args)} were given"
+        )
+    arrays = [_as_argument(i, a, t) for i, (a, t) in enumerate(zip(args, inputs, strict=True))]
+    results = make_interpreter(module).call_op(function, tuple(arrays))
+    return [np.asarray(r) for r in results]
+
+
+def _as_argument(index: int, value: Any, ty: Any) -> np.ndarray:
+    if not isinstance(ty, TensorType):
+        raise InterpretationError(f"argument {index} has non-tensor type {ty}")
+    dtype = numpy_dtype(ty.element_type)
+    array = np.asarray(value)
+    if tuple(array.shape) != tuple(ty.get_shape()):
+        raise InterpretationError(
+            f"argument {index} has shape {tuple(array.shape)} but the function takes {ty}"
+        )
+    if array.dtype != dtype:
+        raise InterpretationError(
+            f"argument {index} has dtype {array.dtype} but the function takes {ty}"
+        )
+    return array

@@ -1,0 +1,38 @@
+"""xDSL's MLIR parser with MLIR's reading of hex float literals.
+
+MLIR prints a float that has no exact decimal form (NaN, ±inf) as its bit
+pattern: `dense<0xFF800000> : tensor<f32>` is -inf, the initial value of every
+max-reduction JAX emits (softmax, log-softmax). xDSL 0.73 prints the same hex
+form but parses it back as the *integer* 4286578688.0, a silent wrong value.
+`PartirParser` reads a hex literal inside a float `dense<...>` as the bits of
+that float, as MLIR does. Every text partir parses goes through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import AnyFloat
+from xdsl.parser import Parser
+
+
+@dataclass
+class _BitPatternElement(Parser._TensorLiteralElement):
+    """A tensor literal element written in hex: for a float type, its bits."""
+
+    def to_type(self, parser, type):  # type: ignore[override]
+        if isinstance(type, AnyFloat) and isinstance(self.value, int):
+            raw = self.value.to_bytes(type.compile_time_size, "little")
+            return float(next(iter(type.iter_unpack(raw))))
+        return super().to_type(parser, type)
+
+
+class PartirParser(Parser):
+    """`xdsl.parser.Parser`, reading hex float literals in dense attributes as bits."""
+
+    def _parse_tensor_literal_element(self) -> Parser._TensorLiteralElement:
+        text = self._current_token.text
+        element = super()._parse_tensor_literal_element()
+        if text[:2] in ("0x", "0X") and isinstance(element.value, int):
+            return _BitPatternElement(False, element.value, element.span)
+        return element

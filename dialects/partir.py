@@ -1,0 +1,562 @@
+"""The partir core dialect: a mesh, ranges over its axes, and tile/sum loops.
+
+A program in this dialect is ordinary StableHLO in which some values are
+computed by loops over named mesh axes:
+
+    partir.mesh @mesh ["batch" = 4, "model" = 2]
+
+    %y = partir.loop "batch" [#partir.tile<0>] (%r: !partir.range<4>) {
+      %xs = partir.slice 0 %x[%r] : tensor<32x64xf32> -> tensor<8x64xf32>
+      %e = stablehlo.exponential %xs : tensor<8x64xf32>
+      partir.yield %e : tensor<8x64xf32>
+    } : tensor<32x64xf32>
+
+The sequential meaning is simple (see `dialects.interpreter.core`): a `tile<d>`
+loop concatenates its body's results along `d` over the range, a `sum` loop adds
+them. The lowering gives the same loops a parallel meaning, one iteration per
+device along the axis; the verifier enforces what makes both meanings agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from functools import lru_cache
+
+from xdsl.dialects.builtin import (
+    I64,
+    ArrayAttr,
+    DenseArrayBase,
+    IntAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    TensorType,
+    i64,
+)
+from xdsl.ir import (
+    Attribute,
+    Block,
+    BlockArgument,
+    Dialect,
+    Operation,
+    ParametrizedAttribute,
+    Region,
+    SSAValue,
+    TypeAttribute,
+)
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    lazy_traits_def,
+    operand_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+)
+from xdsl.parser import AttrParser, Parser
+from xdsl.printer import Printer
+from xdsl.traits import (
+    HasParent,
+    IsTerminator,
+    Pure,
+    RecursiveMemoryEffect,
+    ReturnLike,
+    SymbolOpInterface,
+)
+from xdsl.utils.exceptions import VerifyException
+
+# --------------------------------------------------------------------------
+# Types and attributes
+# --------------------------------------------------------------------------
+
+
+@irdl_attr_definition
+class RangeType(ParametrizedAttribute, TypeAttribute):
+    """`!partir.range<N>`: the values 0..N-1, one per device along a mesh axis."""
+
+    name = "partir.range"
+    size: IntAttr
+
+    def __init__(self, size: int | IntAttr):
+        super().__init__(IntAttr(size) if isinstance(size, int) else size)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            n = parser.parse_integer(allow_boolean=False, allow_negative=False)
+        return (IntAttr(n),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_int(self.size.data)
+
+    def verify(self) -> None:
+        if self.size.data <= 0:
+            raise VerifyException(f"range size must be positive, got {self.size.data}")
+
+
+@irdl_attr_definition
+class TileAttr(ParametrizedAttribute):
+    """`#partir.tile<d>`: the loop's result concatenates the body's results on dim d."""
+
+    name = "partir.tile"
+    dim: IntAttr
+
+    def __init__(self, dim: int | IntAttr):
+        super().__init__(IntAttr(dim) if isinstance(dim, int) else dim)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            d = parser.parse_integer(allow_boolean=False, allow_negative=False)
+        return (IntAttr(d),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_int(self.dim.data)
+
+
+@irdl_attr_definition
+class SumAttr(ParametrizedAttribute):
+    """`#partir.sum`: the loop's result is the sum of the body's results."""
+
+    name = "partir.sum"
+
+
+LoopAction = TileAttr | SumAttr
+
+
+@irdl_attr_definition
+class OriginAttr(ParametrizedAttribute):
+    """`#partir.origin<3, "Megatron">`: the action (numbered in schedule order)
+    and the tactic that caused a loop, so later stages can say why a value is
+    split, and propagation can let the earlier action win a conflict."""
+
+    name = "partir.origin"
+    action: IntAttr
+    tactic: StringAttr
+
+    def __init__(self, action: int, tactic: str):
+        super().__init__(IntAttr(action), StringAttr(tactic))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            action = parser.parse_integer(allow_boolean=False, allow_negative=False)
+            parser.parse_punctuation(",")
+            tactic = parser.parse_str_literal()
+        return (IntAttr(action), StringAttr(tactic))
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            printer.print_int(self.action.data)
+            printer.print_string(", ")
+            printer.print_string_literal(self.tactic.data)
+
+
+ORIGIN = "origin"
+"""The loop attribute holding its `OriginAttr`."""
+
+# --------------------------------------------------------------------------
+# The mesh
+# --------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class MeshOp(IRDLOperation):
+    """`partir.mesh @mesh ["batch" = 4, "model" = 2]`: the named device axes.
+
+    A module declares one mesh at its top level; every loop names one of its
+    axes, and the lowering maps the axes onto a JAX mesh of the same shape.
+    """
+
+    name = "partir.mesh"
+
+    sym_name = prop_def(StringAttr)
+    axis_names = prop_def(ArrayAttr[StringAttr])
+    axis_sizes = prop_def(DenseArrayBase.constr(I64))
+
+    traits = traits_def(SymbolOpInterface(), HasParent(ModuleOp))
+
+    def __init__(self, axes: dict[str, int] | Sequence[tuple[str, int]], name: str = "mesh"):
+        items = list(axes.items()) if isinstance(axes, dict) else list(axes)
+        super().__init__(
+            properties={
+                "sym_name": StringAttr(name),
+                "axis_names": ArrayAttr([StringAttr(n) for n, _ in items]),
+                "axis_sizes": DenseArrayBase.from_list(i64, [s for _, s in items]),
+            }
+        )
+
+    @property
+    def axes(self) -> dict[str, int]:
+        """Axis name -> size, in declaration order."""
+        sizes = self.axis_sizes.get_values()
+        return {n.data: int(s) for n, s in zip(self.axis_names.data, sizes, strict=True)}
+
+    def verify_(self) -> None:
+        names = [n.data for n in self.axis_names.data]
+        sizes = self.axis_sizes.get_values()
+        if len(names) != len(sizes):
+            raise VerifyException(
+                f"mesh @{self.sym_name.data} has {len(names)} axis names but {len(sizes)} sizes"
+            )
+        if len(set(names)) != len(names):
+            raise VerifyException(f"mesh @{self.sym_name.data} repeats an axis name: {names}")
+        for n, s in zip(names, sizes, strict=True):
+            if s <= 0:
+                raise VerifyException(f'mesh axis "{n}" must have a positive size, got {s}')
+        parent = self.parent_block()
+        if parent is not None:
+            meshes = [op for op in parent.ops if isinstance(op, MeshOp)]
+            if len(meshes) > 1:
+                raise VerifyException(
+                    "a module declares one partir.mesh; found "
+                    + ", ".join(f"@{m.sym_name.data}" for m in meshes)
+                )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_symbol_name(self.sym_name.data)
+        printer.print_string(" [")
+        printer.print_list(
+            self.axes.items(),
+            lambda kv: printer.print_string(f'"{kv[0]}" = {kv[1]}'),
+        )
+        printer.print_string("]")
+        printer.print_op_attributes(self.attributes)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> MeshOp:
+        name = parser.parse_symbol_name().data
+
+        def one_axis() -> tuple[str, int]:
+            axis = parser.parse_str_literal()
+            parser.parse_punctuation("=")
+            return axis, parser.parse_integer(allow_boolean=False, allow_negative=False)
+
+        axes = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, one_axis)
+        op = cls(axes, name)
+        op.attributes |= parser.parse_optional_attr_dict()
+        return op
+
+
+def find_mesh(op: Operation) -> MeshOp | None:
+    """The mesh declared at the top level of the module enclosing `op`."""
+    module: Operation | None = op
+    while module is not None and not isinstance(module, ModuleOp):
+        module = module.parent_op()
+    if module is None:
+        return None
+    for top in module.body.block.ops:
+        if isinstance(top, MeshOp):
+            return top
+    return None
+
+
+# --------------------------------------------------------------------------
+# Loops, slices, yield
+# --------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=65536)
+def part_type(ty: TensorType, dim: int, parts: int) -> TensorType:
+    """`ty` with dimension `dim` split into `parts` (memoised: types repeat a lot)."""
+    shape = list(ty.get_shape())
+    shape[dim] //= parts
+    return TensorType(ty.element_type, shape)
+
+
+@lru_cache(maxsize=256)
+def _dim_attr(dim: int) -> IntegerAttr:
+    return IntegerAttr(dim, i64)
+
+
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    """`partir.yield %v : T`: the value one iteration of a loop contributes."""
+
+    name = "partir.yield"
+    values = var_operand_def()
+
+    traits = lazy_traits_def(lambda: (IsTerminator(), HasParent(LoopOp), ReturnLike(), Pure()))
+    assembly_format = "attr-dict ($values^ `:` type($values))?"
+
+    def __init__(self, *values: SSAValue | Operation):
+        # Operation.__init__ directly, as `create` does: this op is built often.
+        Operation.__init__(self, operands=[SSAValue.get(v) for v in values])
+
+
+@irdl_op_definition
+class LoopOp(IRDLOperation):
+    """`partir.loop "axis" [action] (%r: !partir.range<N>) {...} : T`.
+
+    One iteration per index of the mesh axis. `#partir.tile<d>`: the result is
+    the body results concatenated along d (so the result's dim d is N times the
+    body's); `#partir.sum`: their sum (same shape). The body may use values
+    from outside; it sees its own part of a value only through `partir.slice`.
+    """
+
+    name = "partir.loop"
+
+    axis = prop_def(StringAttr)
+    action = prop_def(LoopAction)
+    body = region_def("single_block")
+    result = result_def(TensorType)
+
+    traits = traits_def(RecursiveMemoryEffect())
+
+    def __init__(
+        self,
+        axis: str | StringAttr,
+        action: TileAttr | SumAttr,
+        body: Region,
+        result_type: Attribute,
+        attributes: dict[str, Attribute] | None = None,
+    ):
+        Operation.__init__(
+            self,
+            properties={
+                "axis": StringAttr(axis) if isinstance(axis, str) else axis,
+                "action": action,
+            },
+            regions=[body],
+            result_types=[result_type],
+            attributes=attributes or {},
+        )
+
+    @property
+    def range_arg(self) -> BlockArgument:
+        return self.body.block.args[0]
+
+    @property
+    def axis_name(self) -> str:
+        return self.axis.data
+
+    @property
+    def size(self) -> int:
+        return self.range_arg.type.size.data  # type: ignore[attr-defined]
+
+    @property
+    def origin(self) -> OriginAttr | None:
+        origin = self.attributes.get(ORIGIN)
+        return origin if isinstance(origin, OriginAttr) else None
+
+    @property
+    def yielded(self) -> SSAValue:
+        term = self.body.block.last_op
+        assert isinstance(term, YieldOp)
+        return term.values[0]
+
+    def enclosing_loops(self) -> Iterator[LoopOp]:
+        """The loops this one is nested in, innermost first."""
+        parent = self.parent_op()
+        while parent is not None:
+            if isinstance(parent, LoopOp):
+                yield parent
+            parent = parent.parent_op()
+
+    def verify_(self) -> None:
+        axis = self.axis.data
+        block = self.body.block
+        if len(block.args) != 1 or not isinstance(block.args[0].type, RangeType):
+            raise VerifyException(
+                f'loop over "{axis}" must have exactly one !partir.range block argument'
+            )
+        size = block.args[0].type.size.data
+        mesh = find_mesh(self)
+        if mesh is None:
+            raise VerifyException(
+                f'loop over "{axis}" needs a partir.mesh declaration at the top of its module'
+            )
+        axes = mesh.axes
+        if axis not in axes:
+            known = ", ".join(f'"{a}"' for a in axes)
+            raise VerifyException(
+                f'unknown mesh axis "{axis}": mesh @{mesh.sym_name.data} declares {known}'
+            )
+        if size != axes[axis]:
+            raise VerifyException(
+                f'range size {size} of loop over "{axis}" differs from the axis size {axes[axis]}'
+            )
+        for outer in self.enclosing_loops():
+            if outer.axis.data == axis:
+                raise VerifyException(
+                    f'loop over "{axis}" is nested inside another loop over the same axis'
+                )
+        term = block.last_op
+        if not isinstance(term, YieldOp) or len(term.values) != 1:
+            raise VerifyException(f'loop over "{axis}" must end in partir.yield of one value')
+        body_t, res_t = term.values[0].type, self.result.type
+        if not isinstance(body_t, TensorType) or not isinstance(res_t, TensorType):
+            raise VerifyException(f'loop over "{axis}" must yield a tensor')
+        if body_t.element_type != res_t.element_type:
+            raise VerifyException(f'loop over "{axis}" yields {body_t} but its result is {res_t}')
+        if isinstance(self.action, TileAttr):
+            d = self.action.dim.data
+            if d >= body_t.get_num_dims():
+                raise VerifyException(
+                    f'loop over "{axis}" tiles dim {d} of the rank-{body_t.get_num_dims()} '
+                    f"value {body_t}"
+                )
+            want = list(body_t.get_shape())
+            want[d] *= size
+            if list(res_t.get_shape()) != want:
+                raise VerifyException(
+                    f'tile<{d}> loop over "{axis}" of {body_t} gives shape '
+                    f"{'x'.join(map(str, want))}, but the result is {res_t}"
+                )
+        elif body_t != res_t:
+            raise VerifyException(
+                f'sum loop over "{axis}" yields {body_t} but its result is {res_t}'
+            )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_string_literal(self.axis.data)
+        printer.print_string(" [")
+        printer.print_attribute(self.action)
+        printer.print_string("] (")
+        printer.print_block_argument(self.range_arg)
+        printer.print_string(") ")
+        printer.print_region(self.body, print_entry_block_args=False)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> LoopOp:
+        axis = parser.parse_str_literal()
+        parser.parse_punctuation("[")
+        pos = parser.pos
+        action = parser.parse_attribute()
+        if not isinstance(action, TileAttr | SumAttr):
+            parser.raise_error("expected #partir.tile<d> or #partir.sum", pos, parser.pos)
+        parser.parse_punctuation("]")
+        parser.parse_punctuation("(")
+        arg = parser.parse_argument()
+        parser.parse_punctuation(")")
+        body = parser.parse_region((arg,))
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        result_type = parser.parse_type()
+        return cls(axis, action, body, result_type, attrs)
+
+
+@irdl_op_definition
+class SliceOp(IRDLOperation):
+    """`partir.slice d %x[%r] : T -> S`: part r of N equal parts of %x along dim d.
+
+    `%r` is the range of an enclosing loop, so each iteration (device) sees its
+    own part. The range size N is implied by the two types, so the text does
+    not repeat it.
+    """
+
+    name = "partir.slice"
+
+    dim = prop_def(IntegerAttr[I64])
+    src = operand_def(TensorType)
+    index = operand_def(RangeType)
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    def __init__(self, src: SSAValue | Operation, dim: int, index: SSAValue):
+        src_v = SSAValue.get(src)
+        src_t, idx_t = src_v.type, index.type
+        assert isinstance(src_t, TensorType) and isinstance(idx_t, RangeType)
+        Operation.__init__(
+            self,
+            operands=[src_v, index],
+            result_types=[part_type(src_t, dim, idx_t.size.data)],
+            properties={"dim": _dim_attr(dim)},
+        )
+
+    @property
+    def dim_index(self) -> int:
+        return self.dim.value.data
+
+    def verify_(self) -> None:
+        d = self.dim.value.data
+        src_t, res_t, idx_t = self.src.type, self.result.type, self.index.type
+        assert isinstance(src_t, TensorType) and isinstance(res_t, TensorType)
+        assert isinstance(idx_t, RangeType)
+        owner = self.index.owner
+        loop = owner.parent_op() if isinstance(owner, Block) else None
+        if not isinstance(loop, LoopOp) or not loop.is_ancestor(self):
+            raise VerifyException("slice index must be the range of an enclosing partir.loop")
+        if not 0 <= d < src_t.get_num_dims():
+            raise VerifyException(f"slice dim {d} is out of range for {src_t}")
+        n = idx_t.size.data
+        if src_t.get_shape()[d] % n:
+            raise VerifyException(
+                f'dim {d} of {src_t} is not divisible by the size {n} of axis "{loop.axis.data}"'
+            )
+        want = list(src_t.get_shape())
+        want[d] //= n
+        if list(res_t.get_shape()) != want or res_t.element_type != src_t.element_type:
+            expected = TensorType(src_t.element_type, want)
+            raise VerifyException(
+                f"slice {d} of {src_t} over {n} parts gives {expected}, but the result is {res_t}"
+            )
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(f" {self.dim.value.data} ")
+        printer.print_operand(self.src)
+        printer.print_string("[")
+        printer.print_operand(self.index)
+        printer.print_string("]")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.src.type)
+        printer.print_string(" -> ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> SliceOp:
+        d = parser.parse_integer(allow_boolean=False, allow_negative=False)
+        src = parser.parse_unresolved_operand()
+        parser.parse_punctuation("[")
+        idx = parser.parse_unresolved_operand()
+        parser.parse_punctuation("]")
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        pos = parser.pos
+        src_t = parser.parse_type()
+        parser.parse_punctuation("->")
+        res_t = parser.parse_type()
+        if not isinstance(src_t, TensorType) or not isinstance(res_t, TensorType):
+            parser.raise_error("partir.slice takes and gives ranked tensors", pos, parser.pos)
+        src_shape, res_shape = src_t.get_shape(), res_t.get_shape()
+        if (
+            len(src_shape) != len(res_shape)
+            or d >= len(src_shape)
+            or res_shape[d] <= 0
+            or src_shape[d] % res_shape[d]
+        ):
+            parser.raise_error(
+                f"slice {d} from {src_t} to {res_t} is not an even split of dim {d}",
+                pos,
+                parser.pos,
+            )
+        n = src_shape[d] // res_shape[d]
+        op = cls.create(
+            operands=[
+                parser.resolve_operand(src, src_t),
+                parser.resolve_operand(idx, RangeType(n)),
+            ],
+            result_types=[res_t],
+            properties={"dim": IntegerAttr(d, i64)},
+            attributes=attrs,
+        )
+        return op
+
+
+Partir = Dialect(
+    "partir",
+    [MeshOp, LoopOp, SliceOp, YieldOp],
+    [RangeType, TileAttr, SumAttr, OriginAttr],
+)

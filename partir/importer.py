@@ -1,0 +1,129 @@
+"""JAX function -> one flat xDSL `func.func @main` of StableHLO ops.
+
+JAX does the lowering (`jax.jit(fn, keep_unused=True).lower(*args)`), so the
+program partir sees is exactly the one XLA would compile. The importer then
+inlines JAX's private helper functions and names every argument and result by
+its pytree path, e.g. `params['w1']` or `result[1]['w1']`, kept in the
+`partir.name` argument/result attribute: tactics select values by these names.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
+
+from dialects.context import make_context
+from partir.mlir_bridge import AttributeCache, MlirToXdsl
+from rewrites.inline_calls import InlineCallsPass
+
+NAME_ATTR = "partir.name"
+"""Argument/result attribute holding the value's pytree path."""
+
+
+def import_jax(fn: Callable[..., Any], *args: Any) -> ModuleOp:
+    """Lower `fn` at `args` with JAX and import it as partir's input IR.
+
+    Errors from JAX (a function that does not trace or lower) propagate
+    unchanged. Arguments are the same as for calling `fn`; they may be arrays
+    or `jax.ShapeDtypeStruct`s.
+    """
+    lowered = jax.jit(fn, keep_unused=True).lower(*args)
+    module = import_lowered(lowered.compiler_ir("stablehlo"))
+    entry = entry_function(module)
+    name_arguments(entry, argument_paths(fn, args))
+    name_results(entry, result_paths(lowered.out_info))
+    return module
+
+
+_CONTEXT = make_context()
+_ATTRIBUTES = AttributeCache(_CONTEXT)
+
+
+def import_lowered(mlir_module: Any) -> ModuleOp:
+    """Convert a jaxlib StableHLO module to xDSL and inline its calls."""
+    module = MlirToXdsl(_CONTEXT, _ATTRIBUTES).convert_module(mlir_module)
+    InlineCallsPass().apply(_CONTEXT, module)
+    return module
+
+
+def entry_function(module: ModuleOp) -> func.FuncOp:
+    """The module's public `func.func` (JAX names it `main`)."""
+    public = [
+        op
+        for op in module.body.block.ops
+        if isinstance(op, func.FuncOp)
+        and (op.sym_visibility is None or op.sym_visibility.data == "public")
+    ]
+    if len(public) != 1:
+        names = ", ".join(f"@{f.sym_name.data}" for f in public) or "none"
+        raise ValueError(f"expected one public func.func in the module, found {names}")
+    return public[0]
+
+
+def argument_paths(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:
+    """Pytree paths of the flattened arguments, rooted at the parameter names."""
+    names = _parameter_names(fn, len(args))
+    paths = []
+    for name, arg in zip(names, args, strict=True):
+        for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            paths.append(name + jax.tree_util.keystr(path))
+    return paths
+
+
+def result_paths(out_info: Any) -> list[str]:
+    leaves = jax.tree_util.tree_flatten_with_path(out_info)[0]
+    return ["result" + jax.tree_util.keystr(path) for path, _ in leaves]
+
+
+def _parameter_names(fn: Callable[..., Any], count: int) -> list[str]:
+    """Positional parameter names of `fn`, or `args[i]` where there are none."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names: list[str] = []
+    for i in range(count):
+        if i < len(params) and params[i].kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            names.append(params[i].name)
+        else:
+            names.append(f"args[{i}]")
+    return names
+
+
+def _with_name(attrs: ArrayAttr[DictionaryAttr] | None, count: int, names: list[str]) -> ArrayAttr:
+    old = [d.data for d in attrs.data] if attrs is not None else [{} for _ in range(count)]
+    return ArrayAttr(
+        [DictionaryAttr({**o, NAME_ATTR: StringAttr(n)}) for o, n in zip(old, names, strict=True)]
+    )
+
+
+def name_arguments(entry: func.FuncOp, paths: list[str]) -> None:
+    """Attach `partir.name` to each argument and use it as the SSA name hint."""
+    args = entry.body.block.args
+    if len(paths) != len(args):
+        raise ValueError(f"{len(paths)} argument leaves for {len(args)} function arguments")
+    entry.arg_attrs = _with_name(entry.arg_attrs, len(args), paths)
+    for arg, path in zip(args, paths, strict=True):
+        arg.name_hint = ssa_name(path)
+
+
+def name_results(entry: func.FuncOp, paths: list[str]) -> None:
+    count = len(entry.function_type.outputs)
+    if len(paths) != count:
+        raise ValueError(f"{len(paths)} result leaves for {count} function results")
+    entry.res_attrs = _with_name(entry.res_attrs, count, paths)
+
+
+def ssa_name(path: str) -> str:
+    """A readable SSA name for a pytree path: `params['w1']` -> `params_w1`."""
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", path).strip("_")
+    return name if name and not name[0].isdigit() else f"v_{name}"

@@ -1,0 +1,81 @@
+"""Selecting program values by pytree path, with globs.
+
+The importer names every argument and result by its pytree path, e.g.
+`params['blocks'][3]['attn']['wq']`. Selectors match the *slash form* of that
+path, `params/blocks/3/attn/wq`:
+
+- a segment is matched with shell-style wildcards (`*`, `?`, `[abc]`), so
+  `params/*/w1` matches `params/mlp/w1` but not `params/a/b/w1`;
+- `**` matches any number of segments (including none): `params/**/wq`
+  matches every `wq` at any depth, `**/bias` every bias;
+- the path form itself, `params['w1']`, is accepted too and matches exactly.
+
+Results are named `result/...` (JAX's `result[1]['w1']` is `result/1/w1`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+
+_KEY = re.compile(r"\[(?:'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"|(-?\d+))\]|\.(\w+)")
+
+
+@lru_cache(maxsize=65536)
+def slash_path(path: str) -> str:
+    """`params['blocks'][3]['wq']` -> `params/blocks/3/wq`."""
+    head = re.match(r"[^\[.]*", path)
+    root = head.group(0) if head else ""
+    parts = [root] if root else []
+    for m in _KEY.finditer(path, len(root)):
+        parts.append(next(g for g in m.groups() if g is not None))
+    return "/".join(parts)
+
+
+def _segment_regex(segment: str) -> str:
+    """One path segment's wildcard pattern as a regex that never crosses a `/`."""
+    out, i = [], 0
+    while i < len(segment):
+        c = segment[i]
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[" and (end := segment.find("]", i + 1)) > i + 1:
+            body = segment[i + 1 : end]
+            out.append(
+                "[^" + re.escape(body[1:]) + "]" if body[0] == "!" else "[" + re.escape(body) + "]"
+            )
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def _glob_regex(pattern: str) -> str:
+    """A selector as a regex over `slash_path + "/"` (each segment ends in `/`)."""
+    if "[" in pattern and ("'" in pattern or '"' in pattern):
+        return re.escape(slash_path(pattern) + "/")
+    return "".join(
+        "(?:[^/]+/)*" if seg == "**" else _segment_regex(seg) + "/"
+        for seg in pattern.strip("/").split("/")
+    )
+
+
+@lru_cache(maxsize=1024)
+def _compile(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{_glob_regex(p)})" for p in patterns))
+
+
+def matches(pattern: str, path: str) -> bool:
+    """Whether the value named `path` (pytree path form) is selected by `pattern`."""
+    return _compile((pattern,)).fullmatch(slash_path(path) + "/") is not None
+
+
+def select(patterns: str | Iterable[str], paths: Sequence[str]) -> list[int]:
+    """Indices of the paths any pattern selects, in path order."""
+    pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+    regex = _compile(pats)
+    return [i for i, p in enumerate(paths) if regex.fullmatch(slash_path(p) + "/")]

@@ -1,0 +1,360 @@
+"""Tactics: named, composable decisions about which values to tile.
+
+A tactic looks at the program's named arguments and results (pytree paths,
+see `partir.selectors` for the glob syntax) and plans tiling actions. It plans
+without touching the IR, so every tactic of a schedule is checked (unknown
+axis, a name that selects nothing, a dimension the axis does not divide)
+before any rewrite happens. `partir.partition` then applies the plans in order,
+each followed by propagation (PartIR's schedule: later tactics refine, they
+never undo).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import Attribute
+
+from partir.importer import NAME_ATTR
+from partir.mesh import Mesh
+from partir.selectors import select, slash_path
+
+
+class TacticError(ValueError):
+    """A tactic that cannot apply to this program on this mesh."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One argument or result of the entry function, with its pytree path."""
+
+    kind: str  # "argument" or "result"
+    index: int
+    name: str
+    type: Attribute
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.type.get_shape()) if isinstance(self.type, TensorType) else ()
+
+    @property
+    def root(self) -> str:
+        return slash_path(self.name).split("/")[0]
+
+
+@dataclass(frozen=True)
+class ProgramView:
+    """The names a tactic can select: the entry function's leaves."""
+
+    arguments: tuple[Leaf, ...]
+    results: tuple[Leaf, ...]
+
+    @staticmethod
+    def of(entry: func.FuncOp) -> ProgramView:
+        def names(attrs, count: int, default: str) -> list[str]:
+            if attrs is None:
+                return [f"{default}[{i}]" for i in range(count)]
+            out = []
+            for i, d in enumerate(attrs.data):
+                name = d.data.get(NAME_ATTR)
+                out.append(name.data if name is not None else f"{default}[{i}]")
+            return out
+
+        ins, outs = entry.function_type.inputs.data, entry.function_type.outputs.data
+        return ProgramView(
+            tuple(
+                Leaf("argument", i, n, t)
+                for i, (n, t) in enumerate(
+                    zip(names(entry.arg_attrs, len(ins), "args"), ins, strict=True)
+                )
+            ),
+            tuple(
+                Leaf("result", i, n, t)
+                for i, (n, t) in enumerate(
+                    zip(names(entry.res_attrs, len(outs), "result"), outs, strict=True)
+                )
+            ),
+        )
+
+    def find(
+        self,
+        patterns: str | Iterable[str],
+        *,
+        who: str,
+        results: bool = False,
+        required: bool = True,
+    ) -> list[Leaf]:
+        leaves = self.results if results else self.arguments
+        pats = [patterns] if isinstance(patterns, str) else list(patterns)
+        found = [leaves[i] for i in select(pats, [leaf.name for leaf in leaves])]
+        if required and not found:
+            shown = ", ".join(slash_path(leaf.name) for leaf in leaves[:12])
+            more = f", ... ({len(leaves)} in all)" if len(leaves) > 12 else ""
+            kind = "result" if results else "argument"
+            raise TacticError(
+                f"{who}: no {kind} matches {', '.join(map(repr, pats))}; "
+                f"the {kind}s are: {shown}{more}"
+            )
+        return found
+
+
+@dataclass(frozen=True)
+class PlannedTile:
+    """Tile `leaf` along `dim` over mesh `axis`."""
+
+    leaf: Leaf
+    dim: int
+    axis: str
+
+
+def _plan(leaf: Leaf, dim: int, axis: str, mesh: Mesh, who: str) -> PlannedTile:
+    parts = mesh.check_axis(axis, who)
+    rank = len(leaf.shape)
+    if not -rank <= dim < rank:
+        raise TacticError(f"{who}: {leaf.name} has shape {leaf.shape}, which has no dim {dim}")
+    dim %= rank
+    if leaf.shape[dim] % parts:
+        raise TacticError(
+            f"{who}: dim {dim} of {leaf.name} (shape {leaf.shape}) has size "
+            f'{leaf.shape[dim]}, which mesh axis "{axis}" of size {parts} does not divide'
+        )
+    return PlannedTile(leaf, dim, axis)
+
+
+class Tactic:
+    """Base class: `plan` returns the tiling actions, validated, without rewriting."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ManualPartition(Tactic):
+    """Tile exactly what you name: `ManualPartition({"params/**/w1": {1: "model"}})`.
+
+    Keys are selectors over argument names (or result names, `result/...`);
+    values map a dim (negative counts from the end) to a mesh axis.
+    """
+
+    spec: Mapping[str, Mapping[int, str]]
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+        planned = []
+        for pattern, dims in self.spec.items():
+            on_results = slash_path(pattern).split("/")[0] == "result"
+            for leaf in program.find(pattern, who=self.name, results=on_results):
+                planned += [_plan(leaf, d, a, mesh, self.name) for d, a in dims.items()]
+        return planned
+
+
+PARAMETER_ROOTS = ("params", "opt_state", "optimizer_state", "state", "variables")
+"""Argument roots that hold model state rather than data (see BatchParallel)."""
+
+
+@dataclass(frozen=True)
+class BatchParallel(Tactic):
+    """Data parallelism: tile dim 0 of the data inputs over `axis`.
+
+    `inputs` selects the data arguments; by default every argument of rank >= 1
+    whose root name is not one of `PARAMETER_ROOTS` (so `x`, `y`, `batch[...]`
+    are data and `params[...]`, `opt_state[...]` are not).
+    """
+
+    axis: str
+    inputs: str | Sequence[str] | None = None
+    dim: int = 0
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+        if self.inputs is not None:
+            leaves = program.find(self.inputs, who=self.name)
+        else:
+            leaves = [
+                leaf
+                for leaf in program.arguments
+                if leaf.root not in PARAMETER_ROOTS and leaf.shape
+            ]
+            if not leaves:
+                raise TacticError(f"{self.name}: found no data arguments; name them with inputs=")
+        return [_plan(leaf, self.dim, self.axis, mesh, self.name) for leaf in leaves]
+
+
+def _named(
+    names: Iterable[str], suffixes: Iterable[str] = ("", "/kernel", "/weight", "/w")
+) -> tuple[str, ...]:
+    return tuple(f"params/**/{n}{s}" for n in names for s in suffixes)
+
+
+MEGATRON_COLUMN = _named(
+    (
+        "wq",
+        "wk",
+        "wv",
+        "w_q",
+        "w_k",
+        "w_v",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "query",
+        "key",
+        "value",
+        "c_attn",
+        "qkv",
+        "w_qkv",
+        "w_in",
+        "w1",
+        "fc1",
+        "c_fc",
+        "wi",
+        "up_proj",
+        "gate_proj",
+        "w_up",
+        "w_gate",
+        "dense_h_to_4h",
+    )
+)
+"""Weights `[in, out]` split on their output dim (attention heads, MLP hidden)."""
+
+MEGATRON_COLUMN_BIAS = (
+    *_named(("bq", "bk", "bv", "b_q", "b_k", "b_v", "b_in", "b1", "b_up", "b_gate"), ("",)),
+    *_named(
+        (
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "query",
+            "key",
+            "value",
+            "c_attn",
+            "qkv",
+            "w_qkv",
+            "fc1",
+            "c_fc",
+            "wi",
+            "up_proj",
+            "gate_proj",
+            "dense_h_to_4h",
+        ),
+        ("/bias", "/b"),
+    ),
+)
+"""Biases of the column-split weights, split the same way."""
+
+MEGATRON_ROW = _named(
+    (
+        "wo",
+        "w_o",
+        "o_proj",
+        "out_proj",
+        "c_proj",
+        "w_out",
+        "w2",
+        "fc2",
+        "down_proj",
+        "wo2",
+        "dense_4h_to_h",
+    )
+)
+"""Weights `[in, out]` split on their input dim (attention output, MLP second matmul)."""
+
+
+@dataclass(frozen=True)
+class Megatron(Tactic):
+    """Tensor parallelism for transformer blocks (Megatron-LM's split) over `axis`.
+
+    Column weights (q/k/v projections, the MLP's first weight) and their biases
+    are split on their output (last) dim, so attention splits by heads and the
+    MLP by hidden units; row weights (attention output projection, the MLP's
+    second weight) on their input dim (`-2`). Each block's forward pass then
+    needs exactly two sums over `axis`. Names follow `MEGATRON_COLUMN`,
+    `MEGATRON_COLUMN_BIAS` and `MEGATRON_ROW`; pass your own selectors to
+    override them.
+    """
+
+    axis: str
+    column: Sequence[str] = MEGATRON_COLUMN
+    column_bias: Sequence[str] = MEGATRON_COLUMN_BIAS
+    row: Sequence[str] = MEGATRON_ROW
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+        picks = (
+            [(leaf, -1) for leaf in program.find(self.column, who=self.name, required=False)]
+            + [(leaf, -1) for leaf in program.find(self.column_bias, who=self.name, required=False)]
+            + [(leaf, -2) for leaf in program.find(self.row, who=self.name, required=False)]
+        )
+        if not picks:
+            raise TacticError(
+                f"{self.name}: no parameter is named like a Megatron column or row weight "
+                "(e.g. params/**/wq or params/**/w_out); pass column=, row= selectors"
+            )
+        seen: set[int] = set()
+        planned = []
+        for leaf, dim in sorted(picks, key=lambda p: p[0].index):
+            if leaf.index not in seen:
+                seen.add(leaf.index)
+                planned.append(_plan(leaf, dim, self.axis, mesh, self.name))
+        return planned
+
+
+@dataclass(frozen=True)
+class ZeRO(Tactic):
+    """ZeRO sharding over the data axis: state split on dim 0 instead of replicated.
+
+    - stage 1: the optimizer state (`opt_state`, default `opt_state/**`);
+    - stage 2: also the updated parameters and state the step returns
+      (`updates`, default every result of rank >= 1): the update is computed
+      shard by shard, so each gradient is only ever needed as a shard and
+      propagation turns its all-reduce into a reduce-scatter;
+    - stage 3: also the parameters themselves (`params`, default `params/**`),
+      gathered where they are used.
+
+    With the default selectors, leaves of rank 0 or whose dim 0 the axis does
+    not divide stay replicated; a selector you pass must select divisible leaves.
+    """
+
+    axis: str
+    stage: int = 3
+    params: str | Sequence[str] | None = None
+    opt_state: str | Sequence[str] | None = None
+    updates: str | Sequence[str] | None = None
+    skipped: list[str] = field(default_factory=list, compare=False, hash=False)
+
+    def _leaves(
+        self, program: ProgramView, mesh: Mesh, given, default: str, results: bool
+    ) -> list[PlannedTile]:
+        parts = mesh.check_axis(self.axis, self.name)
+        if given is not None:
+            return [
+                _plan(leaf, 0, self.axis, mesh, self.name)
+                for leaf in program.find(given, who=self.name, results=results)
+            ]
+        planned = []
+        for leaf in program.find(default, who=self.name, results=results, required=False):
+            if leaf.shape and leaf.shape[0] % parts == 0:
+                planned.append(PlannedTile(leaf, 0, self.axis))
+            else:
+                self.skipped.append(leaf.name)
+        return planned
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+        if self.stage not in (1, 2, 3):
+            raise TacticError(f"{self.name}: stage must be 1, 2 or 3, got {self.stage}")
+        self.skipped.clear()
+        planned = self._leaves(program, mesh, self.opt_state, "opt_state/**", results=False)
+        if self.stage >= 2:
+            planned += self._leaves(program, mesh, self.updates, "result/**", results=True)
+        if self.stage >= 3:
+            planned += self._leaves(program, mesh, self.params, "params/**", results=False)
+        if not planned:
+            raise TacticError(
+                f"{self.name}: nothing to shard (no optimizer state, updates "
+                "or parameters with a dim 0 the axis divides)"
+            )
+        return planned

@@ -1,0 +1,1 @@
+"""Rewrites on partir IR: inlining, the equivalence registry, tiling, propagation."""

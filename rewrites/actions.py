@@ -1,0 +1,132 @@
+"""Tiling actions: `v ~> loop a [tile d] (\\r -> slice d v[r])`.
+
+An action replaces every use of a value by a loop that rebuilds it from its
+parts; the program means the same, and propagation then moves the loop
+through the ops around it. Each action's loop carries an `OriginAttr` (its
+number in the schedule and the tactic that asked for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import Block, BlockArgument, Region, SSAValue
+
+from dialects.partir import (
+    ORIGIN,
+    LoopOp,
+    MeshOp,
+    OriginAttr,
+    RangeType,
+    SliceOp,
+    TileAttr,
+    YieldOp,
+)
+from rewrites.conflicts import Conflict, ConflictLog, describe_origin
+from rewrites.distribution import range_axis, visible_tilings
+
+
+class ActionError(ValueError):
+    """An action that cannot be applied: unknown axis, bad dim, indivisible size."""
+
+
+@dataclass(frozen=True)
+class TileAction:
+    """Tile `value` along `dim` over mesh `axis`; `origin` says who asked."""
+
+    value: SSAValue
+    dim: int
+    axis: str
+    origin: OriginAttr
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or describe_value(self.value)
+
+
+def describe_value(value: SSAValue) -> str:
+    if value.name_hint:
+        return f"%{value.name_hint}"
+    if isinstance(value, BlockArgument):
+        return f"argument {value.index}"
+    return f"result of {value.owner.name}"  # type: ignore[union-attr]
+
+
+def check_action(action: TileAction, mesh: MeshOp) -> None:
+    """Raise `ActionError` naming the value if the action cannot apply."""
+    axes = mesh.axes
+    if action.axis not in axes:
+        known = ", ".join(f'"{a}"' for a in axes)
+        raise ActionError(
+            f'{action.name}: unknown mesh axis "{action.axis}" (the mesh has {known})'
+        )
+    ty = action.value.type
+    if not isinstance(ty, TensorType) or ty.get_num_dims() == 0:
+        raise ActionError(f"{action.name}: only a tensor of rank >= 1 can be tiled, got {ty}")
+    rank = ty.get_num_dims()
+    if not 0 <= action.dim < rank:
+        raise ActionError(f"{action.name}: dim {action.dim} is out of range for {ty}")
+    size, parts = ty.get_shape()[action.dim], axes[action.axis]
+    if size % parts:
+        raise ActionError(
+            f"{action.name}: dim {action.dim} of {ty} has size {size}, which mesh axis "
+            f'"{action.axis}" of size {parts} does not divide; pick another dim or axis'
+        )
+
+
+def existing_tiling(value: SSAValue, axis: str) -> int | None:
+    """The dim `value` is already tiled on over `axis`, if it is."""
+    for tiling in visible_tilings(value):
+        if tiling.axis == axis:
+            return tiling.dim
+    for use in value.uses:
+        op = use.operation
+        if isinstance(op, SliceOp) and range_axis(op.index) == axis:
+            return op.dim_index
+        if isinstance(op, LoopOp | YieldOp):
+            continue
+    return None
+
+
+def apply_tile_action(action: TileAction, mesh: MeshOp, log: ConflictLog) -> LoopOp | None:
+    """Insert the action's loop and redirect the value's uses to it.
+
+    A value already tiled on the axis is left alone: on the same dim the action
+    is a no-op; on another dim it is a conflict, and the earlier tiling wins.
+    """
+    check_action(action, mesh)
+    log.action_values[action.origin.action.data] = action.name
+    current = existing_tiling(action.value, action.axis)
+    if current is not None:
+        if current != action.dim:
+            log.record(
+                Conflict(
+                    op="tile action",
+                    values=(action.name,),
+                    axis=action.axis,
+                    winner="the earlier tiling",
+                    loser=describe_origin(action.origin),
+                    detail=f"already tiled on dim {current}, asked for dim {action.dim}",
+                )
+            )
+        return None
+    parts = mesh.axes[action.axis]
+    block = Block(arg_types=[RangeType(parts)])
+    part = SliceOp(action.value, action.dim, block.args[0])
+    block.add_ops([part, YieldOp(part.result)])
+    loop = LoopOp(
+        action.axis, TileAttr(action.dim), Region(block), action.value.type, {ORIGIN: action.origin}
+    )
+    owner = action.value.owner
+    if isinstance(owner, Block):
+        first = owner.first_op
+        assert first is not None
+        owner.insert_op_before(loop, first)
+    else:
+        parent = owner.parent_block()
+        assert parent is not None
+        parent.insert_op_after(loop, owner)
+    action.value.replace_uses_with_if(loop.result, lambda use: use.operation is not part)
+    return loop

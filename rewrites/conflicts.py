@@ -1,0 +1,54 @@
+"""Conflicts: two actions that want the same mesh axis in incompatible ways.
+
+Propagation never fails on a conflict: the earlier action (in schedule order)
+wins, the loser stays as it is, and the lowering redistributes it. Each
+conflict is recorded so the caller and the report can say what was given up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dialects.partir import OriginAttr
+
+
+def describe_origin(origin: OriginAttr | None) -> str:
+    if origin is None:
+        return "an unrecorded action"
+    return f"action {origin.action.data} ({origin.tactic.data})"
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """At `op`, `values` wanted `axis` on dims that run over different factors."""
+
+    op: str
+    values: tuple[str, ...]
+    axis: str
+    winner: str
+    loser: str
+    detail: str
+
+    def __str__(self) -> str:
+        return (
+            f'{self.op} on axis "{self.axis}": {self.winner} wins over {self.loser} '
+            f"({', '.join(self.values)}): {self.detail}"
+        )
+
+
+@dataclass
+class ConflictLog:
+    """Conflicts in the order found, without repeats, and the name of the
+    value each action tiled (so a conflict can name the values, not loops)."""
+
+    conflicts: list[Conflict] = field(default_factory=list)
+    action_values: dict[int, str] = field(default_factory=dict)
+
+    def value_of(self, origin: OriginAttr | None, fallback: str) -> str:
+        if origin is not None and origin.action.data in self.action_values:
+            return self.action_values[origin.action.data]
+        return fallback
+
+    def record(self, conflict: Conflict) -> None:
+        if conflict not in self.conflicts:
+            self.conflicts.append(conflict)

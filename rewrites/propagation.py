@@ -1,0 +1,354 @@
+"""Propagation: move tile loops through the program until nothing moves.
+
+The rewrites of the PartIR talk, as xDSL patterns run to a fixpoint:
+
+- **forward** (`PushForward`): an op with an operand tiled over axis `a` moves
+  into a loop over `a`; its other operands are sliced to match (the
+  *sideways* step, `tiling.slice_operands`). Tiling a reduction factor gives a
+  `sum` loop. When the tiled operand is a loop used only by this op, the op
+  joins that loop instead of starting a new one (a fused chain stays one loop
+  and costs O(1) per op).
+- **fusion** (`FuseSliceOfTile`): `slice d (loop a [tile d] (\\r -> e))[s]`
+  becomes `e{s/r}`, when the loop has no other use or its body is only slices.
+- **backward** (`PullSliceIntoProducer`): a value used only through slices
+  moves each slice to its operands (the op is recomputed per part, which is
+  never more work than computing it whole).
+- `PushSliceIntoLoop`: a slice over one axis of a loop over another axis moves
+  inside that loop, so a later tactic's loops see through earlier ones.
+
+The earlier action wins a conflict; the loser is recorded in the
+`ConflictLog` and left for the lowering to redistribute. The patterns read the
+registry only through `rule_for`; nothing here knows about particular ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+)
+from xdsl.rewriter import InsertPoint
+
+from dialects.partir import ORIGIN, LoopOp, MeshOp, SliceOp, TileAttr, YieldOp, find_mesh, part_type
+from rewrites.actions import describe_value
+from rewrites.conflicts import Conflict, ConflictLog, describe_origin
+from rewrites.distribution import (
+    Tiling,
+    enclosing_axes,
+    range_axis,
+    range_size,
+    visible_tilings,
+)
+from rewrites.registry import OpRule, rule_for
+from rewrites.tiling import loop_action, part_op, slice_operands, tile_op
+
+STRUCTURAL = (LoopOp, SliceOp, YieldOp, MeshOp, func.ReturnOp, func.FuncOp, ModuleOp)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    tiling: Tiling
+    operand: int
+    factor: int
+
+
+class RuleCache:
+    """`rule_for` memoised per op for one propagation run (an op's types and
+    attributes do not change while it exists; rewrites make new ops)."""
+
+    def __init__(self) -> None:
+        self._rules: dict[Operation, OpRule | None] = {}
+
+    def __call__(self, op: Operation) -> OpRule | None:
+        if op in self._rules:
+            return self._rules[op]
+        rule = self._rules[op] = rule_for(op)
+        return rule
+
+
+def _operand_tilings(op: Operation) -> list[tuple[int, Tiling]]:
+    """(operand index, tiling) pairs over axes `op` is not already looping over."""
+    found = [
+        (i, t)
+        for i, v in enumerate(op.operands)
+        if isinstance(v.owner, LoopOp | SliceOp)
+        for t in visible_tilings(v)
+    ]
+    if found:
+        busy = enclosing_axes(op)
+        found = [(i, t) for i, t in found if t.axis not in busy]
+    return found
+
+
+def _candidates(
+    op: Operation, rule: OpRule, tilings: list[tuple[int, Tiling]], mesh: dict[str, int]
+) -> list[_Candidate]:
+    """Operand tilings this op could follow, earliest action first."""
+    found = []
+    for i, tiling in tilings:
+        if tiling.dim >= len(rule.operands[i]):
+            continue
+        factor = rule.operand_factor(i, tiling.dim)
+        if factor is not None and rule.why_not_tileable(factor, mesh[tiling.axis]) is None:
+            found.append(_Candidate(tiling, i, factor))
+    found.sort(key=lambda c: (c.tiling.order, c.operand))
+    return found
+
+
+def _single_user(loop: LoopOp) -> Operation | None:
+    users = {use.operation for use in loop.result.uses}
+    return users.pop() if len(users) == 1 else None
+
+
+@dataclass
+class PushForward(RewritePattern):
+    """`op(.., x tiled on a, ..)` -> `loop a [tile | sum] (\\r -> op(parts))`."""
+
+    mesh: dict[str, int]
+    log: ConflictLog
+    rules: RuleCache
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if isinstance(op, STRUCTURAL) or len(op.results) != 1:
+            return
+        tilings = _operand_tilings(op)
+        if not tilings:
+            return
+        rule = self.rules(op)
+        if rule is None:
+            return
+        candidates = _candidates(op, rule, tilings, self.mesh)
+        if not candidates:
+            return
+        chosen = candidates[0]
+        self._record_conflicts(op, chosen, candidates[1:])
+        loop = chosen.tiling.loop
+        if self._can_join(op, rule, chosen, loop):
+            self._join_loop(op, rule, chosen, loop, rewriter)
+        else:
+            attrs = {ORIGIN: chosen.tiling.origin} if chosen.tiling.origin else {}
+            new = tile_op(
+                op, rule, chosen.factor, chosen.tiling.axis, self.mesh[chosen.tiling.axis], attrs
+            )
+            rewriter.replace(op, new)
+
+    @staticmethod
+    def _can_join(op: Operation, rule: OpRule, chosen: _Candidate, loop: LoopOp) -> bool:
+        """`op` is the loop's only user, and uses it only where its part fits."""
+        if loop.result is not op.operands[chosen.operand] or _single_user(loop) is not op:
+            return False
+        dims = rule.operand_dims(chosen.factor)
+        return all(
+            dims[i] == chosen.tiling.dim for i, v in enumerate(op.operands) if v is loop.result
+        )
+
+    def _join_loop(
+        self,
+        op: Operation,
+        rule: OpRule,
+        chosen: _Candidate,
+        loop: LoopOp,
+        rewriter: PatternRewriter,
+    ) -> None:
+        """Move `op` into the loop producing its tiled operand (its only user)."""
+        region = rewriter.move_region_contents_to_new_regions(loop.body)
+        block = region.block
+        old_yield = block.last_op
+        assert isinstance(old_yield, YieldOp)
+        part = old_yield.values[0]
+        new_ops: list[Operation] = []
+        operands: list[SSAValue] = []
+        for value, dim in zip(op.operands, rule.operand_dims(chosen.factor), strict=True):
+            if value is loop.result:
+                operands.append(part)
+            elif dim is None:
+                operands.append(value)
+            else:
+                new_ops.append(SliceOp(value, dim, block.args[0]))
+                operands.append(new_ops[-1].results[0])
+        body_op = part_op(op, rule, chosen.factor, self.mesh[chosen.tiling.axis], operands)
+        rewriter.insert(
+            [*new_ops, body_op, YieldOp(body_op.results[0])], InsertPoint.before(old_yield)
+        )
+        rewriter.erase(old_yield)
+        new = LoopOp(
+            chosen.tiling.axis,
+            loop_action(rule, chosen.factor),
+            region,
+            op.results[0].type,
+            dict(loop.attributes),
+        )
+        rewriter.insert(new, InsertPoint.before(op))
+        rewriter.replace_all_uses_with(op.results[0], new.result)
+        rewriter.erase(op)
+        rewriter.erase(loop)
+
+    def _record_conflicts(
+        self, op: Operation, chosen: _Candidate, others: list[_Candidate]
+    ) -> None:
+        for other in others:
+            if other.tiling.axis != chosen.tiling.axis or other.factor == chosen.factor:
+                continue
+            self.log.record(
+                Conflict(
+                    op=op.name,
+                    values=(
+                        self.log.value_of(
+                            chosen.tiling.origin, describe_value(op.operands[chosen.operand])
+                        ),
+                        self.log.value_of(
+                            other.tiling.origin, describe_value(op.operands[other.operand])
+                        ),
+                    ),
+                    axis=chosen.tiling.axis,
+                    winner=describe_origin(chosen.tiling.origin),
+                    loser=describe_origin(other.tiling.origin),
+                    detail=(
+                        f"operand {chosen.operand} is tiled on dim {chosen.tiling.dim}, "
+                        f"operand {other.operand} on dim {other.tiling.dim}; the loser "
+                        "is redistributed"
+                    ),
+                )
+            )
+
+
+def _only_slices(loop: LoopOp) -> bool:
+    return all(isinstance(op, SliceOp | YieldOp) for op in loop.body.block.ops)
+
+
+class FuseSliceOfTile(RewritePattern):
+    """`slice d (loop a [tile d] (\\r -> e))[s]` -> `e{s/r}`."""
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, SliceOp):
+            return
+        loop = op.src.owner
+        if not isinstance(loop, LoopOp) or not isinstance(loop.action, TileAttr):
+            return
+        if loop.action.dim.data != op.dim_index or loop.axis_name != range_axis(op.index):
+            return
+        if loop.result.uses.get_length() == 1:
+            block = loop.body.block
+            yielded = loop.yielded
+            rewriter.inline_block(block, InsertPoint.before(op), [op.index])
+            terminator = op.prev_op
+            assert isinstance(terminator, YieldOp)
+            rewriter.erase(terminator)
+            rewriter.replace(op, [], [yielded])
+            rewriter.erase(loop)
+        elif _only_slices(loop):
+            mapping: dict[SSAValue, SSAValue] = {loop.range_arg: op.index}
+            clones = [
+                o.clone(value_mapper=mapping)
+                for o in loop.body.block.ops
+                if not isinstance(o, YieldOp)
+            ]
+            rewriter.insert(clones, InsertPoint.before(op))
+            rewriter.replace(op, [], [mapping[loop.yielded]])
+
+
+@dataclass
+class PullSliceIntoProducer(RewritePattern):
+    """`slice d (op(xs))[s]` -> `op(parts of xs)` when the op is only sliced."""
+
+    rules: RuleCache
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, SliceOp):
+            return
+        producer = op.src.owner
+        if not isinstance(producer, Operation) or isinstance(producer, STRUCTURAL):
+            return
+        if len(producer.results) != 1:
+            return
+        if not all(isinstance(use.operation, SliceOp) for use in op.src.uses):
+            return
+        rule = self.rules(producer)
+        if rule is None:
+            return
+        factor = rule.result_factor(0, op.dim_index)
+        parts = range_size(op.index)
+        if factor is None or rule.why_not_tileable(factor, parts) is not None:
+            return
+        slices, operands = slice_operands(rule, factor, list(producer.operands), op.index)
+        part = part_op(producer, rule, factor, parts, operands)
+        rewriter.replace(op, [*slices, part], part.results)
+
+
+class PushSliceIntoLoop(RewritePattern):
+    """`slice d (loop b (\\q -> e))[s]` -> `loop b (\\q -> slice d e[s])` for b != s's axis.
+
+    The loop moves to the slice (its only user) and computes only that part.
+    """
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, SliceOp):
+            return
+        loop = op.src.owner
+        axis = range_axis(op.index)
+        if not isinstance(loop, LoopOp) or loop.axis_name == axis:
+            return
+        if isinstance(loop.action, TileAttr) and loop.action.dim.data == op.dim_index:
+            return
+        if loop.result.uses.get_length() != 1 or loop.axis_name in enclosing_axes(op):
+            return
+        region = rewriter.move_region_contents_to_new_regions(loop.body)
+        block = region.block
+        old_yield = block.last_op
+        assert isinstance(old_yield, YieldOp)
+        inner = SliceOp(old_yield.values[0], op.dim_index, op.index)
+        rewriter.insert([inner, YieldOp(inner.result)], InsertPoint.before(old_yield))
+        rewriter.erase(old_yield)
+        parts = range_size(op.index)
+        new = LoopOp(
+            loop.axis,
+            loop.action,
+            region,
+            part_type(loop.result.type, op.dim_index, parts),
+            dict(loop.attributes),
+        )
+        rewriter.replace(op, new)
+        rewriter.erase(loop)
+
+
+@dataclass
+class PropagationResult:
+    conflicts: list[Conflict] = field(default_factory=list)
+
+
+def propagate(module: ModuleOp, log: ConflictLog | None = None) -> PropagationResult:
+    """Run forward, backward and fusion rewrites to a fixpoint over `module`."""
+    log = log if log is not None else ConflictLog()
+    mesh = find_mesh(module)
+    if mesh is None:
+        return PropagationResult(list(log.conflicts))
+    rules = RuleCache()
+    patterns = GreedyRewritePatternApplier(
+        [
+            FuseSliceOfTile(),
+            PullSliceIntoProducer(rules),
+            PushSliceIntoLoop(),
+            PushForward(mesh.axes, log, rules),
+        ]
+    )
+    PatternRewriteWalker(patterns).rewrite_module(module)
+    return PropagationResult(list(log.conflicts))
+
+
+@dataclass(frozen=True)
+class PropagatePass(ModulePass):
+    """Propagate tile loops forward, backward and sideways, fusing slices."""
+
+    name = "partir-propagate"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        propagate(op)

@@ -1,0 +1,531 @@
+"""The equivalence registry: how each StableHLO op commutes with tiling.
+
+Every rule is stated with *factors*, as in Shardy: the op's iteration space
+has factors, and each operand and result dimension names the factors it runs
+over, major to minor (a reshape merges or splits them). From one rule both of
+PartIR's tables follow:
+
+- tiling a factor that appears in the result gives a `tile` loop on that result
+  dimension (PartIR's `tile_mappings`);
+- tiling an add-reduction factor (dot_general's contracting dims, `reduce`
+  with an `add` body and a zero init) gives a `sum` loop (`sum_mappings`).
+
+A reduction that is not a sum (`reduce` with a max/min/and/or body) is
+*blocked*: a per-part maximum is not a sum, and partir has no max loop, so the
+reduced dimension stays whole and propagation stops there. Other blocked
+factors have their own reasons (an iota's counting dimension, a dimension a
+slice cuts, ...), each stated where the rule is built.
+
+An op with no rule at all is *opaque*: `OPAQUE_REASONS` says why, propagation
+stops at it and it stays replicated. Nothing here knows about passes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, TensorType
+from xdsl.ir import Attribute, Operation
+from xdsl_jax.dialects import stablehlo as shlo
+from xdsl_jax.xdsl_extras.traits import Elementwise
+
+from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
+from dialects.stablehlo_ext import CompareOp
+
+Dims = tuple[tuple[int, ...], ...]
+"""Per tensor dimension, the factor ids it runs over, major to minor."""
+
+
+class FactorKind(Enum):
+    PARALLEL = "parallel"  # appears in the result: tiling it gives a tile loop
+    SUM = "sum"  # an add-reduction: tiling it gives a sum loop
+    BLOCKED = "blocked"  # may not be tiled; `Factor.reason` says why
+
+
+@dataclass(frozen=True)
+class Factor:
+    size: int
+    kind: FactorKind
+    reason: str = ""
+
+
+Localizer = Callable[[Operation, int, int], dict[str, Attribute]]
+"""(op, factor, parts) -> properties to replace in the per-part op."""
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """Which factor each operand and result dimension runs over."""
+
+    factors: tuple[Factor, ...]
+    operands: tuple[Dims, ...]
+    results: tuple[Dims, ...]
+    localize: Localizer | None = field(default=None, compare=False)
+
+    def operand_factor(self, operand: int, dim: int) -> int | None:
+        """The factor a tiling of `operand`'s `dim` would tile (its major one)."""
+        factors = self.operands[operand][dim]
+        return factors[0] if factors else None
+
+    def result_factor(self, result: int, dim: int) -> int | None:
+        factors = self.results[result][dim]
+        return factors[0] if factors else None
+
+    def why_not_tileable(self, factor: int, parts: int) -> str | None:
+        """None if `factor` may be split into `parts`; otherwise the reason."""
+        f = self.factors[factor]
+        if f.kind is FactorKind.BLOCKED:
+            return f.reason
+        if f.size % parts:
+            return f"the dimension has {f.size} elements, which {parts} parts do not divide"
+        if len(self.results) != 1:
+            return "a loop has one result, and this op has several"
+        for dims in (*self.operands, *self.results):
+            for factors in dims:
+                if factor in factors[1:]:
+                    return "the dimension is the minor part of a reshape (a strided split)"
+        if f.kind is FactorKind.PARALLEL and self.result_dim(factor) is None:
+            return "the factor is not a result dimension"
+        return None
+
+    def result_dim(self, factor: int) -> int | None:
+        """The dimension of the (single) result that runs over `factor`."""
+        for d, factors in enumerate(self.results[0]):
+            if factors and factors[0] == factor:
+                return d
+        return None
+
+    def operand_dims(self, factor: int) -> list[int | None]:
+        """Per operand, the dimension that runs over `factor` (None: used whole)."""
+        out: list[int | None] = []
+        for dims in self.operands:
+            out.append(next((d for d, fs in enumerate(dims) if fs and fs[0] == factor), None))
+        return out
+
+    def tileable_factors(self, parts: int) -> list[int]:
+        return [f for f in range(len(self.factors)) if self.why_not_tileable(f, parts) is None]
+
+
+class _Builder:
+    """Accumulates factors while a rule is being stated."""
+
+    def __init__(self) -> None:
+        self.factors: list[Factor] = []
+
+    def new(self, size: int, kind: FactorKind = FactorKind.PARALLEL, reason: str = "") -> int:
+        self.factors.append(Factor(size, kind, reason))
+        return len(self.factors) - 1
+
+    def blocked(self, size: int, reason: str) -> tuple[int, ...]:
+        return (self.new(size, FactorKind.BLOCKED, reason),) if size > 1 else ()
+
+    def rule(
+        self, operands: Sequence[Dims], results: Sequence[Dims], localize: Localizer | None = None
+    ) -> OpRule:
+        return OpRule(tuple(self.factors), tuple(operands), tuple(results), localize)
+
+
+def shape(value_or_type: object) -> tuple[int, ...]:
+    ty = getattr(value_or_type, "type", value_or_type)
+    assert isinstance(ty, TensorType), f"expected a ranked tensor, got {ty}"
+    return tuple(ty.get_shape())
+
+
+def _ints(array_attr: object) -> list[int]:
+    """Values of a DenseArrayBase or an ArrayAttr of IntegerAttr."""
+    if hasattr(array_attr, "get_values"):
+        return [int(v) for v in array_attr.get_values()]  # type: ignore[union-attr]
+    return [int(a.value.data) for a in array_attr.data]  # type: ignore[union-attr]
+
+
+def _same_shape_dims(b: _Builder, dims_shape: Sequence[int]) -> Dims:
+    return tuple((b.new(n),) if n > 1 else () for n in dims_shape)
+
+
+# --- rules ---------------------------------------------------------------------
+
+
+def elementwise_rule(op: Operation) -> OpRule:
+    """All operands and the result run over the same factors; scalars over none."""
+    b = _Builder()
+    out = shape(op.results[0])
+    dims = _same_shape_dims(b, out)
+    operands = [
+        dims if len(shape(v)) == len(out) else tuple(() for _ in shape(v)) for v in op.operands
+    ]
+    return b.rule(operands, [dims])
+
+
+def broadcast_in_dim_rule(op: shlo.BroadcastInDimOp) -> OpRule:
+    """Operand dim i runs over result dim bdims[i]'s factor unless it is size 1
+    (an expanded dim); result dims the operand lacks are result-only factors."""
+    b = _Builder()
+    src, out = shape(op.operand), shape(op.result)
+    mapped = _ints(op.broadcast_dimensions)
+    result: list[tuple[int, ...]] = [(b.new(n),) if n > 1 else () for n in out]
+    operand = tuple(result[r] if src[i] == out[r] else () for i, r in enumerate(mapped))
+    return b.rule([operand], [tuple(result)])
+
+
+def transpose_rule(op: shlo.TransposeOp) -> OpRule:
+    b = _Builder()
+    operand = _same_shape_dims(b, shape(op.operand))
+    perm = _ints(op.permutation)
+    return b.rule([operand], [tuple(operand[p] for p in perm)])
+
+
+def reshape_rule(op: shlo.ReshapeOp) -> OpRule:
+    """Split the two shapes into common factors, left to right by gcd.
+
+    `[B, T, C] -> [B, T, H, D]` gives factors B, T, H, D with operand dim 2
+    running over (H, D): tiling H, the major part of the merged group, passes
+    through; tiling D would be a strided split and is refused. Where the shapes
+    stop sharing factors (e.g. [2, 3] -> [3, 2]) the remaining dims are blocked.
+    """
+    b = _Builder()
+    src, out = shape(op.operand), shape(op.result)
+    src_dims: list[list[int]] = [[] for _ in src]
+    out_dims: list[list[int]] = [[] for _ in out]
+    i = j = 0
+    ri = src[0] if src else 1
+    rj = out[0] if out else 1
+    while i < len(src) and j < len(out):
+        if ri == 1:
+            i += 1
+            ri = src[i] if i < len(src) else 1
+            continue
+        if rj == 1:
+            j += 1
+            rj = out[j] if j < len(out) else 1
+            continue
+        g = math.gcd(ri, rj)
+        if g == 1:
+            reason = "reshape mixes these dimensions in a way no tiling survives"
+            for k in range(i, len(src)):
+                src_dims[k].extend(b.blocked(src[k], reason))
+            for k in range(j, len(out)):
+                out_dims[k].extend(b.blocked(out[k], reason))
+            break
+        f = b.new(g)
+        src_dims[i].append(f)
+        out_dims[j].append(f)
+        ri //= g
+        rj //= g
+    return b.rule([tuple(map(tuple, src_dims))], [tuple(map(tuple, out_dims))])
+
+
+def dot_general_rule(op: shlo.DotGeneralOp) -> OpRule:
+    """Batch dims in all three, free dims in one operand and the result,
+    contracting dims in both operands and summed: `[i,k] x [k,j] -> [i,j]`."""
+    b = _Builder()
+    dn = op.dot_dimension_numbers
+    lhs_s, rhs_s = shape(op.lhs), shape(op.rhs)
+    lb, rb = _ints(dn.lhs_batching_dimensions), _ints(dn.rhs_batching_dimensions)
+    lc, rc = _ints(dn.lhs_contracting_dimensions), _ints(dn.rhs_contracting_dimensions)
+    lhs: list[tuple[int, ...]] = [()] * len(lhs_s)
+    rhs: list[tuple[int, ...]] = [()] * len(rhs_s)
+    result: list[tuple[int, ...]] = []
+    for dl, dr in zip(lb, rb, strict=True):
+        f = (b.new(lhs_s[dl]),) if lhs_s[dl] > 1 else ()
+        lhs[dl] = rhs[dr] = f
+        result.append(f)
+    for dl, dr in zip(lc, rc, strict=True):
+        f = (b.new(lhs_s[dl], FactorKind.SUM),) if lhs_s[dl] > 1 else ()
+        lhs[dl] = rhs[dr] = f
+    for side, side_shape, used in ((lhs, lhs_s, lb + lc), (rhs, rhs_s, rb + rc)):
+        for d, n in enumerate(side_shape):
+            if d not in used:
+                side[d] = (b.new(n),) if n > 1 else ()
+                result.append(side[d])
+    return b.rule([tuple(lhs), tuple(rhs)], [tuple(result)])
+
+
+def _reduction_body_op(op: shlo.ReduceOp) -> str | None:
+    """The name of the body's combining op, if the body is just `op(a, b)`."""
+    block = op.body.block
+    ops = list(block.ops)
+    if len(ops) != 2 or len(block.args) != 2:
+        return None
+    combine, ret = ops
+    if not isinstance(ret, shlo.ReturnOp) or list(ret.operands) != [combine.results[0]]:
+        return None
+    if set(combine.operands) != set(block.args):
+        return None
+    return combine.name
+
+
+def _is_zero_constant(value: object) -> bool:
+    owner = getattr(value, "owner", None)
+    if not isinstance(owner, shlo.ConstantOp):
+        return False
+    attr = owner.value
+    assert isinstance(attr, DenseIntOrFPElementsAttr)
+    return all(v == 0 for v in attr.get_values())
+
+
+def reduce_rule(op: shlo.ReduceOp) -> OpRule | None:
+    """Kept dims are parallel; reduced dims are sum factors when the body is
+    `add` and the init a zero constant (a sum of per-part sums), else blocked."""
+    if len(op.inputs) != 1:
+        return None
+    b = _Builder()
+    src = shape(op.inputs[0])
+    reduced = set(_ints(op.dimensions))
+    combiner = _reduction_body_op(op)
+    additive = combiner == "stablehlo.add" and _is_zero_constant(op.init_values[0])
+    operand: list[tuple[int, ...]] = []
+    result: list[tuple[int, ...]] = []
+    for d, n in enumerate(src):
+        if d in reduced:
+            if additive:
+                operand.append((b.new(n, FactorKind.SUM),) if n > 1 else ())
+            elif combiner == "stablehlo.add":
+                operand.append(b.blocked(n, "an add-reduction whose init is not a zero constant"))
+            else:
+                kind = combiner.removeprefix("stablehlo.") if combiner else "custom"
+                operand.append(b.blocked(n, f"a {kind}-reduction is not a sum of per-part results"))
+        else:
+            f = (b.new(n),) if n > 1 else ()
+            operand.append(f)
+            result.append(f)
+    init: Dims = ()
+    return b.rule([tuple(operand), init], [tuple(result)])
+
+
+def _pass_through_or_blocked(
+    b: _Builder, src: Sequence[int], out: Sequence[int], keep: Sequence[bool], reason: str
+) -> tuple[Dims, Dims]:
+    operand, result = [], []
+    for d, (n, m) in enumerate(zip(src, out, strict=True)):
+        if keep[d]:
+            f = (b.new(n),) if n > 1 else ()
+            operand.append(f)
+            result.append(f)
+        else:
+            operand.append(b.blocked(n, reason))
+            result.append(b.blocked(m, reason))
+    return tuple(operand), tuple(result)
+
+
+def slice_rule(op: shlo.SliceOp) -> OpRule:
+    """Dims kept whole pass through; a cut dim is blocked: each part's window
+    would start at its own offset."""
+    b = _Builder()
+    src, out = shape(op.operand), shape(op.result)
+    starts, limits, strides = _ints(op.start_indices), _ints(op.limit_indices), _ints(op.strides)
+    keep = [starts[d] == 0 and limits[d] == src[d] and strides[d] == 1 for d in range(len(src))]
+    operand, result = _pass_through_or_blocked(
+        b, src, out, keep, "a slice cuts this dimension; each part would need its own window"
+    )
+    return b.rule([operand], [result])
+
+
+def pad_rule(op: shlo.PadOp) -> OpRule:
+    b = _Builder()
+    src, out = shape(op.operand), shape(op.result)
+    lows, highs = _ints(op.edge_padding_low), _ints(op.edge_padding_high)
+    interior = _ints(op.interior_padding)
+    keep = [lows[d] == highs[d] == interior[d] == 0 for d in range(len(src))]
+    operand, result = _pass_through_or_blocked(
+        b, src, out, keep, "padding this dimension puts the pad values in one part only"
+    )
+    return b.rule([operand, ()], [result])
+
+
+def concatenate_rule(op: shlo.ConcatenateOp) -> OpRule:
+    """Dims other than the concatenated one pass through all operands."""
+    b = _Builder()
+    axis = int(op.dimension.value.data)
+    out = shape(op.result)
+    reason = "the concatenated dimension: parts would mix pieces of different operands"
+    shared = [(b.new(n),) if n > 1 and d != axis else () for d, n in enumerate(out)]
+    operands = []
+    for v in op.inputs:
+        dims = list(shared)
+        dims[axis] = b.blocked(shape(v)[axis], reason)
+        operands.append(tuple(dims))
+    result = list(shared)
+    result[axis] = b.blocked(out[axis], reason)
+    return b.rule(operands, [tuple(result)])
+
+
+def iota_rule(op: shlo.IotaOp) -> OpRule:
+    b = _Builder()
+    counting = int(op.iota_dimension.value.data)
+    result = tuple(
+        b.blocked(n, "the iota counts along this dimension; each part would need an offset")
+        if d == counting
+        else ((b.new(n),) if n > 1 else ())
+        for d, n in enumerate(shape(op.results[0]))
+    )
+    return b.rule([], [result])
+
+
+def _splat_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
+    assert isinstance(op, shlo.ConstantOp)
+    value = op.value
+    ty = value.get_type()
+    local_shape = list(ty.get_shape())
+    rule = constant_rule(op)
+    assert rule is not None
+    d = rule.result_dim(factor)
+    assert d is not None
+    local_shape[d] //= parts
+    local = TensorType(ty.element_type, local_shape)
+    first = value.get_values()[0]
+    return {"value": DenseIntOrFPElementsAttr.from_list(local, [first] * math.prod(local_shape))}
+
+
+def constant_rule(op: shlo.ConstantOp) -> OpRule | None:
+    """A splat constant of any shape is a smaller splat in each part."""
+    value = op.value
+    if not isinstance(value, DenseIntOrFPElementsAttr) or not value.is_splat():
+        return None
+    b = _Builder()
+    return b.rule([], [_same_shape_dims(b, shape(op.results[0]))], _splat_localizer)
+
+
+def _gather_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
+    from xdsl.dialects.builtin import DenseArrayBase, i64
+
+    assert isinstance(op, shlo.GatherOp)
+    rule = gather_rule(op)
+    sizes = _ints(op.slice_sizes)
+    d = rule.operand_dims(factor)[0]
+    if d is not None and sizes[d] == shape(op.operand)[d]:
+        sizes[d] //= parts
+    return {"slice_sizes": DenseArrayBase.from_list(i64, sizes)}
+
+
+def gather_rule(op: shlo.GatherOp) -> OpRule:
+    """Batch dims (shared by operand, indices and result), index dims (indices
+    and result) and whole-slice offset dims (operand and result) pass through;
+    indexed operand dims are blocked: which rows a part needs depends on data."""
+    b = _Builder()
+    dn = op.dimension_numbers
+    src, idx, out = shape(op.operand), shape(op.start_indices), shape(op.result)
+    offset_dims = _ints(dn.offset_dims)
+    collapsed = set(_ints(dn.collapsed_slice_dims))
+    operand_batch = _ints(dn.operand_batching_dims)
+    indices_batch = _ints(dn.start_indices_batching_dims)
+    start_map = set(_ints(dn.start_index_map))
+    ivd = int(dn.index_vector_dim.value.data)
+    sizes = _ints(op.slice_sizes)
+    reason = "gathered along this dimension: which part holds a row depends on the indices"
+
+    operand: list[tuple[int, ...]] = [()] * len(src)
+    indices: list[tuple[int, ...]] = [()] * len(idx)
+    result: list[tuple[int, ...]] = [()] * len(out)
+    batch_result_dims = [d for d in range(len(out)) if d not in offset_dims]
+    index_dims = [d for d in range(len(idx)) if d != ivd]
+    for k, d in enumerate(index_dims):
+        f = (b.new(idx[d]),) if idx[d] > 1 else ()
+        indices[d] = result[batch_result_dims[k]] = f
+        if d in indices_batch:
+            operand[operand_batch[indices_batch.index(d)]] = f
+    offset_operand_dims = [
+        d for d in range(len(src)) if d not in collapsed and d not in operand_batch
+    ]
+    for k, d in enumerate(offset_operand_dims):
+        r = offset_dims[k]
+        if d not in start_map and sizes[d] == src[d]:
+            f = (b.new(src[d]),) if src[d] > 1 else ()
+            operand[d] = result[r] = f
+        else:
+            operand[d] = b.blocked(src[d], reason)
+            result[r] = b.blocked(out[r], reason)
+    for d in range(len(src)):
+        if d in collapsed and d not in operand_batch:
+            operand[d] = b.blocked(src[d], reason)
+    return b.rule([tuple(operand), tuple(indices)], [tuple(result)], _gather_localizer)
+
+
+def bitcast_convert_rule(op: shlo.BitcastConvertOp) -> OpRule | None:
+    if len(shape(op.input)) != len(shape(op.results[0])):
+        return None
+    return elementwise_rule(op)
+
+
+def map_rule(op: shlo.MapOp) -> OpRule:
+    return elementwise_rule(op)
+
+
+# --- the registry ----------------------------------------------------------------
+
+RuleBuilder = Callable[[Operation], OpRule | None]
+
+RULES: dict[str, RuleBuilder] = {
+    "stablehlo.broadcast_in_dim": broadcast_in_dim_rule,  # type: ignore[dict-item]
+    "stablehlo.transpose": transpose_rule,  # type: ignore[dict-item]
+    "stablehlo.reshape": reshape_rule,  # type: ignore[dict-item]
+    "stablehlo.dot_general": dot_general_rule,  # type: ignore[dict-item]
+    "stablehlo.reduce": reduce_rule,  # type: ignore[dict-item]
+    "stablehlo.slice": slice_rule,  # type: ignore[dict-item]
+    "stablehlo.pad": pad_rule,  # type: ignore[dict-item]
+    "stablehlo.concatenate": concatenate_rule,  # type: ignore[dict-item]
+    "stablehlo.iota": iota_rule,  # type: ignore[dict-item]
+    "stablehlo.constant": constant_rule,  # type: ignore[dict-item]
+    "stablehlo.gather": gather_rule,  # type: ignore[dict-item]
+    "stablehlo.bitcast_convert": bitcast_convert_rule,  # type: ignore[dict-item]
+    "stablehlo.map": map_rule,  # type: ignore[dict-item]
+    "stablehlo.select": elementwise_rule,
+    "stablehlo.clamp": elementwise_rule,
+}
+for _cls in (*UNARY_CLASSES.values(), *BINARY_CLASSES.values()):
+    RULES[_cls.name] = elementwise_rule
+
+OPAQUE_REASONS: dict[str, str] = {
+    "stablehlo.scatter": "which part an update lands in depends on the index values",
+    "stablehlo.dynamic_slice": "the window's start is a run-time value",
+    "stablehlo.dynamic_broadcast_in_dim": "the result shape is a run-time value",
+    "stablehlo.while": "control flow: tiling through loops is not supported yet",
+    "stablehlo.if": "control flow: tiling through conditionals is not supported yet",
+    "stablehlo.case": "control flow: tiling through conditionals is not supported yet",
+    "stablehlo.custom_call": "an opaque call into the backend; its semantics are unknown",
+    "stablehlo.optimization_barrier": "exists to stop the compiler moving values across it",
+    "stablehlo.after_all": "a token op: no tensor to tile",
+    "stablehlo.return": "a region terminator, not a computation",
+    "stablehlo.reduce(multi-input)": "a loop has one result; variadic reduce has several",
+    "stablehlo.constant(non-splat)": "a literal array: each part slices it at run time",
+    "stablehlo.bitcast_convert(rank-changing)": "changing the bit width changes the rank",
+}
+
+
+def _register_elementwise() -> None:
+    from dialects.stablehlo_ext import StableHLO
+
+    for op_class in StableHLO.operations:
+        if op_class.has_trait(Elementwise) and op_class.name not in RULES:
+            RULES[op_class.name] = elementwise_rule
+    RULES[CompareOp.name] = elementwise_rule
+
+
+_register_elementwise()
+
+
+def rule_for(op: Operation) -> OpRule | None:
+    """The op's factor rule, or None if it is opaque (see `opaque_reason`)."""
+    builder = RULES.get(op.name)
+    if builder is None:
+        return None
+    if any(not isinstance(r.type, TensorType) for r in (*op.results, *op.operands)):
+        return None
+    return builder(op)
+
+
+def opaque_reason(op: Operation) -> str:
+    """Why propagation stops at `op`: the registry's one-line reason."""
+    if op.name in OPAQUE_REASONS:
+        return OPAQUE_REASONS[op.name]
+    if op.name == "stablehlo.reduce":
+        return OPAQUE_REASONS["stablehlo.reduce(multi-input)"]
+    if op.name == "stablehlo.constant":
+        return OPAQUE_REASONS["stablehlo.constant(non-splat)"]
+    if op.name == "stablehlo.bitcast_convert":
+        return OPAQUE_REASONS["stablehlo.bitcast_convert(rank-changing)"]
+    if op.name in RULES:
+        return "an operand or result is not a ranked tensor"
+    return f"{op.name} has no tiling rule in partir's registry"

@@ -1,0 +1,72 @@
+"""Building the loop an op's rule promises: `op == loop a [tile d | sum] (\\r -> op_r)`.
+
+`op_r` is the op on the parts of its operands (each sliced on the dimension
+that runs over the tiled factor; operands without it are used whole), with
+shapes divided by the axis size. Propagation and the property tests build
+loops only through these functions, so what is tested is what runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+
+from dialects.partir import LoopOp, RangeType, SliceOp, SumAttr, TileAttr, YieldOp, part_type
+from rewrites.registry import OpRule
+
+
+def loop_action(rule: OpRule, factor: int) -> TileAttr | SumAttr:
+    dim = rule.result_dim(factor)
+    return TileAttr(dim) if dim is not None else SumAttr()
+
+
+def part_op(
+    op: Operation, rule: OpRule, factor: int, parts: int, operands: Sequence[SSAValue]
+) -> Operation:
+    """`op` applied to `operands` (its operands' parts) with part-sized results."""
+    dim = rule.result_dim(factor)
+    result = op.results[0].type
+    result_type = part_type(result, dim, parts) if dim is not None else result
+    properties = dict(op.properties)
+    if rule.localize is not None:
+        properties.update(rule.localize(op, factor, parts))
+    return type(op).create(
+        operands=list(operands),
+        result_types=[result_type],
+        properties=properties,
+        attributes=dict(op.attributes),
+        regions=[region.clone() for region in op.regions],
+    )
+
+
+def slice_operands(
+    rule: OpRule, factor: int, operands: Sequence[SSAValue], index: SSAValue
+) -> tuple[list[Operation], list[SSAValue]]:
+    """Slices of the operands that run over `factor` (the sideways step)."""
+    new_ops: list[Operation] = []
+    values: list[SSAValue] = []
+    for operand, dim in zip(operands, rule.operand_dims(factor), strict=True):
+        if dim is None:
+            values.append(operand)
+        else:
+            s = SliceOp(operand, dim, index)
+            new_ops.append(s)
+            values.append(s.result)
+    return new_ops, values
+
+
+def tile_op(
+    op: Operation,
+    rule: OpRule,
+    factor: int,
+    axis: str,
+    parts: int,
+    attributes: dict[str, Attribute] | None = None,
+) -> LoopOp:
+    """The loop equal to `op` with `factor` split over `axis` (not inserted)."""
+    block = Block(arg_types=[RangeType(parts)])
+    slices, operands = slice_operands(rule, factor, list(op.operands), block.args[0])
+    body = part_op(op, rule, factor, parts, operands)
+    block.add_ops([*slices, body, YieldOp(body.results[0])])
+    return LoopOp(axis, loop_action(rule, factor), Region(block), op.results[0].type, attributes)

@@ -1,0 +1,21 @@
+"""The comparison every numeric test uses (see shared/guides/jax.md §4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def assert_close(got: Any, ref: Any, *, what: str = "") -> None:
+    """`rtol=1e-5, atol=1e-5*max|ref|` per leaf; exact for integers and booleans."""
+    got, ref = np.asarray(got), np.asarray(ref)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    assert got.dtype == ref.dtype, f"{what}: dtype {got.dtype} != {ref.dtype}"
+    if not np.issubdtype(ref.dtype, np.inexact):
+        np.testing.assert_array_equal(got, ref, err_msg=what)
+        return
+    g, r = got.astype(np.float64), ref.astype(np.float64)
+    finite = np.isfinite(r)
+    scale = float(np.abs(r[finite]).max()) if finite.any() else 0.0
+    np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5 * scale, err_msg=what)

@@ -1,0 +1,46 @@
+"""Helpers for partitioning tests: run a schedule and check it on numbers."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import jax
+
+import partir
+from dialects.interpreter import run_function
+from dialects.partir import LoopOp, SumAttr
+from tests.numerics import assert_close
+
+MESH = partir.Mesh({"batch": 4, "model": 2})
+
+
+def partition_and_check(program, args, tactics, mesh: partir.Mesh = MESH) -> partir.Partitioned:
+    """Partition `program` at `args`, verify after each tactic, and check that
+    the interpreter on the result equals `jax.jit(program)` leaf by leaf."""
+    module = partir.import_jax(program, *args)
+    result = partir.partition(module, mesh, tactics, verify=True)
+    got = run_function(module, jax.tree_util.tree_leaves(args))
+    ref = jax.tree_util.tree_leaves(jax.jit(program)(*args))
+    assert len(got) == len(ref)
+    for i, (g, r) in enumerate(zip(got, ref, strict=True)):
+        assert_close(g, r, what=f"result leaf {i}")
+    return result
+
+
+def loop_counts(module: Any) -> collections.Counter[tuple[str, str]]:
+    """(axis, "tile" | "sum") -> number of loops."""
+    return collections.Counter(
+        (op.axis_name, "sum" if isinstance(op.action, SumAttr) else "tile")
+        for op in module.walk() if isinstance(op, LoopOp)
+    )
+
+
+def enclosing_loop_axes(op: Any) -> list[str]:
+    axes = []
+    parent = op.parent_op()
+    while parent is not None:
+        if isinstance(parent, LoopOp):
+            axes.append(parent.axis_name)
+        parent = parent.parent_op()
+    return axes

@@ -1,0 +1,134 @@
+"""Importing JAX programs: names, inlining, round trips, and unsupported ops."""
+
+from __future__ import annotations
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from xdsl.dialects import func
+from xdsl.dialects.builtin import UnregisteredOp
+
+import examples
+import partir
+from dialects.context import make_context
+from dialects.parser import PartirParser
+from partir.importer import NAME_ATTR, entry_function, ssa_name
+
+
+def _names(attrs) -> list[str]:
+    return [d.data[NAME_ATTR].data for d in attrs.data]
+
+
+@pytest.fixture(scope="module", params=examples.ALL)
+def imported(request):
+    mod = importlib.import_module(f"examples.{request.param}")
+    args = mod.make_args()
+    return mod, args, partir.import_jax(mod.program, *args)
+
+
+def test_examples_import_and_verify(imported):
+    _, _, module = imported
+    module.verify()
+    assert not any(isinstance(op, func.CallOp) for op in module.walk())
+    assert [op.sym_name.data for op in module.body.block.ops if isinstance(op, func.FuncOp)] == [
+        "main"
+    ]
+
+
+def test_print_parse_print_is_a_fixed_point(imported):
+    _, _, module = imported
+    text = str(module)
+    again = PartirParser(make_context(), text).parse_module()
+    again.verify()
+    assert str(again) == text
+
+
+def test_arguments_and_results_are_named_by_pytree_path():
+    from examples import mlp_train_step
+
+    args = mlp_train_step.make_args()
+    entry = entry_function(partir.import_jax(mlp_train_step.program, *args))
+    assert _names(entry.arg_attrs) == [
+        "params['b1']", "params['b2']", "params['w1']", "params['w2']", "x", "y",
+    ]
+    assert _names(entry.res_attrs) == [
+        "result[0]", "result[1]['b1']", "result[1]['b2']", "result[1]['w1']", "result[1]['w2']",
+    ]
+    assert [a.name_hint for a in entry.body.block.args] == [
+        "params_b1", "params_b2", "params_w1", "params_w2", "x", "y",
+    ]
+
+
+def test_names_follow_any_pytree_layout():
+    """Lists, tuples, nested dicts and positional-only lambdas all get paths."""
+
+    def fn(layers, pair, /, scale):
+        out = scale
+        for layer in layers:
+            out = out * layer["w"].sum()
+        return {"out": out, "both": (pair[0] + 1, pair[1])}
+
+    layers = [{"w": np.ones((2, 3), np.float32)} for _ in range(2)]
+    pair = (np.zeros(4, np.float32), np.ones((), np.int32))
+    entry = entry_function(partir.import_jax(fn, layers, pair, np.float32(2)))
+    assert _names(entry.arg_attrs) == [
+        "layers[0]['w']", "layers[1]['w']", "pair[0]", "pair[1]", "scale",
+    ]
+    assert _names(entry.res_attrs) == ["result['both'][0]", "result['both'][1]", "result['out']"]
+
+
+def test_unnamed_parameters_fall_back_to_positions():
+    entry = entry_function(partir.import_jax(lambda *xs: xs[0] + xs[1], np.ones(2), np.ones(2)))
+    assert _names(entry.arg_attrs) == ["args[0]", "args[1]"]
+
+
+def test_ssa_names_are_valid_identifiers():
+    assert ssa_name("params['blocks'][3]['attn']['wq']") == "params_blocks_3_attn_wq"
+    assert ssa_name("[0]") == "v_0"
+
+
+def test_private_functions_are_inlined():
+    def fn(x):
+        return jax.nn.relu(x) + jnp.where(x > 0, x, 0.0)  # both lower to func.call
+
+    lowered_text = jax.jit(fn).lower(np.ones(4, np.float32)).as_text()
+    assert "call @" in lowered_text
+    module = partir.import_jax(fn, np.ones(4, np.float32))
+    assert not any(isinstance(op, func.CallOp) for op in module.walk())
+
+
+def test_an_op_partir_does_not_know_still_imports_by_name():
+    def fn(x):
+        return jax.lax.top_k(x, 2)[0]
+
+    module = partir.import_jax(fn, np.arange(8, dtype=np.float32))
+    unknown = [op for op in module.walk() if isinstance(op, UnregisteredOp)]
+    assert [op.op_name.data for op in unknown] == ["chlo.top_k"]
+
+
+def test_chlo_ops_import_as_chlo():
+    module = partir.import_jax(lambda x: jnp.square(x) + jax.scipy.special.erf(x), np.ones(3))
+    names = {op.name for op in module.walk()}
+    assert {"chlo.square", "chlo.erf"} <= names
+
+
+def test_special_float_constants_survive_import():
+    """-inf (max-reduction init) and NaN constants must not become integers."""
+    from dialects.interpreter.dtypes import dense_to_numpy
+
+    module = partir.import_jax(lambda x: (jnp.max(x), jnp.full(2, jnp.nan)), np.ones(3, np.float32))
+    values = [dense_to_numpy(op.value) for op in module.walk() if op.name == "stablehlo.constant"]
+    flat = np.concatenate([v.ravel() for v in values])
+    assert np.isneginf(flat).any() and np.isnan(flat).any()
+    assert not (np.abs(flat[np.isfinite(flat)]) > 1e9).any()
+
+
+def test_jax_errors_propagate_unchanged():
+    def bad(x, w):
+        return x @ w
+
+    with pytest.raises(TypeError, match="dot_general requires contracting dimensions"):
+        partir.import_jax(bad, np.ones((2, 3), np.float32), np.ones((4, 5), np.float32))

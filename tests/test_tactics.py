@@ -1,0 +1,121 @@
+"""Tactics: name selection, and clear errors before any rewrite."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import partir
+from examples import block_train_step, mlp_train_step, stack_train_step
+from partir.importer import entry_function
+from partir.selectors import matches, select, slash_path
+from partir.tactics import ProgramView
+
+
+def _module(example=mlp_train_step, **sizes):
+    return partir.import_jax(example.program, *example.make_args(**sizes))
+
+
+@pytest.mark.parametrize(("pattern", "path", "expected"), [
+    ("params/**/wq", "params['blocks'][3]['attn']['wq']", True),
+    ("params/*/w1", "params['mlp']['w1']", True),
+    ("params/*/w1", "params['a']['b']['w1']", False),
+    ("params/**", "params['a']", True),
+    ("params/**", "x", False),
+    ("**/bias", "params['ln']['bias']", True),
+    ("params['w1']", "params['w1']", True),
+    ("params['w1']", "params['w2']", False),
+    ("params/w[12]", "params['w2']", True),
+    ("params/w[!12]", "params['w2']", False),
+    ("result/1/*", "result[1]['w1']", True),
+    ("x", "x", True),
+    ("x", "xs", False),
+])
+def test_selector_syntax(pattern: str, path: str, expected: bool):
+    assert matches(pattern, path) is expected
+
+
+def test_slash_paths():
+    assert slash_path("params['blocks'][3]['attn']['wq']") == "params/blocks/3/attn/wq"
+    assert slash_path("result[0]") == "result/0"
+    assert select(["**/w1", "x"], ["params['w1']", "x", "y"]) == [0, 1]
+
+
+def test_megatron_picks_the_documented_names():
+    module = _module(block_train_step)
+    view = ProgramView.of(entry_function(module))
+    planned = partir.Megatron("model").plan(view, partir.Mesh({"model": 2}))
+    picked = {slash_path(p.leaf.name): p.dim for p in planned}
+    assert picked == {
+        "params/attn/wq": 1, "params/attn/wk": 1, "params/attn/wv": 1,
+        "params/attn/bq": 0, "params/attn/bk": 0, "params/attn/bv": 0,
+        "params/attn/wo": 0, "params/mlp/w_in": 1, "params/mlp/b_in": 0,
+        "params/mlp/w_out": 0,
+    }
+
+
+def test_megatron_takes_your_own_names():
+    module = _module()
+    view = ProgramView.of(entry_function(module))
+    planned = partir.Megatron("model", column=["params/w2"], column_bias=[], row=["params/w1"]).plan(
+        view, partir.Mesh({"model": 2}))
+    assert {slash_path(p.leaf.name): p.dim for p in planned} == {"params/w2": 1, "params/w1": 0}
+
+
+def test_batch_parallel_default_inputs_are_the_data():
+    view = ProgramView.of(entry_function(_module(block_train_step)))
+    planned = partir.BatchParallel("batch").plan(view, partir.Mesh({"batch": 4}))
+    assert [p.leaf.name for p in planned] == ["x", "y"]
+
+
+def test_zero_stages_select_more_and_more():
+    view = ProgramView.of(entry_function(_module(stack_train_step, layers_=1)))
+    mesh = partir.Mesh({"data": 2})
+    counts = [len(partir.ZeRO("data", stage).plan(view, mesh)) for stage in (1, 2, 3)]
+    assert counts[0] < counts[1] < counts[2]
+    zero = partir.ZeRO("data", 1)
+    zero.plan(view, mesh)
+    assert "opt_state['count']" in zero.skipped  # a scalar stays replicated
+
+
+def _expect_error_before_rewrites(tactics, match: str, mesh=None):
+    module = _module()
+    before = str(module)
+    with pytest.raises(ValueError, match=match):
+        partir.partition(module, mesh or partir.Mesh({"batch": 4, "model": 2}), tactics)
+    assert str(module) == before  # nothing was rewritten, not even the mesh declared
+
+
+def test_unknown_axis_is_reported_before_any_rewrite():
+    _expect_error_before_rewrites(
+        [partir.BatchParallel("batch"), partir.Megatron("tensor")],
+        r'Megatron: unknown mesh axis "tensor"; the mesh has "batch", "model"')
+
+
+def test_a_name_that_selects_nothing_lists_the_names():
+    _expect_error_before_rewrites(
+        [partir.ManualPartition({"params/w3": {0: "batch"}})],
+        r"ManualPartition: no argument matches 'params/w3'; the arguments are: "
+        r"params/b1, params/b2, params/w1, params/w2, x, y")
+
+
+def test_an_indivisible_dimension_is_reported_with_the_value():
+    module = _module(batch=12)
+    before = str(module)
+    with pytest.raises(partir.TacticError, match=r'dim 0 of x \(shape \(12, 32\)\) has size 12, '
+                       r'which mesh axis "batch" of size 8 does not divide'):
+        partir.partition(module, partir.Mesh({"batch": 8}), [partir.BatchParallel("batch")])
+    assert str(module) == before
+
+
+def test_megatron_without_matching_names_says_how_to_fix_it():
+    module = partir.import_jax(lambda a, b: a @ b, np.ones((4, 4)), np.ones((4, 4)))
+    with pytest.raises(partir.TacticError, match="pass column=, row= selectors"):
+        partir.partition(module, partir.Mesh({"model": 2}), [partir.Megatron("model")])
+
+
+def test_mesh_rejects_bad_axes():
+    with pytest.raises(ValueError, match='mesh axis "a" needs a positive integer size, got 0'):
+        partir.Mesh({"a": 0})
+    with pytest.raises(TypeError, match="non-empty"):
+        partir.Mesh({})
