@@ -19,6 +19,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
 
 from dialects.context import make_context
+from dialects.functions import entry_function
 from partir.mlir_bridge import AttributeCache, MlirToXdsl
 from rewrites.inline_calls import InlineCallsPass
 
@@ -50,20 +51,6 @@ def import_lowered(mlir_module: Any) -> ModuleOp:
     module = MlirToXdsl(_CONTEXT, _ATTRIBUTES).convert_module(mlir_module)
     InlineCallsPass().apply(_CONTEXT, module)
     return module
-
-
-def entry_function(module: ModuleOp) -> func.FuncOp:
-    """The module's public `func.func` (JAX names it `main`)."""
-    public = [
-        op
-        for op in module.body.block.ops
-        if isinstance(op, func.FuncOp)
-        and (op.sym_visibility is None or op.sym_visibility.data == "public")
-    ]
-    if len(public) != 1:
-        names = ", ".join(f"@{f.sym_name.data}" for f in public) or "none"
-        raise ValueError(f"expected one public func.func in the module, found {names}")
-    return public[0]
 
 
 def argument_paths(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:

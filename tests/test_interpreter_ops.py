@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 import scipy.special
 from jax import lax
-from xdsl.dialects.builtin import ModuleOp, UnregisteredOp
+from xdsl.dialects.builtin import IndexType, ModuleOp, UnregisteredOp
 from xdsl.utils.exceptions import InterpretationError
 
 import partir
 from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
 from dialects.context import make_context
 from dialects.interpreter import ChloFunctions, StableHLOFunctions, run_function
+from dialects.interpreter.dtypes import numpy_dtype
 from dialects.parser import PartirParser
 from dialects.stablehlo_ext import StableHLO
 from tests.numerics import assert_close
@@ -245,6 +246,7 @@ TAKE = np.array([[0, 3, 1, 1], [2, 2, 0, 3], [1, 0, 3, 2]], np.int32)
 ROWS = np.array([2, 0, -1, 5], np.int32)  # -1 wraps; 5 is out of bounds
 SCATTER_ROWS = np.array([1, 0, 1, 2, 7], np.int32)  # 1 twice; 7 is out of bounds
 XS = RNG.standard_normal((3, 5)).astype(np.float32)
+UPDATES = RNG.standard_normal((5, 3)).astype(np.float32)
 BATCH_IDX = np.array([[1], [4], [0]], np.int32)
 
 DATA_MOVEMENT_CASES = [
@@ -270,20 +272,21 @@ DATA_MOVEMENT_CASES = [
     case(lambda x: x[1:3, ::2], F32, op="stablehlo.slice", id="slice-strided"),
     case(lambda x: jnp.transpose(x.reshape(3, 2, 2), (2, 0, 1)), F32,
          op="stablehlo.transpose", id="transpose"),
-    case(lambda x, i, v: x.at[i].add(v), XS.T, SCATTER_ROWS, RNG.standard_normal((5, 3)).astype(
-        np.float32), op="stablehlo.scatter", id="scatter-add-duplicates-oob"),
-    case(lambda x, i, v: x.at[i].set(v), XS.T, SCATTER_ROWS[1:], np.arange(12, dtype=np.float32)
-         .reshape(4, 3), op="stablehlo.scatter", id="scatter-set"),
-    case(lambda x, i, v: x.at[i].max(v), XS.T, SCATTER_ROWS, np.full((5, 3), 0.5, np.float32),
+    case(lambda x, i, v: x.at[i].add(v), XS.T, SCATTER_ROWS, UPDATES,
+         op="stablehlo.scatter", id="scatter-add-duplicates-oob"),
+    case(lambda x, i, v: x.at[i].set(v), XS.T, SCATTER_ROWS[1:], UPDATES[1:],
+         op="stablehlo.scatter", id="scatter-set"),
+    case(lambda x, i, v: x.at[i].max(v), XS.T, SCATTER_ROWS, UPDATES,
          op="stablehlo.scatter", id="scatter-max-region"),
     case(lambda x, i, v: x.at[i].multiply(v), INTS, ROWS, np.array([2, 3, 4, 5], np.int32),
          op="stablehlo.scatter", id="scatter-multiply-int"),
     case(jax.vmap(lambda x, i, v: x.at[i].add(v)), XS, BATCH_IDX, np.ones((3, 1), np.float32),
          op="stablehlo.scatter", id="scatter-batching-dims"),
-    case(lambda x, i, v: _window_scatter(x, i, v), XS, np.array([[0], [2], [1]], np.int32),
+    case(_window_scatter, XS, np.array([[0], [2], [1]], np.int32),
          np.ones((3, 2, 5), np.float32), op="stablehlo.scatter",
          id="scatter-window-partly-out-of-bounds"),
 ]
+
 
 def _first_max(xs: Any) -> Any:
     return jnp.argmax(xs, axis=1), jnp.argmin(xs, axis=0)
@@ -623,6 +626,26 @@ def test_if(pred: bool):
     assert_close(got, np.sin(x.astype(np.float64)).astype(np.float32) if pred else -x)
 
 
+CASE = """
+func.func @main(%i: tensor<i32>, %x: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = "stablehlo.case"(%i) ({
+    stablehlo.return %x : tensor<4xf32>
+  }, {
+    %1 = stablehlo.negate %x : tensor<4xf32>
+    stablehlo.return %1 : tensor<4xf32>
+  }) : (tensor<i32>) -> tensor<4xf32>
+  func.return %0 : tensor<4xf32>
+}
+"""
+
+
+@pytest.mark.parametrize(("index", "branch"), [(0, 0), (1, 1), (-1, 1), (5, 1)])
+def test_case_out_of_range_index_runs_the_last_branch(index: int, branch: int):
+    x = F32[0]
+    (got,) = run_text(CASE, np.array(index, np.int32), x)
+    assert_close(got, -x if branch else x)
+
+
 def test_complex_constant():
     """JAX's complex constants do not import yet, so this one is written by hand."""
     (got,) = run_text(
@@ -689,3 +712,33 @@ def test_unregistered_op_raises_naming_it():
     assert "stablehlo.sort" in op_names(module)
     with pytest.raises(InterpretationError, match=r"stablehlo\.sort"):
         run_function(module, [F32[0]])
+
+
+# --------------------------------------------------------------------------
+# dtypes and constants
+
+CONSTANTS = """
+func.func @main() -> (tensor<3xf32>, tensor<2x2xi1>, tensor<2x3xbf16>, tensor<2xui8>) {
+  %0 = stablehlo.constant dense<[0x7FC00001, 0xFF800000, -0.0]> : tensor<3xf32>
+  %1 = stablehlo.constant dense<[[true, false], [false, true]]> : tensor<2x2xi1>
+  %2 = stablehlo.constant dense<0xFF80> : tensor<2x3xbf16>
+  %3 = stablehlo.constant dense<[255, 1]> : tensor<2xui8>
+  func.return %0, %1, %2, %3 : tensor<3xf32>, tensor<2x2xi1>, tensor<2x3xbf16>, tensor<2xui8>
+}
+"""
+
+
+def test_constants_keep_their_bits_dtype_and_shape():
+    floats, bools, splat, unsigned = run_text(CONSTANTS)
+    assert floats.dtype == np.float32
+    np.testing.assert_array_equal(floats.view(np.uint32), [0x7FC00001, 0xFF800000, 0x80000000])
+    np.testing.assert_array_equal(bools, np.eye(2, dtype=bool))
+    assert splat.dtype == ml_dtypes.bfloat16 and splat.shape == (2, 3)
+    assert np.isneginf(splat.astype(np.float32)).all()
+    assert unsigned.dtype == np.uint8
+    np.testing.assert_array_equal(unsigned, [255, 1])
+
+
+def test_unknown_element_type_is_named():
+    with pytest.raises(InterpretationError, match="index"):
+        numpy_dtype(IndexType())

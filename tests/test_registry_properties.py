@@ -22,11 +22,12 @@ from functools import cache
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
+from xdsl_jax.dialects import stablehlo as shlo
 
 import partir
 from dialects.context import make_context
@@ -139,6 +140,25 @@ def assert_same_numbers(got: np.ndarray, ref: np.ndarray, what: str) -> None:
         assert_close(got, ref, what=what)
 
 
+def assert_gathers_fit(module: ModuleOp) -> None:
+    """Each gather's slice_sizes fit its operand and give its result's window dims.
+
+    xdsl-jax does not verify this, and the interpreter takes window sizes from
+    the result type, so without this check a per-part gather that kept the whole
+    op's slice_sizes (a missing `localize`) would go unnoticed."""
+    for op in module.walk():
+        if isinstance(op, shlo.GatherOp):
+            dn = op.dimension_numbers
+            sizes = [int(v) for v in op.slice_sizes.get_values()]
+            src = op.operand.type.get_shape()  # type: ignore[attr-defined]
+            out = op.result.type.get_shape()  # type: ignore[attr-defined]
+            not_window = {a.value.data for a in (*dn.collapsed_slice_dims.data,
+                                                 *dn.operand_batching_dims.data)}
+            window = [sizes[d] for d in range(len(src)) if d not in not_window]
+            assert all(n <= m for n, m in zip(sizes, src, strict=True)), f"{op}"
+            assert [out[a.value.data] for a in dn.offset_dims.data] == window, f"{op}"
+
+
 def check_every_tileable_factor(case: Case) -> list[FactorKind]:
     """The loop for each factor the rule allows computes the op's numbers.
 
@@ -157,6 +177,7 @@ def check_every_tileable_factor(case: Case) -> list[FactorKind]:
         tiled = module.clone()
         replace_by_loop(op_under_test(tiled), factor, case.parts)
         tiled.verify()
+        assert_gathers_fit(tiled)
         got = run_function(tiled, case.args)
         for g, e in zip(got, expected, strict=True):
             assert_same_numbers(g, e, f"factor {factor} into {case.parts} parts:\n{tiled}")
@@ -198,8 +219,8 @@ SPECIALS = Domain("specials", F32, _with_specials)
 GRID = Domain("grid", F32, lambda rng, s: rng.integers(-3, 4, s))
 """Few distinct values, so equal elements (ties, EQ) are common."""
 DYADIC = Domain("dyadic", F32, lambda rng, s: rng.integers(-8, 9, s) / 4)
-"""Quarters: their sums and products are exact in f32 in any order, so a sum
-loop's reassociation cannot hide or fake a difference."""
+"""Quarters: sums of them and of their pairwise products are exact in f32 in
+any order, so a sum loop's reassociation can neither hide nor fake a difference."""
 ORDER = Domain("order", F32, lambda rng, s: rng.integers(0, 4, s))
 HALF = Domain("half", np.dtype(np.float16), lambda rng, s: rng.normal(0.0, 2.0, s))
 INT = Domain("int", I32, lambda rng, s: rng.integers(-50, 51, s))
@@ -235,7 +256,7 @@ def shapes(draw: st.DrawFn, parts: int, min_rank: int = 1, max_rank: int = 3,
 class Generator:
     op: str
     cases: st.SearchStrategy[Case]
-    examples: int = 25
+    examples: int = 20
     xfail: str | None = None
     """Why this form is known to fail (kept visible as a strict xfail)."""
     sums: bool = False
@@ -388,14 +409,14 @@ def _convert(op: str, pairs: list[tuple[Domain, np.dtype]]) -> Generator:
 
 
 def _broadcast_in_dim() -> Generator:
-    """Operand dims map to some result dims, each kept or expanded from 1; the
-    other result dims are new."""
+    """Operand dims map to some result dims (in any order), each kept or expanded
+    from 1; the other result dims are new."""
 
     @st.composite
     def cases(draw: st.DrawFn) -> Case:
         parts = draw(PARTS)
         out = draw(shapes(parts))
-        mapped = sorted(draw(st.sets(st.integers(0, len(out) - 1))))
+        mapped = draw(st.lists(st.integers(0, len(out) - 1), unique=True))  # in any order
         src = tuple(out[r] if draw(st.booleans()) else 1 for r in mapped)
         args = (REAL(draw(rngs), src),)
         t = tensor_type(out, F32)
@@ -403,7 +424,7 @@ def _broadcast_in_dim() -> Generator:
                        f"broadcast_dimensions = {array_attr(mapped)}")
         return Case(parts, args, (line,), t)
 
-    return Generator("stablehlo.broadcast_in_dim", cases(), examples=120)
+    return Generator("stablehlo.broadcast_in_dim", cases(), examples=80)
 
 
 def _transpose() -> Generator:
@@ -419,7 +440,7 @@ def _transpose() -> Generator:
                        f"permutation = {array_attr(perm)}")
         return Case(parts, args, (line,), t)
 
-    return Generator("stablehlo.transpose", cases(), examples=100)
+    return Generator("stablehlo.transpose", cases(), examples=60)
 
 
 def reshape_case(parts: int, src: Sequence[int], out: Sequence[int],
@@ -454,7 +475,7 @@ def _reshape() -> Generator:
             out_atoms[1:] = draw(st.permutations(atoms[1:]))
         return reshape_case(parts, grouped(draw, atoms), grouped(draw, out_atoms), draw(rngs))
 
-    return Generator("stablehlo.reshape", cases(), examples=200)
+    return Generator("stablehlo.reshape", cases(), examples=150)
 
 
 def _dot_general() -> Generator:
@@ -489,7 +510,7 @@ def _dot_general() -> Generator:
                        f"dot_dimension_numbers = #stablehlo.dot<{', '.join(fields)}>")
         return Case(parts, args, (line,), t)
 
-    return Generator("stablehlo.dot_general", cases(), examples=240, sums=True)
+    return Generator("stablehlo.dot_general", cases(), examples=150, sums=True)
 
 
 REDUCTIONS: dict[str, tuple[str, Callable[[np.dtype], str]]] = {
@@ -544,26 +565,31 @@ def _reduce(kind: str) -> Generator:
     def cases(draw: st.DrawFn) -> Case:
         parts = draw(PARTS)
         rank = draw(st.integers(1 if kind == "add" else 2, 3))
-        src = draw(shapes(parts, rank, rank))
         kept_at_least = 0 if kind == "add" else 1
         reduced = sorted(draw(st.sets(st.integers(0, rank - 1), min_size=1,
                                       max_size=rank - kept_at_least)))
-        if kind != "add":  # a kept dim divisible by the axis
-            kept = [d for d in range(rank) if d not in reduced]
-            src = draw(shapes(parts, rank, rank, divisible=draw(st.sampled_from(kept))))
+        kept = [d for d in range(rank) if d not in reduced]
+        divisible = draw(st.sampled_from(kept)) if kind != "add" else None
+        src = draw(shapes(parts, rank, rank, divisible=divisible))
         domain = draw(st.sampled_from([DYADIC, SMALL_INT]))
         lines, out = reduce_lines(_ELEMENT_TYPES[domain.dtype], body_op, init(domain.dtype),
                                   src, reduced)
         return Case(parts, (domain(draw(rngs), src),), lines, out, _expect_reduce(kind, reduced))
 
-    return Generator("stablehlo.reduce", cases(), examples=100, sums=kind == "add")
+    return Generator("stablehlo.reduce", cases(), examples=60, sums=kind == "add")
 
 
-def _expect_blocked(blocked_operand_dims: Sequence[int]) -> Callable[[OpRule, int], None]:
+def _expect_blocked(operand_dims: Sequence[int] = (),
+                    result_dims: Sequence[int] = ()) -> Callable[[OpRule, int], None]:
+    """These dims of the first operand and of the result run over blocked factors only."""
+
     def expect(rule: OpRule, parts: int) -> None:
-        for d in blocked_operand_dims:
-            for f in rule.operands[0][d]:
-                assert rule.factors[f].kind is FactorKind.BLOCKED, f"operand dim {d}"
+        for where, dims, picked in (("operand", rule.operands[0] if rule.operands else (),
+                                     operand_dims), ("result", rule.results[0], result_dims)):
+            for d in picked:
+                for f in dims[d]:
+                    assert rule.factors[f].kind is FactorKind.BLOCKED, f"{where} dim {d}"
+                    assert rule.why_not_tileable(f, parts), f"{where} dim {d}"
 
     return expect
 
@@ -579,22 +605,23 @@ def _slice() -> Generator:
         src = draw(shapes(parts, rank, rank, divisible=whole_dim))
         starts, limits, strides = [], [], []
         for d, n in enumerate(src):
-            if d == whole_dim or draw(st.booleans()):
-                starts.append(0), limits.append(n), strides.append(1)
-            else:
+            start, limit, stride = 0, n, 1
+            if d != whole_dim and draw(st.booleans()):
                 start = draw(st.integers(0, n - 1))
-                starts.append(start)
-                limits.append(draw(st.integers(start + 1, n)))
-                strides.append(draw(st.integers(1, 3)))
+                limit = draw(st.integers(start + 1, n))
+                stride = draw(st.integers(1, 3))
+            starts.append(start)
+            limits.append(limit)
+            strides.append(stride)
         out = [-(-(hi - lo) // s) for lo, hi, s in zip(starts, limits, strides, strict=True)]
         cut = [d for d in range(rank) if (starts[d], limits[d], strides[d]) != (0, src[d], 1)]
         t = tensor_type(out, F32)
         props = (f"limit_indices = {array_attr(limits)}, start_indices = {array_attr(starts)}, "
                  f"strides = {array_attr(strides)}")
         line = op_line("stablehlo.slice", ["%arg0"], [tensor_type(src, F32)], t, props)
-        return Case(parts, (REAL(draw(rngs), src),), (line,), t, _expect_blocked(cut))
+        return Case(parts, (REAL(draw(rngs), src),), (line,), t, _expect_blocked(cut, cut))
 
-    return Generator("stablehlo.slice", cases(), examples=120)
+    return Generator("stablehlo.slice", cases(), examples=80)
 
 
 def _pad(domain: Domain, xfail: str | None = None) -> Generator:
@@ -620,9 +647,9 @@ def _pad(domain: Domain, xfail: str | None = None) -> Generator:
         line = op_line("stablehlo.pad", ["%arg0", "%arg1"],
                        [tensor_type(src, domain.dtype), tensor_type((), domain.dtype)], t, props)
         padded = [d for d in range(rank) if pads[d] != (0, 0, 0)]
-        return Case(parts, args, (line,), t, _expect_blocked(padded))
+        return Case(parts, args, (line,), t, _expect_blocked(padded, padded))
 
-    return Generator("stablehlo.pad", cases(), examples=100, xfail=xfail)
+    return Generator("stablehlo.pad", cases(), examples=60, xfail=xfail)
 
 
 def _concatenate() -> Generator:
@@ -642,9 +669,9 @@ def _concatenate() -> Generator:
         t = tensor_type(out, F32)
         line = op_line("stablehlo.concatenate", [f"%arg{i}" for i in range(len(args))],
                        [tensor_type(p, F32) for p in pieces], t, f"dimension = {axis} : i64")
-        return Case(parts, args, (line,), t)
+        return Case(parts, args, (line,), t, _expect_blocked([axis], [axis]))
 
-    return Generator("stablehlo.concatenate", cases(), examples=80)
+    return Generator("stablehlo.concatenate", cases(), examples=50)
 
 
 def _iota() -> Generator:
@@ -657,9 +684,9 @@ def _iota() -> Generator:
             st.sampled_from([d for d in range(rank) if d != counting]))))
         t = tensor_type(out, draw(st.sampled_from([I32, F32])))
         line = op_line("stablehlo.iota", [], [], t, f"iota_dimension = {counting} : i64")
-        return Case(parts, (), (line,), t)
+        return Case(parts, (), (line,), t, _expect_blocked(result_dims=[counting]))
 
-    return Generator("stablehlo.iota", cases(), examples=60)
+    return Generator("stablehlo.iota", cases(), examples=40)
 
 
 def _splat_constant() -> Generator:
@@ -674,7 +701,7 @@ def _splat_constant() -> Generator:
         line = op_line("stablehlo.constant", [], [], t, f"value = dense<{literal}> : {t}")
         return Case(parts, (), (line,), t)
 
-    return Generator("stablehlo.constant", cases(), examples=40)
+    return Generator("stablehlo.constant", cases(), examples=30)
 
 
 def _gather_take_along_axis() -> Generator:
@@ -706,11 +733,12 @@ def _gather_take_along_axis() -> Generator:
                        [tensor_type(src, F32), tensor_type(idx, I32)], t, props)
         return Case(parts, args, (line,), t, _expect_blocked([axis]))
 
-    return Generator("stablehlo.gather", cases(), examples=120)
+    return Generator("stablehlo.gather", cases(), examples=80)
 
 
 def _gather_take() -> Generator:
-    """`table[ids]` (an embedding lookup): whole rows of trailing dims."""
+    """`table[ids]` (an embedding lookup): each id picks a window of the trailing
+    dims, whole (tileable) or a prefix (blocked: it starts at 0, not at a part's offset)."""
 
     @st.composite
     def cases(draw: st.DrawFn) -> Case:
@@ -718,22 +746,25 @@ def _gather_take() -> Generator:
         rows = draw(st.integers(1, 6))
         ids = draw(shapes(parts, 1, 2))
         row = draw(st.lists(st.sampled_from([1, 2, 3, parts]), max_size=2))
+        window = [n if draw(st.booleans()) else draw(st.integers(1, n)) for n in row]
         src, idx = (rows, *row), (*ids, 1)
         rng = draw(rngs)
         args = (REAL(rng, src), rng.integers(0, rows, idx).astype(I32))
-        out = (*ids, *row)
+        out = (*ids, *window)
         fields = ([f"offset_dims = [{', '.join(str(len(ids) + i) for i in range(len(row)))}]"]
                   if row else [])
         fields += ["collapsed_slice_dims = [0]", "start_index_map = [0]",
                    f"index_vector_dim = {len(ids)}"]
         t = tensor_type(out, F32)
         props = (f"dimension_numbers = #stablehlo.gather<{', '.join(fields)}>, "
-                 f"indices_are_sorted = false, slice_sizes = {array_attr([1, *row])}")
+                 f"indices_are_sorted = false, slice_sizes = {array_attr([1, *window])}")
         line = op_line("stablehlo.gather", ["%arg0", "%arg1"],
                        [tensor_type(src, F32), tensor_type(idx, I32)], t, props)
-        return Case(parts, args, (line,), t, _expect_blocked([0]))
+        partial = [k for k, (w, n) in enumerate(zip(window, row, strict=True)) if w < n]
+        return Case(parts, args, (line,), t, _expect_blocked(
+            [0, *(1 + k for k in partial)], [len(ids) + k for k in partial]))
 
-    return Generator("stablehlo.gather", cases(), examples=120)
+    return Generator("stablehlo.gather", cases(), examples=80)
 
 
 def _map() -> Generator:
@@ -758,7 +789,7 @@ def _map() -> Generator:
                        scalar_body(names, ops, "f32"))
         return Case(parts, args, (line,), t)
 
-    return Generator("stablehlo.map", cases(), examples=60)
+    return Generator("stablehlo.map", cases(), examples=40)
 
 
 PAD_XFAIL = (
@@ -824,11 +855,13 @@ def test_every_tileable_factor_gives_a_loop_equal_to_the_op(case_id: str) -> Non
     checked: list[FactorKind] = []
     examples = 0
 
-    # A fixed seed per case (not one shared digest) keeps CI reproducible while
-    # giving each op its own shapes.
+    # A fixed seed per case (not one digest shared by all) keeps CI reproducible
+    # while giving each op its own shapes; a known failure (xfail) is not shrunk.
+    phases = [Phase.generate] if generator.xfail else list(Phase)
+
     @seed(zlib.crc32(case_id.encode()))
     @settings(max_examples=generator.examples, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow])
+              phases=phases, suppress_health_check=[HealthCheck.too_slow])
     @given(generator.cases)
     def property_holds(case: Case) -> None:
         nonlocal examples
@@ -843,7 +876,8 @@ def test_every_tileable_factor_gives_a_loop_equal_to_the_op(case_id: str) -> Non
         assert sums > 0, "no sum loop was checked"
 
 
-# Named forms the brief calls out, checked on fixed shapes as well as random ones.
+# The reshapes model code is made of (heads split off and merged back, flattening),
+# on fixed shapes as well as the random ones above.
 RESHAPES = {
     "[B,T,C] -> [B,T,H,D]": (2, (4, 6, 8), (4, 6, 2, 4)),
     "[B,T,H,D] -> [B,T,C]": (2, (4, 6, 2, 4), (4, 6, 8)),

@@ -12,7 +12,9 @@ Conventions that hold throughout:
 - Where the spec leaves a case implementation-defined, the interpreter does
   what XLA does: integer x/0 = -1 and x%0 = x, INT_MIN/-1 = INT_MIN; float to
   integer conversion truncates and saturates (NaN -> 0); a scatter update
-  whose window is not entirely inside the result is dropped.
+  whose window is not entirely inside the result is dropped. (Unlike XLA on
+  CPU, subnormals are not flushed to zero, and reduce_precision to 0 mantissa
+  bits turns NaN into inf, as the spec's reference interpreter does.)
 - Regions (reduce, map, scatter bodies) are run through the interpreter. A
   region made only of elementwise ops is run once on whole arrays instead of
   once per element; for elementwise ops the two are the same computation.
@@ -76,8 +78,8 @@ def typed(value: Any, ty: Attribute) -> np.ndarray:
 def elementwise_result(value: Any, ty: Attribute) -> np.ndarray:
     """`value` cast to the element type of `ty`.
 
-    The shape is checked only for ranked results: a region of elementwise ops
-    on 0-d tensors may be run on whole arrays at once (see `_run_batched`).
+    The shape is checked only for results of rank > 0: a region of elementwise
+    ops on 0-d tensors may be run on whole arrays at once (see `runs_batched`).
     """
     assert isinstance(ty, TensorType)
     return typed(value, ty) if ty.get_shape() else np.asarray(value, dtype=element_dtype(ty))
@@ -573,7 +575,13 @@ def reduce(
     inits: Sequence[np.ndarray],
     dims: Sequence[int],
 ) -> list[np.ndarray]:
-    """`stablehlo.reduce`: fold `body` over `dims`, in row-major order of the reduced elements."""
+    """`stablehlo.reduce`: fold `body` over `dims` of each input, starting from `inits`.
+
+    The spec leaves the order of the fold to the implementation. A body that is
+    a single add / multiply / max / min / and / or / xor is reduced by NumPy
+    (float sums and products in double precision); any other body is folded
+    left to right over the reduced elements in row-major order.
+    """
     columns = [_to_columns(np.asarray(x), sorted(dims)) for x in inputs]
     fast = _FAST_REDUCTIONS.get(_single_binary_op(body))  # type: ignore[arg-type]
     if fast is not None and len(inputs) == 1:
@@ -963,14 +971,9 @@ class StableHLOFunctions(InterpreterFunctions):
     ) -> PythonValues:
         n = len(op.inputs)
         arrays = [np.asarray(a) for a in args]
-        results = scatter(
-            interp,
-            op.update_computation,
-            arrays[:n],
-            arrays[n],
-            arrays[n + 1 :],
-            op.scatter_dimension_numbers,
-        )
+        body, dn = op.update_computation, op.scatter_dimension_numbers
+        with np.errstate(all="ignore"):
+            results = scatter(interp, body, arrays[:n], arrays[n], arrays[n + 1 :], dn)
         return tuple(typed(v, r.type) for v, r in zip(results, op.results, strict=True))
 
     @impl(shlo.SliceOp)

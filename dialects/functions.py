@@ -1,0 +1,20 @@
+"""Finding the program in a module: its one public `func.func`."""
+
+from __future__ import annotations
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+
+
+def entry_function(module: ModuleOp) -> func.FuncOp:
+    """The module's public `func.func` (JAX names it `main`)."""
+    public = [
+        op
+        for op in module.body.block.ops
+        if isinstance(op, func.FuncOp)
+        and (op.sym_visibility is None or op.sym_visibility.data == "public")
+    ]
+    if len(public) != 1:
+        names = ", ".join(f"@{f.sym_name.data}" for f in public) or "none"
+        raise ValueError(f"expected one public func.func in the module, found {names}")
+    return public[0]

@@ -1,0 +1,410 @@
+"""The partir SPMD dialect: one program every device runs, with explicit collectives.
+
+The lowering turns core IR (loops over mesh axes) into a flat, per-device
+function shaped like a `jax.shard_map` body:
+
+    func.func @main(%x: !spmd.dtensor<16x32xf32, [{"batch"}, {}]>, ...) -> ... {
+      %xl = spmd.to_local %x : !spmd.dtensor<16x32xf32, [{"batch"}, {}]> -> tensor<4x32xf32>
+      %h = stablehlo.dot_general %xl, ... {dist = !spmd.dtensor<16x64xf32, [{"batch"}, {"model"}]>}
+      %s = spmd.all_reduce %p over ["model"] : tensor<4x16xf32>
+      ...
+    }
+
+Values inside the body are *local* tensors (what one device holds), so every
+StableHLO op keeps its own verifier and maps to one `jax.lax` call. What the
+local values mean globally is the distributed type `!spmd.dtensor<T, dims,
+partial>`: the global type T; per dimension, the mesh axes it is split over
+(major first, like a `PartitionSpec` entry); and the axes over which the
+device values are pending partial sums. Function arguments and results have
+distributed types (inputs arrive sharded, outputs leave sharded); every op in
+the body carries its result's distributed type in a `dist` attribute, so the
+inspection tools can report each value's global shape and S/B/P property.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xdsl.dialects.builtin import (
+    I64,
+    ArrayAttr,
+    IntegerAttr,
+    StringAttr,
+    TensorType,
+    i64,
+)
+from xdsl.ir import Attribute, Dialect, Operation, ParametrizedAttribute, SSAValue, TypeAttribute
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    prop_def,
+    result_def,
+    traits_def,
+)
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+from xdsl.traits import Pure
+from xdsl.utils.exceptions import VerifyException
+
+from dialects.partir import MeshOp, find_mesh
+
+DIST = "dist"
+"""The attribute on every SPMD-body op holding its result's `DTensorType`."""
+
+AxesAttr = ArrayAttr[StringAttr]
+
+
+def _axes(names: Sequence[str]) -> ArrayAttr[StringAttr]:
+    return ArrayAttr([StringAttr(n) for n in names])
+
+
+def _print_axis_set(printer: Printer, axes: Sequence[str]) -> None:
+    printer.print_string("{" + ", ".join(f'"{a}"' for a in axes) + "}")
+
+
+def _parse_axis_set(parser: AttrParser) -> list[str]:
+    return parser.parse_comma_separated_list(parser.Delimiter.BRACES, parser.parse_str_literal)
+
+
+@irdl_attr_definition
+class DTensorType(ParametrizedAttribute, TypeAttribute):
+    """`!spmd.dtensor<16x64xf32, [{"batch"}, {"model"}], partial {"x"}>`.
+
+    The global type, the mesh axes each dimension is split over (major to
+    minor), and the axes over which devices hold partial sums (omitted when
+    empty). A dimension with no axes is replicated over every axis not named
+    elsewhere (DistPar's B); a split dimension is S(d); a partial axis is P.
+    """
+
+    name = "spmd.dtensor"
+    global_type: TensorType
+    dims: ArrayAttr[ArrayAttr[StringAttr]]
+    partial: ArrayAttr[StringAttr]
+
+    def __init__(
+        self,
+        global_type: TensorType,
+        dims: Sequence[Sequence[str]],
+        partial: Sequence[str] = (),
+    ):
+        super().__init__(
+            global_type, ArrayAttr([_axes(d) for d in dims]), _axes(sorted(partial))
+        )
+
+    @property
+    def dim_axes(self) -> tuple[tuple[str, ...], ...]:
+        return tuple(tuple(a.data for a in d.data) for d in self.dims.data)
+
+    @property
+    def partial_axes(self) -> tuple[str, ...]:
+        return tuple(a.data for a in self.partial.data)
+
+    def verify(self) -> None:
+        if len(self.dims.data) != self.global_type.get_num_dims():
+            raise VerifyException(
+                f"{self.global_type} has {self.global_type.get_num_dims()} dims, "
+                f"but the distribution names {len(self.dims.data)}"
+            )
+        used = [a for d in self.dim_axes for a in d] + list(self.partial_axes)
+        if len(used) != len(set(used)):
+            raise VerifyException(f"a mesh axis is used twice in distribution {used}")
+
+    def local_type(self, mesh: dict[str, int]) -> TensorType:
+        """The type one device holds."""
+        shape = list(self.global_type.get_shape())
+        for d, axes in enumerate(self.dim_axes):
+            for a in axes:
+                if a not in mesh:
+                    raise VerifyException(f'unknown mesh axis "{a}" in {self}')
+                if shape[d] % mesh[a]:
+                    raise VerifyException(
+                        f'dim {d} of {self.global_type} is not divisible over "{a}" of size '
+                        f"{mesh[a]}"
+                    )
+                shape[d] //= mesh[a]
+        for a in self.partial_axes:
+            if a not in mesh:
+                raise VerifyException(f'unknown mesh axis "{a}" in {self}')
+        return TensorType(self.global_type.element_type, shape)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        with parser.in_angle_brackets():
+            shape, element_type = parser.parse_ranked_shape()
+            global_type = TensorType(element_type, shape)
+            parser.parse_punctuation(",")
+            dims = parser.parse_comma_separated_list(
+                parser.Delimiter.SQUARE, lambda: _parse_axis_set(parser)
+            )
+            partial: list[str] = []
+            if parser.parse_optional_punctuation(",") is not None:
+                parser.parse_keyword("partial")
+                partial = _parse_axis_set(parser)
+        return (global_type, ArrayAttr([_axes(d) for d in dims]), _axes(sorted(partial)))
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            for n in self.global_type.get_shape():
+                printer.print_string(f"{n}x")
+            printer.print_attribute(self.global_type.element_type)
+            printer.print_string(", [")
+            printer.print_list(self.dim_axes, lambda d: _print_axis_set(printer, d))
+            printer.print_string("]")
+            if self.partial_axes:
+                printer.print_string(", partial ")
+                _print_axis_set(printer, self.partial_axes)
+
+
+def mesh_axes(op: Operation) -> dict[str, int]:
+    mesh = find_mesh(op)
+    if not isinstance(mesh, MeshOp):
+        raise VerifyException(f"{op.name} needs a partir.mesh declaration in its module")
+    return mesh.axes
+
+
+def _group_size(op: Operation, axes: Sequence[str]) -> int:
+    mesh = mesh_axes(op)
+    size = 1
+    for a in axes:
+        if a not in mesh:
+            known = ", ".join(f'"{k}"' for k in mesh)
+            raise VerifyException(f'{op.name}: unknown mesh axis "{a}" (the mesh has {known})')
+        size *= mesh[a]
+    if len(set(axes)) != len(axes) or not axes:
+        raise VerifyException(f"{op.name}: needs distinct mesh axes, got {list(axes)}")
+    return size
+
+
+def _shape(value: SSAValue | Attribute) -> list[int]:
+    ty = value.type if isinstance(value, SSAValue) else value
+    assert isinstance(ty, TensorType)
+    return list(ty.get_shape())
+
+
+class CollectiveOp(IRDLOperation):
+    """Base: a communication (or local-slice) op over a group of mesh axes."""
+
+    axes = prop_def(ArrayAttr[StringAttr])
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(a.data for a in self.axes.data)
+
+    def _check(self, src: SSAValue, res: SSAValue, grow: int | None, shrink: int | None) -> None:
+        """Result shape = source shape with dim `grow` multiplied by the group
+        size and dim `shrink` divided by it (either may be None)."""
+        n = _group_size(self, self.axis_names)
+        want = _shape(src)
+        if src.type.element_type != res.type.element_type:  # type: ignore[attr-defined]
+            raise VerifyException(f"{self.name}: element types differ: {src.type} -> {res.type}")
+        for d in (grow, shrink):
+            if d is not None and not 0 <= d < len(want):
+                raise VerifyException(f"{self.name}: dim {d} is out of range for {src.type}")
+        if shrink is not None:
+            if want[shrink] % n:
+                raise VerifyException(
+                    f"{self.name}: dim {shrink} of {src.type} is not divisible by the "
+                    f"{n} devices of {list(self.axis_names)}"
+                )
+            want[shrink] //= n
+        if grow is not None:
+            want[grow] *= n
+        if _shape(res) != want:
+            expected = TensorType(src.type.element_type, want)  # type: ignore[attr-defined]
+            raise VerifyException(
+                f"{self.name} over {list(self.axis_names)}: {src.type} gives {expected}, "
+                f"but the result is {res.type}"
+            )
+
+
+def _dim(d: int) -> IntegerAttr:
+    return IntegerAttr(d, i64)
+
+
+@irdl_op_definition
+class AllReduceOp(CollectiveOp):
+    """`spmd.all_reduce %v over ["model"] : T`: sum over the group (P -> B)."""
+
+    name = "spmd.all_reduce"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = "$input `over` $axes attr-dict `:` type($input) `->` type($result)"
+
+    def __init__(self, value: SSAValue, axes: Sequence[str]):
+        super().__init__(
+            operands=[value], result_types=[value.type], properties={"axes": _axes(axes)}
+        )
+
+    def verify_(self) -> None:
+        self._check(self.input, self.result, None, None)
+
+
+@irdl_op_definition
+class AllGatherOp(CollectiveOp):
+    """`spmd.all_gather %v dim 1 over ["model"]`: concatenate the parts (S(d) -> B)."""
+
+    name = "spmd.all_gather"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    dim = prop_def(IntegerAttr[I64])
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$input `dim` $dim `over` $axes attr-dict `:` type($input) `->` type($result)"
+    )
+
+    def __init__(self, value: SSAValue, dim: int, axes: Sequence[str], result_type: TensorType):
+        super().__init__(
+            operands=[value],
+            result_types=[result_type],
+            properties={"axes": _axes(axes), "dim": _dim(dim)},
+        )
+
+    def verify_(self) -> None:
+        self._check(self.input, self.result, self.dim.value.data, None)
+
+
+@irdl_op_definition
+class ReduceScatterOp(CollectiveOp):
+    """`spmd.reduce_scatter %v dim 0 over ["batch"]`: sum, keep own part (P -> S(d))."""
+
+    name = "spmd.reduce_scatter"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    dim = prop_def(IntegerAttr[I64])
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$input `dim` $dim `over` $axes attr-dict `:` type($input) `->` type($result)"
+    )
+
+    def __init__(self, value: SSAValue, dim: int, axes: Sequence[str], result_type: TensorType):
+        super().__init__(
+            operands=[value],
+            result_types=[result_type],
+            properties={"axes": _axes(axes), "dim": _dim(dim)},
+        )
+
+    def verify_(self) -> None:
+        self._check(self.input, self.result, None, self.dim.value.data)
+
+
+@irdl_op_definition
+class AllToAllOp(CollectiveOp):
+    """`spmd.all_to_all %v split 0 concat 1 over ["model"]` (S(concat) -> S(split))."""
+
+    name = "spmd.all_to_all"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    split_dim = prop_def(IntegerAttr[I64])
+    concat_dim = prop_def(IntegerAttr[I64])
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$input `split` $split_dim `concat` $concat_dim `over` $axes attr-dict "
+        "`:` type($input) `->` type($result)"
+    )
+
+    def __init__(
+        self,
+        value: SSAValue,
+        split_dim: int,
+        concat_dim: int,
+        axes: Sequence[str],
+        result_type: TensorType,
+    ):
+        super().__init__(
+            operands=[value],
+            result_types=[result_type],
+            properties={
+                "axes": _axes(axes),
+                "split_dim": _dim(split_dim),
+                "concat_dim": _dim(concat_dim),
+            },
+        )
+
+    def verify_(self) -> None:
+        split, concat = self.split_dim.value.data, self.concat_dim.value.data
+        if split == concat:
+            raise VerifyException(f"{self.name}: split and concat dims are both {split}")
+        self._check(self.input, self.result, concat, split)
+
+
+@irdl_op_definition
+class LocalSliceOp(CollectiveOp):
+    """`spmd.local_slice %v dim 0 over ["batch"]`: the device's own part, by its
+    axis index; no communication (B -> S(d))."""
+
+    name = "spmd.local_slice"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    dim = prop_def(IntegerAttr[I64])
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$input `dim` $dim `over` $axes attr-dict `:` type($input) `->` type($result)"
+    )
+
+    def __init__(self, value: SSAValue, dim: int, axes: Sequence[str], result_type: TensorType):
+        super().__init__(
+            operands=[value],
+            result_types=[result_type],
+            properties={"axes": _axes(axes), "dim": _dim(dim)},
+        )
+
+    def verify_(self) -> None:
+        self._check(self.input, self.result, None, self.dim.value.data)
+
+
+class _BoundaryOp(IRDLOperation):
+    """Base of the ops between a distributed value and its device part."""
+
+    input = operand_def()
+    result = result_def()
+    traits = traits_def(Pure())
+    assembly_format = "$input attr-dict `:` type($input) `->` type($result)"
+
+    def _dtensor_and_local(self) -> tuple[DTensorType, TensorType]:
+        raise NotImplementedError
+
+    def verify_(self) -> None:
+        dtensor, local = self._dtensor_and_local()
+        if not isinstance(dtensor, DTensorType) or not isinstance(local, TensorType):
+            raise VerifyException(f"{self.name} converts between !spmd.dtensor and tensor")
+        want = dtensor.local_type(mesh_axes(self))
+        if want != local:
+            raise VerifyException(f"{self.name}: the device part of {dtensor} is {want}, not {local}")
+
+
+@irdl_op_definition
+class ToLocalOp(_BoundaryOp):
+    """`spmd.to_local %x : !spmd.dtensor<..> -> tensor<..>`: this device's part."""
+
+    name = "spmd.to_local"
+
+    def __init__(self, value: SSAValue, local: TensorType):
+        super().__init__(operands=[value], result_types=[local])
+
+    def _dtensor_and_local(self):  # type: ignore[override]
+        return self.input.type, self.result.type
+
+
+@irdl_op_definition
+class FromLocalOp(_BoundaryOp):
+    """`spmd.from_local %y : tensor<..> -> !spmd.dtensor<..>`: the parts, as one value."""
+
+    name = "spmd.from_local"
+
+    def __init__(self, value: SSAValue, dtensor: DTensorType):
+        super().__init__(operands=[value], result_types=[dtensor])
+
+    def _dtensor_and_local(self):  # type: ignore[override]
+        return self.result.type, self.input.type
+
+
+COLLECTIVES = (AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp)
+
+SPMD = Dialect(
+    "spmd",
+    [AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, LocalSliceOp, ToLocalOp, FromLocalOp],
+    [DTensorType],
+)

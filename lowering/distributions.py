@@ -1,0 +1,167 @@
+"""Distributions of values across the mesh, and the collectives between them.
+
+A `Dist` says, for one value, per dimension the mesh axes it is split over
+(major first: S(d)), and the axes over which devices hold partial sums (P);
+an axis named nowhere is replicated (B). These are DistPar's properties, and
+`Redistributor` converts between them with the cheapest collective each
+change needs (DistPar's table):
+
+    P -> B  all_reduce          P -> S(d)   reduce_scatter (never all-reduce + slice)
+    S -> B  all_gather          S(i) -> S(j) all_to_all    (never gather + slice)
+    B -> S  local_slice (no communication)
+
+Conversions are made at the use that needs them and cached, so a value that
+is already distributed the way a use wants costs nothing: distribute after
+undistribute never appears.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import Operation, SSAValue
+
+from dialects.partir import part_type
+from dialects.spmd import (
+    AllGatherOp,
+    AllReduceOp,
+    AllToAllOp,
+    DTensorType,
+    LocalSliceOp,
+    ReduceScatterOp,
+)
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Per-dim split axes (major first) and partial-sum axes of one value."""
+
+    dims: tuple[tuple[str, ...], ...]
+    partial: tuple[str, ...] = ()
+
+    @staticmethod
+    def replicated(rank: int) -> Dist:
+        return Dist(tuple(() for _ in range(rank)))
+
+    @property
+    def is_replicated(self) -> bool:
+        return not self.partial and not any(self.dims)
+
+    def split_dim_of(self, axis: str) -> int | None:
+        return next((d for d, axes in enumerate(self.dims) if axis in axes), None)
+
+    def with_dim(self, dim: int, axes: tuple[str, ...]) -> Dist:
+        dims = list(self.dims)
+        dims[dim] = axes
+        return replace(self, dims=tuple(dims))
+
+    def dtensor(self, global_type: TensorType) -> DTensorType:
+        return DTensorType(global_type, self.dims, self.partial)
+
+    def describe(self) -> str:
+        parts = [f"S({d})[{','.join(a)}]" for d, a in enumerate(self.dims) if a]
+        parts += [f"P[{','.join(self.partial)}]"] if self.partial else []
+        return " ".join(parts) or "B"
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A core value as the devices hold it: each device's `local` part of a
+    value distributed as `dist` (over the axes not iterated at its scope)."""
+
+    local: SSAValue
+    dist: Dist
+
+
+def grow_type(ty: TensorType, dim: int, factor: int) -> TensorType:
+    shape = list(ty.get_shape())
+    shape[dim] *= factor
+    return TensorType(ty.element_type, shape)
+
+
+class Redistributor:
+    """Makes the collective ops that change a value's distribution.
+
+    `emit` inserts an op into the function being built and returns it.
+    """
+
+    def __init__(self, mesh: dict[str, int], emit: Callable[[Operation], Operation]):
+        self.mesh = mesh
+        self.emit = emit
+        self._cache: dict[tuple[SSAValue, Dist, str], Placed] = {}
+
+    def _size(self, axes: tuple[str, ...]) -> int:
+        n = 1
+        for a in axes:
+            n *= self.mesh[a]
+        return n
+
+    def _memo(self, placed: Placed, key: str, make: Callable[[], Placed]) -> Placed:
+        k = (placed.local, placed.dist, key)
+        if k not in self._cache:
+            self._cache[k] = make()
+        return self._cache[k]
+
+    def replicate(self, placed: Placed) -> Placed:
+        """The whole value on every device: all-reduce partials, gather splits."""
+        if placed.dist.is_replicated:
+            return placed
+
+        def make() -> Placed:
+            local, dist = placed.local, placed.dist
+            if dist.partial:
+                local = self.emit(AllReduceOp(local, dist.partial)).results[0]
+                dist = replace(dist, partial=())
+            for d, axes in enumerate(dist.dims):
+                if axes:
+                    ty = grow_type(local.type, d, self._size(axes))  # type: ignore[arg-type]
+                    local = self.emit(AllGatherOp(local, d, axes, ty)).results[0]
+                    dist = dist.with_dim(d, ())
+            return Placed(local, dist)
+
+        return self._memo(placed, "replicate", make)
+
+    def reduce_partial(self, placed: Placed) -> Placed:
+        """Sum the pending partials (P -> B on those axes); splits stay."""
+        if not placed.dist.partial:
+            return placed
+
+        def make() -> Placed:
+            op = self.emit(AllReduceOp(placed.local, placed.dist.partial))
+            return Placed(op.results[0], replace(placed.dist, partial=()))
+
+        return self._memo(placed, "reduce", make)
+
+    def take_part(self, placed: Placed, dim: int, axis: str) -> Placed:
+        """Each device's part along `dim` over `axis` (a `partir.slice` by the
+        axis's range); `axis` is iterated afterwards, so it leaves the dist."""
+        dist = placed.dist
+        if dist.dims[dim][:1] == (axis,):
+            return Placed(placed.local, dist.with_dim(dim, dist.dims[dim][1:]))
+        return self._memo(placed, f"part:{dim}:{axis}", lambda: self._move_to_part(placed, dim, axis))
+
+    def _move_to_part(self, placed: Placed, dim: int, axis: str) -> Placed:
+        local, dist = placed.local, placed.dist
+        parts = self.mesh[axis]
+        part = part_type(local.type, dim, parts) if not dist.dims[dim] else None  # type: ignore[arg-type]
+        if part is not None and axis in dist.partial:  # P -> S: reduce-scatter
+            op = self.emit(ReduceScatterOp(local, dim, (axis,), part))
+            remaining = tuple(a for a in dist.partial if a != axis)
+            return Placed(op.results[0], replace(dist, partial=remaining))
+        source = dist.split_dim_of(axis)
+        if part is not None and source is not None and dist.dims[source][-1] == axis:
+            # S(i) -> S(j): all-to-all moves the axis from dim i to dim j.
+            ty = grow_type(part, source, parts)
+            op = self.emit(AllToAllOp(local, dim, source, (axis,), ty))
+            return Placed(op.results[0], dist.with_dim(source, dist.dims[source][:-1]))
+        if part is not None and source is None and axis not in dist.partial:
+            op = self.emit(LocalSliceOp(local, dim, (axis,), part))  # B -> S: no communication
+            return Placed(op.results[0], dist)
+        # Anything else (the axis is a minor split, or the dim is split by
+        # another axis): make the value whole, then take the part locally.
+        whole = self.replicate(placed)
+        ty = part_type(whole.local.type, dim, parts)  # type: ignore[arg-type]
+        op = self.emit(LocalSliceOp(whole.local, dim, (axis,), ty))
+        return Placed(op.results[0], whole.dist)

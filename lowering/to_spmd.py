@@ -1,0 +1,271 @@
+"""`partir-lower-spmd`: core IR (loops over mesh axes) -> one per-device program.
+
+Each device runs the loops' bodies for its own index along every axis, so the
+loops disappear: their bodies are emitted inline into one flat function (the
+`shard_map` body), and what remains of the loop structure is each value's
+distribution:
+
+- a `tile<d>` loop over `a` yields a value split on dim d over `a` (S(d)),
+  major to whatever its body's value is split by; a `sum` loop a partial sum
+  over `a` (P);
+- `partir.slice d v[r]` is the device's own part of `v`: free when `v` is
+  already split that way, else the cheapest collective (`distributions.py`);
+- any other op computes on whole values at its scope, so its operands are
+  made whole (all-reduce / all-gather) where they are not.
+
+Arguments take the distribution their uses slice them by (inputs arrive
+sharded); results keep theirs (outputs stay sharded), except that pending
+partial sums are all-reduced, since a partial sum is not a value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+
+from dialects.functions import entry_function
+from dialects.partir import LoopOp, MeshOp, SliceOp, SumAttr, TileAttr, YieldOp, find_mesh
+from dialects.spmd import DIST, FromLocalOp, ToLocalOp
+from lowering.distributions import Dist, Placed, Redistributor
+from rewrites.distribution import range_axis
+from rewrites.registry import FactorKind, rule_for
+
+
+class LoweringError(ValueError):
+    """Core IR the SPMD lowering cannot handle, with the op that caused it."""
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """How a value inside loops relates to the loops' axes (for its `dist`
+    annotation only): ('S', d) it is the part along dim d; ('P',) a summand."""
+
+    kind: str
+    dim: int = -1
+
+
+def input_slices(value: SSAValue) -> list[tuple[int, str]]:
+    """The (dim, axis) slices every use of `value` takes, outermost first."""
+    chains: list[list[tuple[int, str]]] = []
+    for use in value.uses:
+        op = use.operation
+        if isinstance(op, SliceOp) and use.index == 0:
+            axis = range_axis(op.index)
+            assert axis is not None
+            chains.append([(op.dim_index, axis), *input_slices(op.result)])
+        else:
+            return []
+    if not chains:
+        return []
+    common = chains[0]
+    for chain in chains[1:]:
+        n = 0
+        while n < min(len(common), len(chain)) and common[n] == chain[n]:
+            n += 1
+        common = common[:n]
+    return common
+
+
+def input_dist(value: SSAValue, mesh: dict[str, int]) -> Dist:
+    assert isinstance(value.type, TensorType)
+    dims: list[tuple[str, ...]] = [() for _ in value.type.get_shape()]
+    shape = list(value.type.get_shape())
+    for d, axis in input_slices(value):
+        if shape[d] % mesh[axis]:
+            break
+        shape[d] //= mesh[axis]
+        dims[d] = (*dims[d], axis)
+    return Dist(tuple(dims))
+
+
+class SpmdLowering:
+    """Lowers one entry function; see the module docstring."""
+
+    def __init__(self, mesh: dict[str, int]):
+        self.mesh = mesh
+        self.block = Block()
+        self.env: dict[SSAValue, Placed] = {}
+        self.iteration: dict[SSAValue, dict[str, Iteration]] = {}
+        self.redistribute = Redistributor(mesh, self._emit)
+
+    def _emit(self, op: Operation) -> Operation:
+        self.block.add_op(op)
+        return op
+
+    def lower(self, entry: func.FuncOp) -> func.FuncOp:
+        args = entry.body.block.args
+        arg_types = []
+        for arg in args:
+            dist = input_dist(arg, self.mesh)
+            dtensor = dist.dtensor(arg.type)  # type: ignore[arg-type]
+            arg_types.append(dtensor)
+        self.block = Block(arg_types=arg_types)
+        for arg, new_arg, dtensor in zip(args, self.block.args, arg_types, strict=True):
+            new_arg.name_hint = arg.name_hint
+            local = self._emit(ToLocalOp(new_arg, dtensor.local_type(self.mesh))).results[0]
+            local.name_hint = arg.name_hint
+            self.env[arg] = Placed(local, Dist(dtensor.dim_axes))
+        for op in entry.body.block.ops:
+            if isinstance(op, func.ReturnOp):
+                return self._finish(entry, op)
+            self._lower_op(op, [])
+        raise LoweringError("the entry function has no func.return")
+
+    def _finish(self, entry: func.FuncOp, ret: func.ReturnOp) -> func.FuncOp:
+        results, types = [], []
+        for value in ret.arguments:
+            placed = self.env[value]
+            if placed.dist.partial:
+                placed = self.redistribute.reduce_partial(placed)
+            dtensor = placed.dist.dtensor(value.type)  # type: ignore[arg-type]
+            results.append(self._emit(FromLocalOp(placed.local, dtensor)).results[0])
+            types.append(dtensor)
+        self._emit(func.ReturnOp(*results))
+        lowered = func.FuncOp(
+            entry.sym_name.data,
+            (list(self.block.arg_types), types),
+            Region(self.block),
+            entry.sym_visibility.data if entry.sym_visibility else None,
+            arg_attrs=entry.arg_attrs,
+            res_attrs=entry.res_attrs,
+        )
+        return lowered
+
+    # --- ops -------------------------------------------------------------------
+
+    def _lower_op(self, op: Operation, loops: list[str]) -> None:
+        if isinstance(op, SliceOp):
+            self._lower_slice(op)
+        elif isinstance(op, LoopOp):
+            self._lower_loop(op, loops)
+        elif isinstance(op, YieldOp | MeshOp):
+            pass
+        else:
+            self._lower_compute(op, loops)
+
+    def _lower_slice(self, op: SliceOp) -> None:
+        axis = range_axis(op.index)
+        if axis is None:
+            raise LoweringError(f"partir.slice of {op.src} is not indexed by a loop range")
+        placed = self.redistribute.take_part(self.env[op.src], op.dim_index, axis)
+        self.env[op.result] = placed
+        outer = self.iteration.get(op.src, {})
+        self.iteration[op.result] = {**outer, axis: Iteration("S", op.dim_index)}
+
+    def _lower_loop(self, op: LoopOp, loops: list[str]) -> None:
+        inner = [*loops, op.axis_name]
+        for body_op in op.body.block.ops:
+            self._lower_op(body_op, inner)
+        yielded = self.env[op.yielded]
+        axis = op.axis_name
+        if isinstance(op.action, TileAttr):
+            d = op.action.dim.data
+            dist = yielded.dist.with_dim(d, (axis, *yielded.dist.dims[d]))
+        else:
+            assert isinstance(op.action, SumAttr)
+            dist = replace(yielded.dist, partial=tuple(sorted((*yielded.dist.partial, axis))))
+        self.env[op.result] = Placed(yielded.local, dist)
+        iteration = dict(self.iteration.get(op.yielded, {}))
+        iteration.pop(axis, None)
+        self.iteration[op.result] = iteration
+
+    def _lower_compute(self, op: Operation, loops: list[str]) -> None:
+        if len(op.successors):
+            raise LoweringError(f"{op.name}: ops with successors are not supported")
+        operands = []
+        for value in op.operands:
+            if value not in self.env:
+                raise LoweringError(f"{op.name} uses a value the lowering has not seen: {value}")
+            operands.append(self.redistribute.replicate(self.env[value]).local)
+        new = op.clone()
+        for i, v in enumerate(operands):
+            new.operands[i] = v
+        self._emit(new)
+        iteration = self._infer_iteration(op, loops)
+        for old, result in zip(op.results, new.results, strict=True):
+            result.name_hint = old.name_hint
+            if isinstance(old.type, TensorType):
+                rank = old.type.get_num_dims()
+                self.env[old] = Placed(result, Dist.replicated(rank))
+                self.iteration[old] = iteration
+                if len(op.results) == 1:
+                    annotation = self._annotation(old.type, iteration, loops)
+                    if annotation is not None:
+                        new.attributes[DIST] = annotation
+            else:
+                self.env[old] = Placed(result, Dist(()))
+
+    # --- annotations ------------------------------------------------------------
+
+    def _infer_iteration(self, op: Operation, loops: list[str]) -> dict[str, Iteration]:
+        """For each loop axis around `op`, how its result relates to it, read
+        off the operands' relation and the op's factor rule (None if unknown)."""
+        if not loops:
+            return {}
+        rule = rule_for(op)
+        out: dict[str, Iteration] = {}
+        for axis in loops:
+            kinds = [self.iteration.get(v, {}).get(axis) for v in op.operands]
+            split = [(i, k) for i, k in enumerate(kinds) if k is not None]
+            if not split or rule is None:
+                continue
+            factors = set()
+            for i, k in split:
+                if k.kind != "S" or k.dim >= len(rule.operands[i]):
+                    factors.add(None)
+                else:
+                    factors.add(rule.operand_factor(i, k.dim))
+            if len(factors) != 1 or None in factors:
+                continue
+            (factor,) = factors
+            dim = rule.result_dim(factor) if len(rule.results) == 1 else None
+            if dim is not None:
+                out[axis] = Iteration("S", dim)
+            elif rule.factors[factor].kind is FactorKind.SUM:
+                out[axis] = Iteration("P")
+        return out
+
+    def _annotation(self, local_type: TensorType, iteration: dict[str, Iteration],
+                    loops: list[str]):
+        """The value's global type and distribution, when every loop around it
+        says how (values of unknown relation are left unannotated)."""
+        if any(axis not in iteration for axis in loops):
+            return None
+        shape = list(local_type.get_shape())
+        dims: list[tuple[str, ...]] = [() for _ in shape]
+        partial: list[str] = []
+        for axis in reversed(loops):  # innermost loop is the minor split
+            it = iteration[axis]
+            if it.kind == "S":
+                dims[it.dim] = (axis, *dims[it.dim])
+                shape[it.dim] *= self.mesh[axis]
+            else:
+                partial.append(axis)
+        global_type = TensorType(local_type.element_type, shape)
+        return Dist(tuple(dims), tuple(sorted(partial))).dtensor(global_type)
+
+
+def lower_to_spmd(module: ModuleOp) -> None:
+    """Replace the module's public function by its SPMD form (in place)."""
+    mesh_op = find_mesh(module)
+    if mesh_op is None:
+        raise LoweringError("the module declares no partir.mesh; partition it first")
+    entry = entry_function(module)
+    lowered = SpmdLowering(mesh_op.axes).lower(entry)
+    module.body.block.insert_op_before(lowered, entry)
+    module.body.block.erase_op(entry)
+
+
+@dataclass(frozen=True)
+class LowerToSpmdPass(ModulePass):
+    """Lower partir core IR (loops over mesh axes) to the SPMD dialect."""
+
+    name = "partir-lower-spmd"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        lower_to_spmd(op)
