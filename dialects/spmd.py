@@ -89,9 +89,7 @@ class DTensorType(ParametrizedAttribute, TypeAttribute):
         dims: Sequence[Sequence[str]],
         partial: Sequence[str] = (),
     ):
-        super().__init__(
-            global_type, ArrayAttr([_axes(d) for d in dims]), _axes(sorted(partial))
-        )
+        super().__init__(global_type, ArrayAttr([_axes(d) for d in dims]), _axes(sorted(partial)))
 
     @property
     def dim_axes(self) -> tuple[tuple[str, ...], ...]:
@@ -251,9 +249,7 @@ class AllGatherOp(CollectiveOp):
     result = result_def(TensorType)
     dim = prop_def(IntegerAttr[I64])
     traits = traits_def(Pure())
-    assembly_format = (
-        "$input `dim` $dim `over` $axes attr-dict `:` type($input) `->` type($result)"
-    )
+    assembly_format = "$input `dim` $dim `over` $axes attr-dict `:` type($input) `->` type($result)"
 
     def __init__(self, value: SSAValue, dim: int, axes: Sequence[str], result_type: TensorType):
         super().__init__(
@@ -275,9 +271,7 @@ class ReduceScatterOp(CollectiveOp):
     result = result_def(TensorType)
     dim = prop_def(IntegerAttr[I64])
     traits = traits_def(Pure())
-    assembly_format = (
-        "$input `dim` $dim `over` $axes attr-dict `:` type($input) `->` type($result)"
-    )
+    assembly_format = "$input `dim` $dim `over` $axes attr-dict `:` type($input) `->` type($result)"
 
     def __init__(self, value: SSAValue, dim: int, axes: Sequence[str], result_type: TensorType):
         super().__init__(
@@ -340,9 +334,7 @@ class LocalSliceOp(CollectiveOp):
     result = result_def(TensorType)
     dim = prop_def(IntegerAttr[I64])
     traits = traits_def(Pure())
-    assembly_format = (
-        "$input `dim` $dim `over` $axes attr-dict `:` type($input) `->` type($result)"
-    )
+    assembly_format = "$input `dim` $dim `over` $axes attr-dict `:` type($input) `->` type($result)"
 
     def __init__(self, value: SSAValue, dim: int, axes: Sequence[str], result_type: TensorType):
         super().__init__(
@@ -372,7 +364,9 @@ class _BoundaryOp(IRDLOperation):
             raise VerifyException(f"{self.name} converts between !spmd.dtensor and tensor")
         want = dtensor.local_type(mesh_axes(self))
         if want != local:
-            raise VerifyException(f"{self.name}: the device part of {dtensor} is {want}, not {local}")
+            raise VerifyException(
+                f"{self.name}: the device part of {dtensor} is {want}, not {local}"
+            )
 
 
 @irdl_op_definition

@@ -7,23 +7,40 @@ what JAX emits but xdsl-jax 0.6 cannot represent:
   own property name `compare_type` (`#stablehlo<comparison_type FLOAT>`);
   xdsl-jax calls it `comparison_type` and rejects the real name. `CompareOp`
   below is the same op with the property spelled as StableHLO spells it.
+- `stablehlo.reduce`: xdsl-jax's pretty syntax prints the reducer's block
+  arguments as pairs `(acc0, x0) (acc1, x1)` but parses them back in pair order,
+  so a two-input reduce (argmax) silently swaps its body arguments after a
+  print/parse round trip; and it prints an attribute dictionary it cannot
+  parse. `ReduceOp` parses both as printed.
+- `stablehlo.pad`: xdsl-jax types the padding value as `tensor<i32>`, so every
+  float pad JAX emits (`jnp.pad`) fails to verify. `PadOp` takes any 0-d tensor
+  of the operand's element type, as the spec says.
 """
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import AnyTensorType, TensorType, i1
+from typing import cast
+
+from xdsl.dialects.builtin import AnyTensorType, DenseArrayBase, TensorType, i1, i64
 from xdsl.ir import Dialect, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
+    SameVariadicOperandSize,
     irdl_op_definition,
     operand_def,
     opt_prop_def,
     prop_def,
+    region_def,
     result_def,
     traits_def,
+    var_operand_def,
+    var_result_def,
 )
+from xdsl.parser import Parser
 from xdsl.traits import NoMemoryEffect
+from xdsl.utils.exceptions import VerifyException
 from xdsl_jax.dialects import stablehlo as _xj
+from xdsl_jax.dialects.stablehlo import reduction_ops as _reduction
 from xdsl_jax.dialects.stablehlo.attributes import (
     ComparisonDirection,
     ComparisonDirectionAttr,
@@ -71,8 +88,115 @@ class CompareOp(IRDLOperation):
         )
 
 
+@irdl_op_definition
+class ReduceOp(IRDLOperation):
+    """`stablehlo.reduce`, parsing its pretty syntax back as it is printed.
+
+    The fields, printer and verifier are xdsl-jax's; only `parse` differs.
+    """
+
+    name = "stablehlo.reduce"
+
+    inputs = var_operand_def(AnyTensorType)
+    init_values = var_operand_def(AnyTensorType)
+    dimensions = prop_def(DenseArrayBase.constr(i64))
+    result = var_result_def(AnyTensorType)
+    body = region_def("single_block")
+
+    irdl_options = (SameVariadicOperandSize(),)
+    traits = traits_def(*_xj.ReduceOp.traits)
+
+    print = _xj.ReduceOp.print
+
+    def verify_(self) -> None:
+        # xdsl-jax's checks, by its own helpers (its `verify_` would re-run
+        # the IRDL checks of its own op definition).
+        inputs = [cast(TensorType, v.type) for v in self.inputs]
+        inits = [cast(TensorType, v.type) for v in self.init_values]
+        elements = [t.element_type for t in inputs]
+        dims = self.dimensions.get_values()
+        pairs = _reduction._verify_reduce_counts(self.inputs, self.init_values, self.result)
+        shape, rank = _reduction._verify_reduce_input_shapes(inputs)
+        _reduction._verify_reduce_dimensions(dims, rank)
+        _reduction._verify_reduce_init_values(inits, elements)
+        _reduction._verify_reduce_results([r.type for r in self.result], shape, dims, elements)
+        _reduction._verify_reduce_body(self.body, pairs, elements)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ReduceOp:
+        pairs = _reduction._parse_reduce_operand_pairs(parser)
+        operands, inits = zip(*pairs, strict=True)
+        dimensions = _reduction._parse_reduce_dimensions(parser)
+        attributes = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        func_type = parser.parse_function_type()
+        parser.parse_keyword("reducer")
+        flat = _reduction._parse_reduce_reducer_args(parser)
+        # Printed as (acc_i, x_i) pairs; the block takes all accs, then all xs.
+        arguments = (*flat[0::2], *flat[1::2])
+        body = parser.parse_region(arguments)
+        resolved = parser.resolve_operands(
+            [*operands, *inits], func_type.inputs.data, parser.pos
+        )
+        n = len(pairs)
+        return cls.build(
+            operands=[resolved[:n], resolved[n:]],
+            result_types=[func_type.outputs.data],
+            regions=[body],
+            properties={"dimensions": DenseArrayBase.from_list(i64, dimensions)},
+            attributes=attributes,
+        )
+
+
+@irdl_op_definition
+class PadOp(IRDLOperation):
+    """`stablehlo.pad` whose padding value may be any 0-d tensor of the operand's
+    element type (xdsl-jax's fields and syntax otherwise)."""
+
+    name = "stablehlo.pad"
+
+    operand = operand_def(AnyTensorType)
+    padding_value = operand_def(AnyTensorType)
+    result = result_def(AnyTensorType)
+    edge_padding_low = prop_def(DenseArrayBase.constr(i64))
+    edge_padding_high = prop_def(DenseArrayBase.constr(i64))
+    interior_padding = prop_def(DenseArrayBase.constr(i64))
+
+    traits = traits_def(*_xj.PadOp.traits)
+    assembly_format = _xj.PadOp.assembly_format
+
+    get_edge_padding_low = _xj.PadOp.get_edge_padding_low
+    get_edge_padding_high = _xj.PadOp.get_edge_padding_high
+    get_interior_padding = _xj.PadOp.get_interior_padding
+
+    def verify_(self) -> None:
+        pad_t, operand_t = self.padding_value.type, self.operand.type
+        assert isinstance(pad_t, TensorType) and isinstance(operand_t, TensorType)
+        if pad_t.get_num_dims() != 0 or pad_t.element_type != operand_t.element_type:
+            raise VerifyException(
+                f"stablehlo.pad: the padding value must be a 0-d tensor of "
+                f"{operand_t.element_type}, got {pad_t}"
+            )
+        low, high = self.get_edge_padding_low(), self.get_edge_padding_high()
+        interior = self.get_interior_padding()
+        src = operand_t.get_shape()
+        if not len(low) == len(high) == len(interior) == len(src):
+            raise VerifyException("stablehlo.pad: one low, high and interior padding per dim")
+        if any(i < 0 for i in interior):
+            raise VerifyException(f"stablehlo.pad: interior padding must be >= 0, got {interior}")
+        want = [
+            lo + n + max(n - 1, 0) * i + hi
+            for n, lo, hi, i in zip(src, low, high, interior, strict=True)
+        ]
+        if list(self.result.type.get_shape()) != want:  # type: ignore[attr-defined]
+            raise VerifyException(
+                f"stablehlo.pad: padding {operand_t} gives shape {want}, "
+                f"but the result is {self.result.type}"
+            )
+
+
 def _stablehlo_dialect() -> Dialect:
-    replaced = {CompareOp.name: CompareOp}
+    replaced = {CompareOp.name: CompareOp, ReduceOp.name: ReduceOp, PadOp.name: PadOp}
     ops = [replaced.get(op.name, op) for op in _xj.StableHLO.operations]
     return Dialect("stablehlo", ops, list(_xj.StableHLO.attributes))
 

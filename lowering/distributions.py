@@ -140,7 +140,9 @@ class Redistributor:
         dist = placed.dist
         if dist.dims[dim][:1] == (axis,):
             return Placed(placed.local, dist.with_dim(dim, dist.dims[dim][1:]))
-        return self._memo(placed, f"part:{dim}:{axis}", lambda: self._move_to_part(placed, dim, axis))
+        return self._memo(
+            placed, f"part:{dim}:{axis}", lambda: self._move_to_part(placed, dim, axis)
+        )
 
     def _move_to_part(self, placed: Placed, dim: int, axis: str) -> Placed:
         local, dist = placed.local, placed.dist

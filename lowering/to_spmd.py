@@ -230,8 +230,9 @@ class SpmdLowering:
                 out[axis] = Iteration("P")
         return out
 
-    def _annotation(self, local_type: TensorType, iteration: dict[str, Iteration],
-                    loops: list[str]):
+    def _annotation(
+        self, local_type: TensorType, iteration: dict[str, Iteration], loops: list[str]
+    ):
         """The value's global type and distribution, when every loop around it
         says how (values of unknown relation are left unannotated)."""
         if any(axis not in iteration for axis in loops):

@@ -33,7 +33,7 @@ from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.xdsl_extras.traits import Elementwise
 
 from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
-from dialects.stablehlo_ext import CompareOp
+from dialects.stablehlo_ext import CompareOp, PadOp, ReduceOp
 
 Dims = tuple[tuple[int, ...], ...]
 """Per tensor dimension, the factor ids it runs over, major to minor."""
@@ -243,7 +243,7 @@ def dot_general_rule(op: shlo.DotGeneralOp) -> OpRule:
     return b.rule([tuple(lhs), tuple(rhs)], [tuple(result)])
 
 
-def _reduction_body_op(op: shlo.ReduceOp) -> str | None:
+def _reduction_body_op(op: ReduceOp) -> str | None:
     """The name of the body's combining op, if the body is just `op(a, b)`."""
     block = op.body.block
     ops = list(block.ops)
@@ -266,7 +266,7 @@ def _is_zero_constant(value: object) -> bool:
     return all(v == 0 for v in attr.get_values())
 
 
-def reduce_rule(op: shlo.ReduceOp) -> OpRule | None:
+def reduce_rule(op: ReduceOp) -> OpRule | None:
     """Kept dims are parallel; reduced dims are sum factors when the body is
     `add` and the init a zero constant (a sum of per-part sums), else blocked."""
     if len(op.inputs) != 1:
@@ -323,7 +323,7 @@ def slice_rule(op: shlo.SliceOp) -> OpRule:
     return b.rule([operand], [result])
 
 
-def pad_rule(op: shlo.PadOp) -> OpRule:
+def pad_rule(op: PadOp) -> OpRule:
     b = _Builder()
     src, out = shape(op.operand), shape(op.result)
     lows, highs = _ints(op.edge_padding_low), _ints(op.edge_padding_high)

@@ -132,3 +132,25 @@ def test_jax_errors_propagate_unchanged():
 
     with pytest.raises(TypeError, match="dot_general requires contracting dimensions"):
         partir.import_jax(bad, np.ones((2, 3), np.float32), np.ones((4, 5), np.float32))
+
+
+def test_round_trip_keeps_a_two_input_reduce_and_attributes_correct():
+    """argmax is a two-input reduce: after print -> parse it must compute the same."""
+    from dialects.interpreter import run_function
+
+    x = np.array([[1.0, 5.0, 2.0], [7.0, 0.0, 3.0]], np.float32)
+    module = partir.import_jax(lambda x: jnp.argmax(x, axis=1), x)
+    reduce_op = next(op for op in module.walk() if op.name == "stablehlo.reduce")
+    reduce_op.attributes["note"] = __import__("xdsl").dialects.builtin.StringAttr("kept")
+    text = str(module)
+    again = PartirParser(make_context(), text).parse_module()
+    again.verify()
+    assert str(again) == text
+    (got,) = run_function(again, [x])
+    np.testing.assert_array_equal(got, np.argmax(x, axis=1))
+
+
+def test_float_pad_verifies():
+    module = partir.import_jax(lambda x: jnp.pad(x, ((1, 2), (0, 1))), np.ones((2, 3), np.float32))
+    module.verify()
+    assert any(op.name == "stablehlo.pad" for op in module.walk())

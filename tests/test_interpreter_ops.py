@@ -265,9 +265,9 @@ DATA_MOVEMENT_CASES = [
     case(jax.vmap(lambda x, i: x[i]), XS, BATCH_IDX, op="stablehlo.gather",
          id="gather-batching-dims"),
     case(lambda x: lax.pad(x, np.float32(-1), ((1, -1, 1), (-2, 3, 2))), F32,
-         op="stablehlo.pad", id="pad-negative-interior", verify=False),
+         op="stablehlo.pad", id="pad-negative-interior"),
     case(lambda x: lax.pad(x, np.int32(9), ((0, 0, 0), (2, 1, 0))), TAKE, op="stablehlo.pad",
-         id="pad-int", verify=False),
+         id="pad-int"),
     case(lambda x: x.reshape(2, 6), F32, op="stablehlo.reshape", id="reshape"),
     case(lambda x: x[1:3, ::2], F32, op="stablehlo.slice", id="slice-strided"),
     case(lambda x: jnp.transpose(x.reshape(3, 2, 2), (2, 0, 1)), F32,
@@ -702,11 +702,6 @@ def test_custom_call_raises_naming_the_target():
         run_function(module, [F32[0, :3]])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="xDSL names every unregistered op `builtin.unregistered` in its error; "
-    "run_function would have to report `op.op_name`",
-)
 def test_unregistered_op_raises_naming_it():
     module = partir.import_jax(jnp.sort, F32[0])
     assert "stablehlo.sort" in op_names(module)

@@ -792,10 +792,6 @@ def _map() -> Generator:
     return Generator("stablehlo.map", cases(), examples=40)
 
 
-PAD_XFAIL = (
-    "xdsl-jax 0.6 declares stablehlo.pad's padding_value as tensor<i32> (SI32TensorType), "
-    "so a pad of any other element type fails to verify"
-)
 
 
 def _generators() -> dict[str, Generator]:
@@ -823,7 +819,7 @@ def _generators() -> dict[str, Generator]:
         table[f"stablehlo.reduce[{kind}]"] = _reduce(kind)
     table["stablehlo.slice"] = _slice()
     table["stablehlo.pad(int)"] = _pad(INT)
-    table["stablehlo.pad(real)"] = _pad(REAL, xfail=PAD_XFAIL)
+    table["stablehlo.pad(real)"] = _pad(REAL)
     table["stablehlo.concatenate"] = _concatenate()
     table["stablehlo.iota"] = _iota()
     table["stablehlo.constant[splat]"] = _splat_constant()

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.dialects.builtin import ModuleOp, TensorType, UnregisteredOp
+from xdsl.ir import Operation
 from xdsl.interpreter import Interpreter
 from xdsl.interpreters.func import FuncFunctions
 from xdsl.utils.exceptions import InterpretationError
@@ -24,11 +25,27 @@ from dialects.interpreter.dtypes import numpy_dtype
 from dialects.interpreter.stablehlo import StableHLOFunctions
 
 
+FUNCTIONS = (FuncFunctions, PartirFunctions, StableHLOFunctions, ChloFunctions)
+
+
 def make_interpreter(module: ModuleOp) -> Interpreter:
     interp = Interpreter(module)
-    for functions in (FuncFunctions(), PartirFunctions(), StableHLOFunctions(), ChloFunctions()):
-        interp.register_implementations(functions)
+    for functions in FUNCTIONS:
+        interp.register_implementations(functions())
     return interp
+
+
+def check_implemented(function: Operation) -> None:
+    """Fail before running anything on an op no dialect defines, naming it.
+
+    (Every op of partir's dialects has an implementation; a test checks that.)
+    """
+    for op in function.walk():
+        if isinstance(op, UnregisteredOp):
+            raise InterpretationError(
+                f"the reference interpreter has no implementation of {op.op_name.data} "
+                "(an op partir's dialects do not define)"
+            )
 
 
 def run_function(module: ModuleOp, args: Sequence[Any], function: str = "main") -> list[np.ndarray]:
@@ -48,6 +65,7 @@ def run_function(module: ModuleOp, args: Sequence[Any], function: str = "main") 
         raise InterpretationError(
             f"@{function} takes {len(inputs)} arguments, {len(args)} were given"
         )
+    check_implemented(entry)
     arrays = [_as_argument(i, a, t) for i, (a, t) in enumerate(zip(args, inputs, strict=True))]
     results = make_interpreter(module).call_op(function, tuple(arrays))
     return [np.asarray(r) for r in results]

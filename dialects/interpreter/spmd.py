@@ -22,7 +22,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects.functions import entry_function
-from dialects.interpreter import _as_argument, make_interpreter
+from dialects.interpreter import _as_argument, check_implemented, make_interpreter
 from dialects.partir import MeshOp, find_mesh
 from dialects.spmd import (
     AllGatherOp,
@@ -45,7 +45,8 @@ class Mesh:
         self.axes = axes
         names = list(axes)
         self.devices: list[Coords] = [
-            dict(zip(names, c, strict=True)) for c in itertools.product(*(range(axes[a]) for a in names))
+            dict(zip(names, c, strict=True))
+            for c in itertools.product(*(range(axes[a]) for a in names))
         ]
 
     def group_index(self, coords: Coords, axes: Sequence[str]) -> int:
@@ -59,7 +60,8 @@ class Mesh:
         """The devices that differ from `device` only along `axes`, in group order."""
         me = self.devices[device]
         members = [
-            i for i, c in enumerate(self.devices)
+            i
+            for i, c in enumerate(self.devices)
             if all(c[a] == me[a] for a in self.axes if a not in axes)
         ]
         return sorted(members, key=lambda i: self.group_index(self.devices[i], axes))
@@ -145,6 +147,7 @@ def run_spmd(module: ModuleOp, args: Sequence[Any]) -> list[np.ndarray]:
         raise InterpretationError("the SPMD module declares no partir.mesh")
     mesh = Mesh(mesh_op.axes)
     entry = entry_function(module)
+    check_implemented(entry)
     interp = make_interpreter(module)
     inputs = entry.function_type.inputs.data
     if len(args) != len(inputs):

@@ -50,7 +50,7 @@ from xdsl_jax.xdsl_extras.traits import Elementwise
 
 from dialects.chlo import ChloBinaryOp, ChloUnaryOp
 from dialects.interpreter.dtypes import dense_to_numpy, element_kind, numpy_dtype
-from dialects.stablehlo_ext import CompareOp
+from dialects.stablehlo_ext import CompareOp, PadOp, ReduceOp
 
 # --------------------------------------------------------------------------
 # Types and attributes
@@ -947,8 +947,8 @@ class StableHLOFunctions(InterpreterFunctions):
         )
         return (typed(value, ty),)
 
-    @impl(shlo.PadOp)
-    def run_pad(self, interp: Interpreter, op: shlo.PadOp, args: PythonValues) -> PythonValues:
+    @impl(PadOp)
+    def run_pad(self, interp: Interpreter, op: PadOp, args: PythonValues) -> PythonValues:
         value = pad(
             np.asarray(args[0]),
             np.asarray(args[1]),
@@ -1008,9 +1008,9 @@ class StableHLOFunctions(InterpreterFunctions):
                 value = value != 0
             return (typed(value, ty),)
 
-    @impl(shlo.ReduceOp)
+    @impl(ReduceOp)
     def run_reduce(
-        self, interp: Interpreter, op: shlo.ReduceOp, args: PythonValues
+        self, interp: Interpreter, op: ReduceOp, args: PythonValues
     ) -> PythonValues:
         n = len(op.inputs)
         arrays = [np.asarray(a) for a in args]
