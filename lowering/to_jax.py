@@ -40,7 +40,7 @@ from xdsl.dialects.builtin import (
     UnregisteredOp,
 )
 from xdsl.ir import Attribute, Block, Operation, SSAValue
-from xdsl.utils.exceptions import InterpretationError
+from xdsl.utils.exceptions import InterpretationError, VerifyException
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.dialects.stablehlo.attributes import (
     ComparisonDirection,
@@ -50,7 +50,6 @@ from xdsl_jax.dialects.stablehlo.attributes import (
 )
 
 from dialects import spmd
-from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
 from dialects.interpreter.dtypes import dense_to_numpy, element_kind, numpy_dtype
 from dialects.partir import MeshOp
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
@@ -96,7 +95,7 @@ def _op_name(op: Operation) -> str:
 
 def _unsupported(op: Operation, reason: str) -> UnsupportedOpError:
     printed = str(op).splitlines()
-    text = printed[0].strip() if printed else op.name
+    text = printed[0].strip() if printed else _op_name(op)
     if len(text) > 160:
         text = text[:157] + "..."
     return UnsupportedOpError(
@@ -218,8 +217,7 @@ everything itself (aliases)."""
 class _BodyEmitter:
     """Emission state: generated names, output lines, the constants table."""
 
-    def __init__(self, mesh: dict[str, int]):
-        self.mesh = mesh
+    def __init__(self) -> None:
         self.names: dict[SSAValue, str] = {}
         self.lines: list[str] = []
         self.constants: dict[str, str] = {}
@@ -360,7 +358,7 @@ _ON_BOOLEANS: dict[str, str] = _by_name(
     }
 )
 
-_CHLO: dict[str, str] = {
+_CHLO: dict[str, str] = {  # `chlo.<name>` (see dialects.chlo)
     "acos": "lax.acos",
     "acosh": "lax.acosh",
     "asin": "lax.asin",
@@ -758,9 +756,7 @@ _SPECIFIC: dict[type[Operation], Emitter] = {
 
 _EMITTERS: dict[str, Emitter] = {
     **{name: _emit_elementwise for name in (*_UNARY, *_BINARY)},
-    **_by_name(
-        {cls: _emit_elementwise for cls in (*UNARY_CLASSES.values(), *BINARY_CLASSES.values())}
-    ),
+    **{f"chlo.{name}": _emit_elementwise for name in _CHLO},
     **_by_name(_SPECIFIC),
 }
 """Op name -> emitter (keyed by name, see `_by_name`)."""
@@ -824,8 +820,29 @@ def _specs(
     return [*lines, ")"]
 
 
-def _emit_body(entry: func.FuncOp, mesh: dict[str, int]) -> _BodyEmitter:
-    em = _BodyEmitter(mesh)
+def _input_types(
+    entry: func.FuncOp, types: Sequence[spmd.DTensorType], mesh: dict[str, int]
+) -> list[str]:
+    """`IN_TYPES`: (dtype, global shape, per-device shape) per input, which
+    `_check_inputs` compares with what `_body` is traced with: a wrong but
+    divisible input shape would otherwise slice silently wrong parts."""
+    lines = ["", "# (dtype, global shape, per-device shape) of each input; checked at trace time."]
+    if not types:
+        return [*lines, "IN_TYPES = ()"]
+    lines.append("IN_TYPES = (")
+    for i, ty in enumerate(types):
+        try:
+            local = ty.local_type(mesh)
+        except VerifyException as error:
+            raise UnsupportedOpError(f"argument {i} of @{entry.sym_name.data}: {error}") from None
+        dtype = _dtype_name(_dtype(entry, ty.global_type))
+        shape = tuple(ty.global_type.get_shape())
+        lines.append(f"    ({dtype}, {shape!r}, {tuple(local.get_shape())!r}),  # a{i}")
+    return [*lines, ")"]
+
+
+def _emit_body(entry: func.FuncOp) -> _BodyEmitter:
+    em = _BodyEmitter()
     block = entry.body.block
     for i, arg in enumerate(block.args):
         em.names[arg] = f"a{i}"
@@ -858,6 +875,16 @@ USES_64BIT_TYPES = {x64!r}
 """
 
 _FOOTER = '''
+
+def _check_inputs(*args):
+    """At trace time: each input's per-device part is what the program was emitted for."""
+    for i, (arg, (dtype, shape, local)) in enumerate(zip(args, IN_TYPES, strict=True)):
+        if arg.dtype != np.dtype(dtype) or tuple(arg.shape) != local:
+            raise TypeError(
+                f"input {i}: expected {np.dtype(dtype)}{list(shape)}, i.e. {list(local)} per "
+                f"device under {IN_SPECS[i]}; got {arg.dtype}{list(arg.shape)} per device"
+            )
+
 
 def make_mesh(devices=None):
     """A mesh of MESH_SHAPE (Auto axes) over the first devices (default: jax.devices())."""
@@ -921,7 +948,7 @@ def emit_jax(module: ModuleOp, *, name: str = "partir_program") -> str:
     res_types = [
         _dtensor(entry, t, f"result {i}") for i, t in enumerate(entry.function_type.outputs)
     ]
-    body = _emit_body(entry, mesh)
+    body = _emit_body(entry)
     element_dtypes = {_dtype(entry, t.global_type) for t in (*arg_types, *res_types)} | body.dtypes
     mesh_text = ", ".join(f"{comment_text(a)}={n}" for a, n in mesh.items())
     out = [
@@ -935,11 +962,12 @@ def emit_jax(module: ModuleOp, *, name: str = "partir_program") -> str:
         ),
         *_specs("IN_SPECS", arg_types, _names(entry.arg_attrs, len(arg_types)), "a"),
         *_specs("OUT_SPECS", res_types, _names(entry.res_attrs, len(res_types)), "r"),
+        *_input_types(entry, arg_types, mesh),
     ]
     if body.constants:
         out += ["", "_CONSTANTS = {"]
         out += [f"    {key!r}: {value}," for key, value in body.constants.items()]
         out += ["}"]
     params = ", ".join(f"a{i}" for i in range(len(arg_types)))
-    out += ["", "", f"def _body({params}):", *body.lines]
+    out += ["", "", f"def _body({params}):", f"    _check_inputs({params})", *body.lines]
     return "\n".join(out) + "\n" + _FOOTER

@@ -110,8 +110,15 @@ class PlannedTile:
     axis: str
 
 
+def _axis_size(mesh: Mesh, axis: str, who: str) -> int:
+    try:
+        return mesh.check_axis(axis, who)
+    except ValueError as err:
+        raise TacticError(str(err)) from None
+
+
 def _plan(leaf: Leaf, dim: int, axis: str, mesh: Mesh, who: str) -> PlannedTile:
-    parts = mesh.check_axis(axis, who)
+    parts = _axis_size(mesh, axis, who)
     rank = len(leaf.shape)
     if not -rank <= dim < rank:
         raise TacticError(f"{who}: {leaf.name} has shape {leaf.shape}, which has no dim {dim}")
@@ -329,7 +336,7 @@ class ZeRO(Tactic):
     def _leaves(
         self, program: ProgramView, mesh: Mesh, given, default: str, results: bool
     ) -> list[PlannedTile]:
-        parts = mesh.check_axis(self.axis, self.name)
+        parts = _axis_size(mesh, self.axis, self.name)
         if given is not None:
             return [
                 _plan(leaf, 0, self.axis, mesh, self.name)

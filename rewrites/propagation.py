@@ -104,6 +104,25 @@ def _candidates(
     return found
 
 
+def wake_users(rewriter: PatternRewriter, values: list[SSAValue]) -> None:
+    """Re-queue the users of values whose uses a rewrite changed.
+
+    Fusion and backward propagation depend on how a value is used (only by
+    slices, by one op); when a rewrite changes that, the value's remaining
+    users must be looked at again, or the walker needs another full sweep.
+    """
+    for value in values:
+        for use in value.uses:
+            rewriter.notify_op_modified(use.operation)
+
+
+def wake_body(rewriter: PatternRewriter, ops: list[Operation]) -> None:
+    """Queue ops placed inside a new loop: xDSL queues an inserted op, not
+    the ops nested in it."""
+    for op in ops:
+        rewriter.notify_op_modified(op)
+
+
 def _single_user(loop: LoopOp) -> Operation | None:
     users = {use.operation for use in loop.result.uses}
     return users.pop() if len(users) == 1 else None
@@ -132,6 +151,7 @@ class PushForward(RewritePattern):
         chosen = candidates[0]
         self._record_conflicts(op, chosen, candidates[1:])
         loop = chosen.tiling.loop
+        operands = list(op.operands)
         if self._can_join(op, rule, chosen, loop):
             self._join_loop(op, rule, chosen, loop, rewriter)
         else:
@@ -140,6 +160,8 @@ class PushForward(RewritePattern):
                 op, rule, chosen.factor, chosen.tiling.axis, self.mesh[chosen.tiling.axis], attrs
             )
             rewriter.replace(op, new)
+            wake_body(rewriter, list(new.body.block.ops))
+        wake_users(rewriter, operands)
 
     @staticmethod
     def _can_join(op: Operation, rule: OpRule, chosen: _Candidate, loop: LoopOp) -> bool:
@@ -239,7 +261,9 @@ class FuseSliceOfTile(RewritePattern):
         if loop.result.uses.get_length() == 1:
             block = loop.body.block
             yielded = loop.yielded
+            moved = list(block.ops)
             rewriter.inline_block(block, InsertPoint.before(op), [op.index])
+            wake_body(rewriter, moved[:-1])
             terminator = op.prev_op
             assert isinstance(terminator, YieldOp)
             rewriter.erase(terminator)
@@ -281,7 +305,10 @@ class PullSliceIntoProducer(RewritePattern):
             return
         slices, operands = slice_operands(rule, factor, list(producer.operands), op.index)
         part = part_op(producer, rule, factor, parts, operands)
+        last_use = op.src.uses.get_length() == 1
         rewriter.replace(op, [*slices, part], part.results)
+        if last_use:  # the producer is dead now; its operands lose a use
+            wake_users(rewriter, list(producer.operands))
 
 
 class PushSliceIntoLoop(RewritePattern):
@@ -318,6 +345,31 @@ class PushSliceIntoLoop(RewritePattern):
         )
         rewriter.replace(op, new)
         rewriter.erase(loop)
+        wake_body(rewriter, list(new.body.block.ops))
+
+
+@dataclass
+class Propagation(RewritePattern):
+    """All propagation rewrites behind one type check per visited op."""
+
+    mesh: dict[str, int]
+    log: ConflictLog
+    rules: RuleCache = field(default_factory=RuleCache)
+
+    def __post_init__(self) -> None:
+        self.slice_patterns = (
+            FuseSliceOfTile(), PullSliceIntoProducer(self.rules), PushSliceIntoLoop(),
+        )
+        self.forward = PushForward(self.mesh, self.log, self.rules)
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if isinstance(op, SliceOp):
+            for pattern in self.slice_patterns:
+                pattern.match_and_rewrite(op, rewriter)
+                if rewriter.has_done_action:
+                    return
+        elif not isinstance(op, STRUCTURAL):
+            self.forward.match_and_rewrite(op, rewriter)
 
 
 @dataclass
@@ -331,16 +383,8 @@ def propagate(module: ModuleOp, log: ConflictLog | None = None) -> PropagationRe
     mesh = find_mesh(module)
     if mesh is None:
         return PropagationResult(list(log.conflicts))
-    rules = RuleCache()
-    patterns = GreedyRewritePatternApplier(
-        [
-            FuseSliceOfTile(),
-            PullSliceIntoProducer(rules),
-            PushSliceIntoLoop(),
-            PushForward(mesh.axes, log, rules),
-        ]
-    )
-    PatternRewriteWalker(patterns).rewrite_module(module)
+    applier = GreedyRewritePatternApplier([Propagation(mesh.axes, log)])
+    PatternRewriteWalker(applier).rewrite_module(module)
     return PropagationResult(list(log.conflicts))
 
 

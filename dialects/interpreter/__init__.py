@@ -14,16 +14,15 @@ from typing import Any
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType, UnregisteredOp
-from xdsl.ir import Operation
 from xdsl.interpreter import Interpreter
 from xdsl.interpreters.func import FuncFunctions
+from xdsl.ir import Operation
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects.interpreter.chlo import ChloFunctions
 from dialects.interpreter.core import PartirFunctions
 from dialects.interpreter.dtypes import numpy_dtype
 from dialects.interpreter.stablehlo import StableHLOFunctions
-
 
 FUNCTIONS = (FuncFunctions, PartirFunctions, StableHLOFunctions, ChloFunctions)
 

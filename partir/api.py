@@ -1,0 +1,174 @@
+"""`partir.jit`: partition a JAX function over a mesh and run it there.
+
+    mesh = partir.Mesh({"batch": 4, "model": 2})   # or a jax.sharding.Mesh
+
+    @partir.jit(mesh=mesh, tactics=[partir.BatchParallel("batch"), partir.Megatron("model")])
+    def train_step(params, opt_state, x, y): ...
+
+Calling `train_step` imports the function as StableHLO, applies the tactics
+(each followed by propagation), lowers to SPMD, emits a `jax.shard_map`
+program and compiles it; the result is cached per pytree structure, shapes and
+dtypes of the arguments. `train_step.lower(*args)` stops before running and
+exposes every stage.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jax
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp
+
+from lowering.collectives import Collective, collectives
+from lowering.loader import load_source
+from lowering.to_jax import emit_jax
+from lowering.to_spmd import lower_to_spmd
+from partir.importer import import_jax
+from partir.mesh import Mesh
+from partir.partition import Stage, partition
+from partir.tactics import Tactic
+from rewrites.conflicts import Conflict
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("PARTIR_CACHE_DIR") or Path(tempfile.gettempdir()) / "partir-generated"
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def devices_for(mesh: Mesh, jax_mesh: jax.sharding.Mesh | None) -> jax.sharding.Mesh:
+    """The JAX mesh to run on: the one given, or the first devices, row-major."""
+    if jax_mesh is not None:
+        return jax_mesh
+    devices = jax.devices()
+    if mesh.size > len(devices):
+        raise ValueError(
+            f"the mesh {mesh.axes} needs {mesh.size} devices, but jax.devices() has "
+            f"{len(devices)} ({devices[0].platform}); on CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before importing jax"
+        )
+    grid = np.array(devices[: mesh.size]).reshape(tuple(mesh.axes.values()))
+    auto = (jax.sharding.AxisType.Auto,) * len(mesh.axes)
+    return jax.sharding.Mesh(grid, tuple(mesh.axes), axis_types=auto)
+
+
+@dataclass
+class Compiled:
+    """A partitioned program, built for one JAX mesh and argument signature."""
+
+    program: ModuleType
+    jax_mesh: jax.sharding.Mesh
+    out_tree: Any
+    run: Callable[..., Any]
+
+    def __call__(self, *args: Any) -> Any:
+        outs = self.run(*jax.tree_util.tree_leaves(args))
+        return jax.tree_util.tree_unflatten(self.out_tree, list(outs))
+
+
+@dataclass
+class Lowered:
+    """Every stage of one partitioning, without running it."""
+
+    stages: list[Stage]
+    module: ModuleOp
+    source: str
+    conflicts: list[Conflict]
+    out_tree: Any
+    mesh: Mesh
+    jax_mesh: jax.sharding.Mesh | None = None
+    name: str = "partir_program"
+    _source_path: Path | None = field(default=None, repr=False)
+
+    @property
+    def collectives(self) -> list[Collective]:
+        return collectives(self.module)
+
+    def stage(self, name: str) -> str:
+        """The IR text of a stage: "import", a tactic's name, or "spmd"."""
+        for stage in self.stages:
+            if stage.name == name:
+                return stage.text
+        raise KeyError(f"no stage {name!r}; the stages are {[s.name for s in self.stages]}")
+
+    @property
+    def source_path(self) -> Path:
+        """Where the emitted source is written (named by its content hash)."""
+        if self._source_path is None:
+            digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
+            path = _cache_dir() / f"{self.name}_{digest}.py"
+            if not path.exists():
+                path.write_text(self.source)
+            self._source_path = path
+        return self._source_path
+
+    def compile(self) -> Compiled:
+        jax_mesh = devices_for(self.mesh, self.jax_mesh)
+        program = load_source(self.source, self.name)
+        return Compiled(program, jax_mesh, self.out_tree, program.build(jax_mesh))
+
+
+def lower(fn: Callable[..., Any], args: Sequence[Any], mesh: Mesh,
+          tactics: Sequence[Tactic], *, jax_mesh: jax.sharding.Mesh | None = None,
+          name: str | None = None) -> Lowered:
+    """Import, partition, lower and emit `fn` at `args`."""
+    module = import_jax(fn, *args)
+    result = partition(module, mesh, tactics, keep_stages=True)
+    lower_to_spmd(module)
+    module.verify()
+    label = name or getattr(fn, "__name__", "program")
+    label = "".join(c if c.isalnum() else "_" for c in label) or "program"
+    source = emit_jax(module, name=label)
+    out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
+    stages = [*result.stages, Stage("spmd", str(module))]
+    return Lowered(stages, module, source, result.conflicts, out_tree, mesh, jax_mesh, label)
+
+
+def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    return (tree, tuple(
+        (np.shape(x), str(jax.dtypes.canonicalize_dtype(np.result_type(x))),
+         isinstance(x, int | float | complex | bool))
+        for x in leaves
+    ))
+
+
+class PartitionedFunction:
+    """What `partir.jit` returns: call it like the function, or `.lower` it."""
+
+    def __init__(self, fn: Callable[..., Any], mesh: Mesh | jax.sharding.Mesh,
+                 tactics: Sequence[Tactic]):
+        self.fn = fn
+        self.jax_mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else None
+        self.mesh = Mesh(mesh) if not isinstance(mesh, Mesh) else mesh
+        self.tactics = list(tactics)
+        self._compiled: dict[tuple[Any, ...], Compiled] = {}
+        functools.update_wrapper(self, fn)
+
+    def lower(self, *args: Any) -> Lowered:
+        return lower(self.fn, args, self.mesh, self.tactics, jax_mesh=self.jax_mesh)
+
+    def __call__(self, *args: Any) -> Any:
+        key = _signature(args)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = self.lower(*args).compile()
+        return compiled(*args)
+
+
+def jit(fn: Callable[..., Any] | None = None, *, mesh: Mesh | jax.sharding.Mesh,
+        tactics: Sequence[Tactic] = ()) -> Any:
+    """Partition `fn` over `mesh` with `tactics`; usable as `@partir.jit(...)`."""
+    if fn is None:
+        return lambda f: PartitionedFunction(f, mesh, tactics)
+    return PartitionedFunction(fn, mesh, tactics)

@@ -1,0 +1,197 @@
+"""`partir.jit` end to end on the 8-device CPU mesh: numbers, collectives, errors."""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import partir
+from dialects.interpreter.spmd import run_spmd
+from examples import block_forward, block_train_step, mlp_train_step, stack_train_step
+from lowering.to_jax import UnsupportedOpError
+from tests.numerics import assert_close
+
+MESH = partir.Mesh({"batch": 4, "model": 2})
+COLLECTIVE_PRIMITIVES = {
+    "psum": "all_reduce", "psum_invariant": "all_reduce", "all_gather": "all_gather",
+    "all_gather_invariant": "all_gather", "reduce_scatter": "reduce_scatter",
+    "all_to_all": "all_to_all",
+}
+
+
+def _axes(params: dict) -> tuple[str, ...]:
+    axes = params.get("axes", params.get("axis_name"))
+    return tuple(axes) if isinstance(axes, tuple | list) else (axes,)
+
+
+def emitted_collectives(compiled: partir.Compiled, args) -> collections.Counter:
+    """(kind, axes) of every collective in the emitted program's jaxpr."""
+    jaxpr = jax.make_jaxpr(compiled.run)(*jax.tree_util.tree_leaves(args))
+    found: collections.Counter = collections.Counter()
+
+    def walk(jp) -> None:
+        for eqn in jp.eqns:
+            kind = COLLECTIVE_PRIMITIVES.get(eqn.primitive.name)
+            if kind is not None:
+                found[(kind, _axes(eqn.params))] += 1
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, tuple | list) else (value,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jaxpr.jaxpr)
+    return found
+
+
+def run_and_check(program, args, tactics, mesh=MESH):
+    """Run under partir.jit; results equal jax.jit per leaf. Returns the lowering."""
+    fn = partir.jit(program, mesh=mesh, tactics=tactics)
+    lowered = fn.lower(*args)
+    compiled = lowered.compile()
+    got = compiled(*args)
+    ref = jax.jit(program)(*args)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(ref)
+    for i, (g, r) in enumerate(zip(jax.tree_util.tree_leaves(got),
+                                   jax.tree_util.tree_leaves(ref), strict=True)):
+        assert isinstance(g, jax.Array)
+        assert_close(np.asarray(g), np.asarray(r), what=f"leaf {i}")
+    return lowered, compiled
+
+
+@pytest.mark.parametrize("tactics", [
+    [partir.BatchParallel("batch")],
+    [partir.Megatron("model")],
+    [partir.BatchParallel("batch"), partir.Megatron("model")],
+    [partir.BatchParallel("batch"), partir.ZeRO("batch", 3)],
+], ids=["dp", "tp", "dp+tp", "zero3"])
+def test_mlp_train_step(tactics):
+    run_and_check(mlp_train_step.program, mlp_train_step.make_args(), tactics)
+
+
+def test_block_train_step_with_adam_on_4x2():
+    args = block_train_step.make_args()
+    lowered, compiled = run_and_check(block_train_step.program, args,
+                                      [partir.BatchParallel("batch"), partir.Megatron("model")])
+    # The SPMD interpreter agrees with the JAX run.
+    got = run_spmd(lowered.module, jax.tree_util.tree_leaves(args))
+    ran = jax.tree_util.tree_leaves(compiled(*args))
+    for g, r in zip(got, ran, strict=True):
+        assert_close(g, np.asarray(r))
+
+
+def test_four_layer_stack_train_step():
+    run_and_check(stack_train_step.program, stack_train_step.make_args(layers_=4),
+                  [partir.BatchParallel("batch"), partir.Megatron("model")])
+
+
+def test_megatron_block_forward_has_exactly_two_all_reduces():
+    args = block_forward.make_args()
+    _, compiled = run_and_check(block_forward.program, args, [partir.Megatron("model")])
+    assert emitted_collectives(compiled, args) == {("all_reduce", ("model",)): 2}
+
+
+def test_batch_parallel_mlp_step_only_all_reduces_over_batch():
+    args = mlp_train_step.make_args()
+    _, compiled = run_and_check(mlp_train_step.program, args, [partir.BatchParallel("batch")])
+    counts = emitted_collectives(compiled, args)
+    assert set(counts) == {("all_reduce", ("batch",))}
+    assert counts[("all_reduce", ("batch",))] == 5  # 4 gradients + the loss
+
+
+def test_zero3_gathers_parameters_and_reduce_scatters_gradients():
+    args = mlp_train_step.make_args()
+    _, compiled = run_and_check(mlp_train_step.program, args,
+                                [partir.BatchParallel("batch"), partir.ZeRO("batch", 3)],
+                                partir.Mesh({"batch": 4}))
+    counts = emitted_collectives(compiled, args)
+    assert counts[("all_gather", ("batch",))] == 4
+    assert counts[("reduce_scatter", ("batch",))] == 4
+    assert counts[("all_reduce", ("batch",))] == 1  # the loss only
+
+
+RNG = np.random.default_rng(1)
+X = RNG.standard_normal((8, 16)).astype(np.float32)
+W = RNG.standard_normal((16, 4)).astype(np.float32)
+Z = RNG.standard_normal((8, 4)).astype(np.float32)
+
+
+@pytest.mark.parametrize(("name", "program", "args", "spec", "expected"), [
+    ("P->B", lambda x, w: x @ w, (X, W), {"x": {1: "model"}, "w": {0: "model"}},
+     {("all_reduce", ("model",)): 1}),
+    ("P->S", lambda x, w, z: x @ w + z, (X, W, Z),
+     {"x": {1: "batch"}, "w": {0: "batch"}, "z": {0: "batch"}},
+     {("reduce_scatter", ("batch",)): 1}),
+    ("S->B", lambda x: jnp.max(jnp.exp(x), axis=0), (X,), {"x": {0: "batch"}},
+     {("all_gather", ("batch",)): 1}),
+    ("Si->Sj", lambda x, y: jnp.exp(x) + y, (X, X), {"x": {0: "batch"}, "y": {1: "batch"}},
+     {("all_to_all", ("batch",)): 1}),
+    ("B->S", lambda x, y: (x + y, jnp.sum(y)), (X, X), {"x": {0: "batch"}}, {}),
+])
+def test_distpar_conversions(name, program, args, spec, expected):
+    lowered, compiled = run_and_check(program, args, [partir.ManualPartition(spec)])
+    assert emitted_collectives(compiled, args) == expected, name
+    if name == "B->S":  # a local slice by axis index: no communication at all
+        assert "lax.axis_index" in lowered.source
+
+
+def test_lower_exposes_every_stage():
+    fn = partir.jit(mlp_train_step.program, mesh=MESH,
+                    tactics=[partir.BatchParallel("batch"), partir.Megatron("model")])
+    lowered = fn.lower(*mlp_train_step.make_args())
+    assert [s.name for s in lowered.stages] == ["import", "BatchParallel", "Megatron", "spmd"]
+    assert "partir.loop" in lowered.stage("Megatron") and "partir.loop" not in lowered.stage("import")
+    assert "spmd.all_reduce" in lowered.stage("spmd")
+    assert "jax.shard_map" in lowered.source and lowered.source_path.read_text() == lowered.source
+    kinds = collections.Counter((c.kind, c.axes) for c in lowered.collectives)
+    assert kinds[("all_reduce", ("batch",))] == 5
+    assert all(c.bytes_per_device > 0 for c in lowered.collectives)
+    assert lowered.conflicts == []
+
+
+def test_calls_are_cached_per_signature():
+    fn = partir.jit(mlp_train_step.program, mesh=MESH, tactics=[partir.BatchParallel("batch")])
+    args = mlp_train_step.make_args()
+    fn(*args)
+    fn(*args)
+    assert len(fn._compiled) == 1
+    fn(*mlp_train_step.make_args(batch=8))
+    assert len(fn._compiled) == 2
+
+
+def test_a_jax_mesh_is_accepted():
+    devices = np.array(jax.devices()[:8]).reshape(4, 2)
+    mesh = jax.sharding.Mesh(devices, ("batch", "model"),
+                             axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    run_and_check(mlp_train_step.program, mlp_train_step.make_args(),
+                  [partir.BatchParallel("batch")], mesh)
+
+
+def test_unknown_axis_and_indivisible_dims_are_clear_errors():
+    args = mlp_train_step.make_args(batch=12)
+    with pytest.raises(partir.TacticError, match='unknown mesh axis "data"'):
+        partir.jit(mlp_train_step.program, mesh=MESH,
+                   tactics=[partir.BatchParallel("data")])(*args)
+    with pytest.raises(partir.TacticError, match="mesh axis \"batch\" of size 8 does not divide"):
+        partir.jit(mlp_train_step.program, mesh=partir.Mesh({"batch": 8}),
+                   tactics=[partir.BatchParallel("batch")])(*args)
+
+
+def test_a_mesh_larger_than_the_devices_is_a_clear_error():
+    fn = partir.jit(mlp_train_step.program, mesh=partir.Mesh({"batch": 4, "model": 4}),
+                    tactics=[partir.BatchParallel("batch")])
+    with pytest.raises(ValueError, match=r"needs 16 devices, but jax.devices\(\) has 8"):
+        fn(*mlp_train_step.make_args())
+
+
+def test_an_op_the_lowering_cannot_emit_is_named():
+    def sorted_rows(x):
+        return jnp.sort(x, axis=1)
+
+    fn = partir.jit(sorted_rows, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs="x")])
+    with pytest.raises(UnsupportedOpError, match="stablehlo.sort"):
+        fn(X)
