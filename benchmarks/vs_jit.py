@@ -1,0 +1,143 @@
+"""partir's compiled program against `jax.jit` with the same shardings, in one run.
+
+For the MLP and transformer-block training steps under DP, TP, DP+TP and
+ZeRO-3 on the 4x2 CPU mesh: partir's `shard_map` program, and `jax.jit(fn,
+in_shardings=..., out_shardings=...)` given exactly the shardings partir's
+program takes and returns. Collectives and bytes per device come from each
+compiled HLO; runtime is a paired ratio (alternating runs, medians, inputs
+pre-sharded, same process). Goal: bytes <= jax.jit's on every row, ratio <= 1.
+
+CPU caveat (see shared/guides/jax.md): 8 virtual devices share 2 cores, so
+time tracks total work; only same-run paired ratios are meaningful.
+
+    python -m benchmarks.vs_jit [--rounds 20] [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+from jax.sharding import NamedSharding
+
+import partir
+from benchmarks.hlo_stats import collective_stats, describe
+from examples import block_train_step, mlp_train_step
+
+MESH = partir.Mesh({"batch": 4, "model": 2})
+STRATEGIES = {
+    "DP": [partir.BatchParallel("batch")],
+    "TP": [partir.Megatron("model")],
+    "DP+TP": [partir.BatchParallel("batch"), partir.Megatron("model")],
+    "ZeRO-3": [partir.BatchParallel("batch"), partir.ZeRO("batch", 3)],
+}
+
+
+def programs(small: bool):
+    if small:
+        return {
+            "MLP step": (
+                mlp_train_step.program,
+                mlp_train_step.make_args(batch=64, d_in=128, hidden=256, d_out=64),
+            ),
+            "block step": (
+                block_train_step.program,
+                block_train_step.make_args(batch=4, seq=32, width=64, mlp_width=256),
+            ),
+        }
+    return {
+        "MLP step": (
+            mlp_train_step.program,
+            mlp_train_step.make_args(batch=256, d_in=512, hidden=2048, d_out=512),
+        ),
+        "block step": (
+            block_train_step.program,
+            block_train_step.make_args(batch=8, seq=128, width=256, mlp_width=1024),
+        ),
+    }
+
+
+def baseline(program, args, compiled: partir.Compiled):
+    """`jax.jit(program)` with partir's input and output shardings, on flat leaves."""
+    in_tree = jax.tree_util.tree_structure(args)
+    mesh = compiled.jax_mesh
+    module = compiled.program
+    in_shardings = tuple(NamedSharding(mesh, spec) for spec in module.IN_SPECS)
+    out_shardings = tuple(NamedSharding(mesh, spec) for spec in module.OUT_SPECS)
+
+    def flat(*leaves):
+        return tuple(
+            jax.tree_util.tree_leaves(program(*jax.tree_util.tree_unflatten(in_tree, leaves)))
+        )
+
+    return jax.jit(flat, in_shardings=in_shardings, out_shardings=out_shardings), in_shardings
+
+
+def paired_times(first, second, inputs, rounds: int) -> tuple[float, float]:
+    for _ in range(3):
+        jax.block_until_ready(first(*inputs))
+        jax.block_until_ready(second(*inputs))
+    a, b = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        jax.block_until_ready(first(*inputs))
+        a.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        jax.block_until_ready(second(*inputs))
+        b.append(time.perf_counter() - start)
+    return statistics.median(a), statistics.median(b)
+
+
+def measure(name: str, program, args, tactics, rounds: int) -> dict[str, object]:
+    compiled = partir.jit(program, mesh=MESH, tactics=tactics).lower(*args).compile()
+    reference, in_shardings = baseline(program, args, compiled)
+    leaves = jax.tree_util.tree_leaves(args)
+    inputs = [jax.device_put(x, s) for x, s in zip(leaves, in_shardings, strict=True)]
+    ours_xla = compiled.run.lower(*inputs).compile()
+    ref_xla = reference.lower(*inputs).compile()
+    ours, ref = collective_stats(ours_xla.as_text()), collective_stats(ref_xla.as_text())
+    t_ours, t_ref = paired_times(compiled.run, reference, inputs, rounds)
+    return {
+        "name": name,
+        "ours": describe(ours),
+        "ref": describe(ref),
+        "ours_bytes": ours.get("total", {}).get("bytes", 0),
+        "ref_bytes": ref.get("total", {}).get("bytes", 0),
+        "ours_ms": t_ours * 1e3,
+        "ref_ms": t_ref * 1e3,
+        "ratio": t_ours / t_ref,
+        "ours_mem": ours_xla.memory_analysis().temp_size_in_bytes,
+        "ref_mem": ref_xla.memory_analysis().temp_size_in_bytes,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--small", action="store_true", help="small shapes, for a quick check")
+    opts = parser.parse_args()
+    rows = []
+    for prog_name, (program, args) in programs(opts.small).items():
+        for strat, tactics in STRATEGIES.items():
+            rows.append(measure(f"{prog_name} {strat}", program, args, tactics, opts.rounds))
+    print(
+        "| program | partir collectives | jax.jit collectives | partir bytes/dev | jit bytes/dev "
+        "| partir ms | jit ms | ratio | temp KiB partir/jit |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['name']} | {r['ours']} | {r['ref']} | {r['ours_bytes']:,} | {r['ref_bytes']:,} "
+            f"| {r['ours_ms']:.1f} | {r['ref_ms']:.1f} | {r['ratio']:.2f} "
+            f"| {r['ours_mem'] // 1024:,}/{r['ref_mem'] // 1024:,} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
