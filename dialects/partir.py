@@ -131,16 +131,18 @@ LoopAction = TileAttr | SumAttr
 
 @irdl_attr_definition
 class OriginAttr(ParametrizedAttribute):
-    """`#partir.origin<3, "Megatron">`: the action (numbered in schedule order)
-    and the tactic that caused a loop, so later stages can say why a value is
-    split, and propagation can let the earlier action win a conflict."""
+    """`#partir.origin<3, "Megatron", "params['attn']['wq']">`: the action behind
+    a loop (numbered in schedule order), the tactic that asked for it and the
+    value it tiled. Later stages say from it why a value is split, and
+    propagation lets the earlier action win a conflict."""
 
     name = "partir.origin"
     action: IntAttr
     tactic: StringAttr
+    value: StringAttr
 
-    def __init__(self, action: int, tactic: str):
-        super().__init__(IntAttr(action), StringAttr(tactic))
+    def __init__(self, action: int, tactic: str, value: str = ""):
+        super().__init__(IntAttr(action), StringAttr(tactic), StringAttr(value))
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
@@ -148,13 +150,23 @@ class OriginAttr(ParametrizedAttribute):
             action = parser.parse_integer(allow_boolean=False, allow_negative=False)
             parser.parse_punctuation(",")
             tactic = parser.parse_str_literal()
-        return (IntAttr(action), StringAttr(tactic))
+            value = ""
+            if parser.parse_optional_punctuation(",") is not None:
+                value = parser.parse_str_literal()
+        return (IntAttr(action), StringAttr(tactic), StringAttr(value))
 
     def print_parameters(self, printer: Printer) -> None:
         with printer.in_angle_brackets():
             printer.print_int(self.action.data)
             printer.print_string(", ")
             printer.print_string_literal(self.tactic.data)
+            if self.value.data:
+                printer.print_string(", ")
+                printer.print_string_literal(self.value.data)
+
+    def describe(self) -> str:
+        what = f" of {self.value.data}" if self.value.data else ""
+        return f"action {self.action.data} ({self.tactic.data}{what})"
 
 
 ORIGIN = "origin"

@@ -27,16 +27,22 @@ from typing import Any
 import jax
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass, PassPipeline
 
+from dialects.context import make_context
+from dialects.functions import entry_function
 from lowering.collectives import Collective, collectives
 from lowering.loader import load_source
 from lowering.to_jax import emit_jax
-from lowering.to_spmd import lower_to_spmd
+from lowering.to_spmd import LowerToSpmdPass
 from partir.importer import import_jax
 from partir.mesh import Mesh
-from partir.partition import Stage, partition
-from partir.tactics import Tactic
+from partir.partition import Stage, declare_mesh
+from partir.passes import ApplyTacticPass, EmitJaxPass, recorded_conflicts
+from partir.tactics import ProgramView, Tactic
 from rewrites.conflicts import Conflict
+
+_CONTEXT = make_context()
 
 
 def _cache_dir() -> Path:
@@ -121,17 +127,29 @@ class Lowered:
 def lower(fn: Callable[..., Any], args: Sequence[Any], mesh: Mesh,
           tactics: Sequence[Tactic], *, jax_mesh: jax.sharding.Mesh | None = None,
           name: str | None = None) -> Lowered:
-    """Import, partition, lower and emit `fn` at `args`."""
+    """Import `fn` at `args`, then run the pass pipeline `partir-opt` would run:
+    one `ApplyTacticPass` per tactic, `partir-lower-spmd`, `partir-emit-jax`."""
     module = import_jax(fn, *args)
-    result = partition(module, mesh, tactics, keep_stages=True)
-    lower_to_spmd(module)
-    module.verify()
+    view = ProgramView.of(entry_function(module))
+    for tactic in tactics:  # check every tactic before any rewrite
+        tactic.plan(view, mesh)
+    declare_mesh(module, mesh)
+    stages = [Stage("import", str(module))]
+
+    def record(done: ModulePass | None, module: ModuleOp, _next: ModulePass | None) -> None:
+        if isinstance(done, ApplyTacticPass):
+            stages.append(Stage(done.tactic.name, str(module)))  # type: ignore[union-attr]
+        elif isinstance(done, LowerToSpmdPass):
+            stages.append(Stage("spmd", str(module)))
+
+    passes = (*(ApplyTacticPass(t) for t in tactics), LowerToSpmdPass(), EmitJaxPass())
+    PassPipeline(passes, record).apply(_CONTEXT, module)
     label = name or getattr(fn, "__name__", "program")
     label = "".join(c if c.isalnum() else "_" for c in label) or "program"
     source = emit_jax(module, name=label)
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
-    stages = [*result.stages, Stage("spmd", str(module))]
-    return Lowered(stages, module, source, result.conflicts, out_tree, mesh, jax_mesh, label)
+    return Lowered(stages, module, source, recorded_conflicts(module), out_tree, mesh,
+                   jax_mesh, label)
 
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:

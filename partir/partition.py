@@ -5,17 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import SSAValue
 
-from dialects.partir import MeshOp, OriginAttr
-from partir.importer import entry_function
+from dialects.functions import entry_function
+from dialects.partir import MeshOp
 from partir.mesh import Mesh
-from partir.tactics import PlannedTile, ProgramView, Tactic
-from rewrites.actions import TileAction, apply_tile_action
-from rewrites.conflicts import Conflict, ConflictLog
-from rewrites.propagation import propagate
+from partir.tactics import ProgramView, Tactic
+from rewrites.actions import TileAction
+from rewrites.conflicts import Conflict
 
 
 @dataclass(frozen=True)
@@ -50,52 +47,28 @@ def declare_mesh(module: ModuleOp, mesh: Mesh) -> MeshOp:
     return op
 
 
-def _value(entry: func.FuncOp, planned: PlannedTile) -> SSAValue:
-    if planned.leaf.kind == "argument":
-        return entry.body.block.args[planned.leaf.index]
-    ret = entry.body.block.last_op
-    assert isinstance(ret, func.ReturnOp)
-    return ret.arguments[planned.leaf.index]
-
-
-def partition(
-    module: ModuleOp,
-    mesh: Mesh,
-    tactics: Sequence[Tactic],
-    *,
-    keep_stages: bool = False,
-    verify: bool = False,
-) -> Partitioned:
+def partition(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic], *,
+              keep_stages: bool = False, verify: bool = False) -> Partitioned:
     """Apply `tactics` to `module` (in place), each followed by propagation.
 
-    Every tactic is planned (and so checked) before the first rewrite. With
-    `verify`, the dialect verifier runs after each tactic's propagation.
+    Every tactic is planned (and so checked) before the first rewrite; then
+    each runs as `passes.apply_tactic`, the pass `partir-opt` runs too. With
+    `verify`, the dialect verifier runs after each tactic.
     """
-    entry = entry_function(module)
-    view = ProgramView.of(entry)
-    plans = [(tactic, tactic.plan(view, mesh)) for tactic in tactics]
-    mesh_op = declare_mesh(module, mesh)
+    from partir.passes import apply_tactic, recorded_conflicts  # noqa: PLC0415
+
+    view = ProgramView.of(entry_function(module))
+    for tactic in tactics:
+        tactic.plan(view, mesh)
+    declare_mesh(module, mesh)
     result = Partitioned(module)
     if keep_stages:
         result.stages.append(Stage("import", str(module)))
-    log = ConflictLog()
-    number = 0
-    for tactic, planned in plans:
-        for tile in planned:
-            number += 1
-            action = TileAction(
-                _value(entry, tile),
-                tile.dim,
-                tile.axis,
-                OriginAttr(number, tactic.name),
-                tile.leaf.name,
-            )
-            result.actions.append(action)
-            apply_tile_action(action, mesh_op, log)
-        propagate(module, log)
+    for tactic in tactics:
+        result.actions += apply_tactic(module, tactic)
         if verify:
             module.verify()
         if keep_stages:
             result.stages.append(Stage(tactic.name, str(module)))
-    result.conflicts = list(log.conflicts)
+    result.conflicts = recorded_conflicts(module)
     return result

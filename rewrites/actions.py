@@ -97,7 +97,6 @@ def apply_tile_action(action: TileAction, mesh: MeshOp, log: ConflictLog) -> Loo
     is a no-op; on another dim it is a conflict, and the earlier tiling wins.
     """
     check_action(action, mesh)
-    log.action_values[action.origin.action.data] = action.name
     current = existing_tiling(action.value, action.axis)
     if current is not None:
         if current != action.dim:

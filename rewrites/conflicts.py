@@ -13,9 +13,7 @@ from dialects.partir import OriginAttr
 
 
 def describe_origin(origin: OriginAttr | None) -> str:
-    if origin is None:
-        return "an unrecorded action"
-    return f"action {origin.action.data} ({origin.tactic.data})"
+    return origin.describe() if origin is not None else "an unrecorded action"
 
 
 @dataclass(frozen=True)
@@ -38,16 +36,14 @@ class Conflict:
 
 @dataclass
 class ConflictLog:
-    """Conflicts in the order found, without repeats, and the name of the
-    value each action tiled (so a conflict can name the values, not loops)."""
+    """Conflicts in the order found, without repeats."""
 
     conflicts: list[Conflict] = field(default_factory=list)
-    action_values: dict[int, str] = field(default_factory=dict)
 
-    def value_of(self, origin: OriginAttr | None, fallback: str) -> str:
-        if origin is not None and origin.action.data in self.action_values:
-            return self.action_values[origin.action.data]
-        return fallback
+    @staticmethod
+    def value_of(origin: OriginAttr | None, fallback: str) -> str:
+        """The name of the value an action tiled (else `fallback`)."""
+        return origin.value.data if origin is not None and origin.value.data else fallback
 
     def record(self, conflict: Conflict) -> None:
         if conflict not in self.conflicts:

@@ -166,8 +166,8 @@ def test_conflict_is_recorded_and_the_earlier_action_wins():
     conflict = result.conflicts[0]
     assert conflict.op == "stablehlo.add" and conflict.axis == "batch"
     assert conflict.values == ("x", "y")
-    assert "action 1 (ManualPartition)" in conflict.winner
-    assert "action 2 (ManualPartition)" in conflict.loser
+    assert conflict.winner == "action 1 (ManualPartition of x)"
+    assert conflict.loser == "action 2 (ManualPartition of y)"
     # The add was tiled on dim 0, x's dim: the earlier action won.
     adds = [op for op in result.module.walk() if op.name == "stablehlo.add"]
     assert adds and all(enclosing_loop_axes(op) == ["batch"] for op in adds)
