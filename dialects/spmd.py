@@ -402,3 +402,27 @@ SPMD = Dialect(
     [AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, LocalSliceOp, ToLocalOp, FromLocalOp],
     [DTensorType],
 )
+
+
+def after_collective(op: CollectiveOp, before: DTensorType) -> DTensorType:
+    """The distribution of a collective's result, given its operand's.
+
+    all_reduce drops partial axes; all_gather removes the axes from the end
+    of a dim's split; reduce_scatter and local_slice append them (minor);
+    all_to_all moves them from the concat dim to the split dim.
+    """
+    axes = op.axis_names
+    dims = [list(d) for d in before.dim_axes]
+    partial = [a for a in before.partial_axes if a not in axes]
+    if isinstance(op, AllGatherOp):
+        d = op.dim.value.data
+        dims[d] = dims[d][: len(dims[d]) - len(axes)]
+    elif isinstance(op, ReduceScatterOp | LocalSliceOp):
+        dims[op.dim.value.data] += list(axes)
+    elif isinstance(op, AllToAllOp):
+        concat, split = op.concat_dim.value.data, op.split_dim.value.data
+        dims[concat] = dims[concat][: len(dims[concat]) - len(axes)]
+        dims[split] += list(axes)
+    if not isinstance(op, AllReduceOp | ReduceScatterOp):
+        partial = list(before.partial_axes)
+    return DTensorType(before.global_type, dims, partial)

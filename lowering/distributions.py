@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from xdsl.dialects.builtin import TensorType
+from xdsl.dialects.builtin import StringAttr, TensorType
 from xdsl.ir import Operation, SSAValue
 
-from dialects.partir import part_type
+from dialects.partir import ORIGIN, OriginAttr, part_type
 from dialects.spmd import (
     AllGatherOp,
     AllReduceOp,
@@ -32,6 +32,9 @@ from dialects.spmd import (
     LocalSliceOp,
     ReduceScatterOp,
 )
+
+NEEDED_BY = "needed_by"
+"""Collective attribute: the op whose use of a value needed the collective."""
 
 
 @dataclass(frozen=True)
@@ -69,10 +72,12 @@ class Dist:
 @dataclass(frozen=True)
 class Placed:
     """A core value as the devices hold it: each device's `local` part of a
-    value distributed as `dist` (over the axes not iterated at its scope)."""
+    value distributed as `dist` (over the axes not iterated at its scope);
+    `origin` is the action that made it distributed, if any."""
 
     local: SSAValue
     dist: Dist
+    origin: OriginAttr | None = None
 
 
 def grow_type(ty: TensorType, dim: int, factor: int) -> TensorType:
@@ -89,8 +94,19 @@ class Redistributor:
 
     def __init__(self, mesh: dict[str, int], emit: Callable[[Operation], Operation]):
         self.mesh = mesh
-        self.emit = emit
+        self._emit = emit
         self._cache: dict[tuple[SSAValue, Dist, str], Placed] = {}
+        self.cause: tuple[str, OriginAttr | None] = ("", None)
+        """What the next conversion is for: the op needing it, and the action
+        that made the value distributed (recorded on each collective)."""
+
+    def emit(self, op: Operation) -> Operation:
+        needed_by, origin = self.cause
+        if needed_by:
+            op.attributes[NEEDED_BY] = StringAttr(needed_by)
+        if origin is not None:
+            op.attributes[ORIGIN] = origin
+        return self._emit(op)
 
     def _size(self, axes: tuple[str, ...]) -> int:
         n = 1
@@ -119,7 +135,7 @@ class Redistributor:
                     ty = grow_type(local.type, d, self._size(axes))  # type: ignore[arg-type]
                     local = self.emit(AllGatherOp(local, d, axes, ty)).results[0]
                     dist = dist.with_dim(d, ())
-            return Placed(local, dist)
+            return Placed(local, dist, placed.origin)
 
         return self._memo(placed, "replicate", make)
 
@@ -130,7 +146,7 @@ class Redistributor:
 
         def make() -> Placed:
             op = self.emit(AllReduceOp(placed.local, placed.dist.partial))
-            return Placed(op.results[0], replace(placed.dist, partial=()))
+            return Placed(op.results[0], replace(placed.dist, partial=()), placed.origin)
 
         return self._memo(placed, "reduce", make)
 
@@ -139,7 +155,7 @@ class Redistributor:
         axis's range); `axis` is iterated afterwards, so it leaves the dist."""
         dist = placed.dist
         if dist.dims[dim][:1] == (axis,):
-            return Placed(placed.local, dist.with_dim(dim, dist.dims[dim][1:]))
+            return Placed(placed.local, dist.with_dim(dim, dist.dims[dim][1:]), placed.origin)
         return self._memo(
             placed, f"part:{dim}:{axis}", lambda: self._move_to_part(placed, dim, axis)
         )
@@ -151,19 +167,21 @@ class Redistributor:
         if part is not None and axis in dist.partial:  # P -> S: reduce-scatter
             op = self.emit(ReduceScatterOp(local, dim, (axis,), part))
             remaining = tuple(a for a in dist.partial if a != axis)
-            return Placed(op.results[0], replace(dist, partial=remaining))
+            return Placed(op.results[0], replace(dist, partial=remaining), placed.origin)
         source = dist.split_dim_of(axis)
         if part is not None and source is not None and dist.dims[source][-1] == axis:
             # S(i) -> S(j): all-to-all moves the axis from dim i to dim j.
             ty = grow_type(part, source, parts)
             op = self.emit(AllToAllOp(local, dim, source, (axis,), ty))
-            return Placed(op.results[0], dist.with_dim(source, dist.dims[source][:-1]))
+            return Placed(
+                op.results[0], dist.with_dim(source, dist.dims[source][:-1]), placed.origin
+            )
         if part is not None and source is None and axis not in dist.partial:
             op = self.emit(LocalSliceOp(local, dim, (axis,), part))  # B -> S: no communication
-            return Placed(op.results[0], dist)
+            return Placed(op.results[0], dist, placed.origin)
         # Anything else (the axis is a minor split, or the dim is split by
         # another axis): make the value whole, then take the part locally.
         whole = self.replicate(placed)
         ty = part_type(whole.local.type, dim, parts)  # type: ignore[arg-type]
         op = self.emit(LocalSliceOp(whole.local, dim, (axis,), ty))
-        return Placed(op.results[0], whole.dist)
+        return Placed(op.results[0], whole.dist, placed.origin)

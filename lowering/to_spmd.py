@@ -29,8 +29,17 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects.functions import entry_function
-from dialects.partir import LoopOp, MeshOp, SliceOp, SumAttr, TileAttr, YieldOp, find_mesh
-from dialects.spmd import DIST, FromLocalOp, ToLocalOp
+from dialects.partir import (
+    LoopOp,
+    MeshOp,
+    OriginAttr,
+    SliceOp,
+    SumAttr,
+    TileAttr,
+    YieldOp,
+    find_mesh,
+)
+from dialects.spmd import DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp, after_collective
 from lowering.distributions import Dist, Placed, Redistributor
 from rewrites.distribution import range_axis
 from rewrites.registry import FactorKind, rule_for
@@ -71,6 +80,17 @@ def input_slices(value: SSAValue) -> list[tuple[int, str]]:
     return common
 
 
+def slicing_origin(value: SSAValue) -> OriginAttr | None:
+    """The origin of the first loop that slices `value` (why it arrives split)."""
+    for use in value.uses:
+        op = use.operation
+        if isinstance(op, SliceOp):
+            loop = op.index.owner.parent_op()  # type: ignore[union-attr]
+            if isinstance(loop, LoopOp) and loop.origin is not None:
+                return loop.origin
+    return None
+
+
 def input_dist(value: SSAValue, mesh: dict[str, int]) -> Dist:
     assert isinstance(value.type, TensorType)
     dims: list[tuple[str, ...]] = [() for _ in value.type.get_shape()]
@@ -107,9 +127,11 @@ class SpmdLowering:
         self.block = Block(arg_types=arg_types)
         for arg, new_arg, dtensor in zip(args, self.block.args, arg_types, strict=True):
             new_arg.name_hint = arg.name_hint
-            local = self._emit(ToLocalOp(new_arg, dtensor.local_type(self.mesh))).results[0]
+            to_local = self._emit(ToLocalOp(new_arg, dtensor.local_type(self.mesh)))
+            to_local.attributes[DIST] = dtensor
+            local = to_local.results[0]
             local.name_hint = arg.name_hint
-            self.env[arg] = Placed(local, Dist(dtensor.dim_axes))
+            self.env[arg] = Placed(local, Dist(dtensor.dim_axes), slicing_origin(arg))
         for op in entry.body.block.ops:
             if isinstance(op, func.ReturnOp):
                 return self._finish(entry, op)
@@ -121,11 +143,13 @@ class SpmdLowering:
         for value in ret.arguments:
             placed = self.env[value]
             if placed.dist.partial:
+                self.redistribute.cause = ("func.return", placed.origin)
                 placed = self.redistribute.reduce_partial(placed)
             dtensor = placed.dist.dtensor(value.type)  # type: ignore[arg-type]
             results.append(self._emit(FromLocalOp(placed.local, dtensor)).results[0])
             types.append(dtensor)
         self._emit(func.ReturnOp(*results))
+        annotate_collectives(self.block)
         lowered = func.FuncOp(
             entry.sym_name.data,
             (list(self.block.arg_types), types),
@@ -152,7 +176,11 @@ class SpmdLowering:
         axis = range_axis(op.index)
         if axis is None:
             raise LoweringError(f"partir.slice of {op.src} is not indexed by a loop range")
-        placed = self.redistribute.take_part(self.env[op.src], op.dim_index, axis)
+        source = self.env[op.src]
+        loop = op.index.owner.parent_op()  # type: ignore[union-attr]
+        origin = loop.origin if isinstance(loop, LoopOp) and loop.origin else source.origin
+        self.redistribute.cause = (f'partir.slice {op.dim_index} over "{axis}"', origin)
+        placed = self.redistribute.take_part(source, op.dim_index, axis)
         self.env[op.result] = placed
         outer = self.iteration.get(op.src, {})
         self.iteration[op.result] = {**outer, axis: Iteration("S", op.dim_index)}
@@ -169,7 +197,7 @@ class SpmdLowering:
         else:
             assert isinstance(op.action, SumAttr)
             dist = replace(yielded.dist, partial=tuple(sorted((*yielded.dist.partial, axis))))
-        self.env[op.result] = Placed(yielded.local, dist)
+        self.env[op.result] = Placed(yielded.local, dist, op.origin or yielded.origin)
         iteration = dict(self.iteration.get(op.yielded, {}))
         iteration.pop(axis, None)
         self.iteration[op.result] = iteration
@@ -181,6 +209,7 @@ class SpmdLowering:
         for value in op.operands:
             if value not in self.env:
                 raise LoweringError(f"{op.name} uses a value the lowering has not seen: {value}")
+            self.redistribute.cause = (op.name, self.env[value].origin)
             operands.append(self.redistribute.replicate(self.env[value]).local)
         new = op.clone()
         for i, v in enumerate(operands):
@@ -249,6 +278,16 @@ class SpmdLowering:
                 partial.append(axis)
         global_type = TensorType(local_type.element_type, shape)
         return Dist(tuple(dims), tuple(sorted(partial))).dtensor(global_type)
+
+
+def annotate_collectives(block: Block) -> None:
+    """Give each collective's result the `dist` its operand's implies."""
+    for op in block.ops:
+        if isinstance(op, CollectiveOp) and DIST not in op.attributes:
+            source = op.operands[0].owner
+            before = source.attributes.get(DIST) if isinstance(source, Operation) else None
+            if isinstance(before, DTensorType):
+                op.attributes[DIST] = after_collective(op, before)
 
 
 def lower_to_spmd(module: ModuleOp) -> None:

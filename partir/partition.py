@@ -55,7 +55,7 @@ def partition(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic], *,
     each runs as `passes.apply_tactic`, the pass `partir-opt` runs too. With
     `verify`, the dialect verifier runs after each tactic.
     """
-    from partir.passes import apply_tactic, recorded_conflicts  # noqa: PLC0415
+    from partir.passes import apply_tactic, recorded_conflicts
 
     view = ProgramView.of(entry_function(module))
     for tactic in tactics:

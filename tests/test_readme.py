@@ -15,7 +15,7 @@ def python_blocks() -> list[str]:
 def test_the_python_example_runs(capsys):
     (block, *_) = python_blocks()
     namespace: dict[str, object] = {"__name__": "readme_example"}
-    exec(compile(block, str(README), "exec"), namespace)  # noqa: S102
+    exec(compile(block, str(README), "exec"), namespace)
     out = capsys.readouterr().out
     assert "partir.loop" in out and "spmd.all_reduce" in out and "jax.shard_map" not in out
     assert namespace["lowered"].source_path.exists()  # type: ignore[attr-defined]
