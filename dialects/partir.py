@@ -359,9 +359,11 @@ class LoopOp(IRDLOperation):
 
     @property
     def yielded(self) -> SSAValue:
+        # The terminator's operand directly: IRDL's variadic accessor is slow,
+        # and propagation asks this for every operand it looks at.
         term = self.body.block.last_op
-        assert isinstance(term, YieldOp)
-        return term.values[0]
+        assert term is not None
+        return term.operands[0]
 
     def enclosing_loops(self) -> Iterator[LoopOp]:
         """The loops this one is nested in, innermost first."""

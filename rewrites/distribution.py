@@ -37,18 +37,23 @@ def visible_tilings(value: SSAValue) -> list[Tiling]:
     A tile loop contributes its own axis plus whatever its body's value
     carries; a sum loop passes its body's tilings through (a sum of
     concatenations is a concatenation of sums); a slice over an axis the
-    value is tiled on peels that tiling off.
+    value is tiled on peels that tiling off. (Not memoised: rewriting an op
+    inside a loop replaces the loop's yielded value in place.)
     """
     owner = value.owner
-    if isinstance(owner, LoopOp):
-        inner = visible_tilings(owner.yielded)
-        if isinstance(owner.action, TileAttr):
-            return [Tiling(owner.axis_name, owner.action.dim.data, owner.origin, owner), *inner]
+    kind = type(owner)
+    if kind is LoopOp:
+        inner = visible_tilings(owner.yielded)  # type: ignore[union-attr]
+        action = owner.action  # type: ignore[union-attr]
+        if type(action) is TileAttr:
+            tiling = Tiling(owner.axis_name, action.dim.data, owner.origin, owner)  # type: ignore[union-attr]
+            return [tiling, *inner]
         return inner
-    if isinstance(owner, SliceOp):
-        axis = range_axis(owner.index)
-        outer = visible_tilings(owner.src)
-        if any(t.axis == axis and t.dim == owner.dim_index for t in outer):
+    if kind is SliceOp:
+        axis = range_axis(owner.index)  # type: ignore[union-attr]
+        outer = visible_tilings(owner.src)  # type: ignore[union-attr]
+        dim = owner.dim_index  # type: ignore[union-attr]
+        if any(t.axis == axis and t.dim == dim for t in outer):
             return [t for t in outer if t.axis != axis]
     return []
 

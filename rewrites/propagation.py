@@ -75,18 +75,23 @@ class RuleCache:
         return rule
 
 
-def _operand_tilings(op: Operation) -> list[tuple[int, Tiling]]:
+def _operand_tilings(op: Operation, mesh: dict[str, int]) -> list[tuple[int, Tiling]]:
     """(operand index, tiling) pairs over axes `op` is not already looping over."""
-    found = [
+    if not any(type(v.owner) in _TILED_PRODUCERS for v in op.operands):
+        return []
+    busy = enclosing_axes(op)
+    if len(busy) == len(mesh):
+        return []  # inside a loop over every axis: nothing left to push forward
+    return [
         (i, t)
         for i, v in enumerate(op.operands)
-        if isinstance(v.owner, LoopOp | SliceOp)
+        if type(v.owner) in _TILED_PRODUCERS
         for t in visible_tilings(v)
+        if t.axis not in busy
     ]
-    if found:
-        busy = enclosing_axes(op)
-        found = [(i, t) for i, t in found if t.axis not in busy]
-    return found
+
+
+_TILED_PRODUCERS = (LoopOp, SliceOp)
 
 
 def _candidates(
@@ -139,7 +144,7 @@ class PushForward(RewritePattern):
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         if isinstance(op, STRUCTURAL) or len(op.results) != 1:
             return
-        tilings = _operand_tilings(op)
+        tilings = _operand_tilings(op, self.mesh)
         if not tilings:
             return
         rule = self.rules(op)
