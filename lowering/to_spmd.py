@@ -52,7 +52,8 @@ class LoweringError(ValueError):
 @dataclass(frozen=True)
 class Iteration:
     """How a value inside loops relates to the loops' axes (for its `dist`
-    annotation only): ('S', d) it is the part along dim d; ('P',) a summand."""
+    annotation only): ('S', d) it is the part along dim d; ('P',) a summand;
+    ('B',) the same in every iteration."""
 
     kind: str
     dim: int = -1
@@ -112,6 +113,8 @@ class SpmdLowering:
         self.env: dict[SSAValue, Placed] = {}
         self.iteration: dict[SSAValue, dict[str, Iteration]] = {}
         self.redistribute = Redistributor(mesh, self._emit)
+        self.computed: list[tuple[Operation, Operation, list[str]]] = []
+        """(core op, its SPMD clone, enclosing loop axes), for the annotations."""
 
     def _emit(self, op: Operation) -> Operation:
         self.block.add_op(op)
@@ -146,9 +149,12 @@ class SpmdLowering:
                 self.redistribute.cause = ("func.return", placed.origin)
                 placed = self.redistribute.reduce_partial(placed)
             dtensor = placed.dist.dtensor(value.type)  # type: ignore[arg-type]
-            results.append(self._emit(FromLocalOp(placed.local, dtensor)).results[0])
+            from_local = self._emit(FromLocalOp(placed.local, dtensor))
+            from_local.attributes[DIST] = dtensor
+            results.append(from_local.results[0])
             types.append(dtensor)
         self._emit(func.ReturnOp(*results))
+        self._annotate_computed()
         annotate_collectives(self.block)
         lowered = func.FuncOp(
             entry.sym_name.data,
@@ -223,13 +229,78 @@ class SpmdLowering:
                 self.env[old] = Placed(result, Dist.replicated(rank))
                 self.iteration[old] = iteration
                 if len(op.results) == 1:
-                    annotation = self._annotation(old.type, iteration, loops)
-                    if annotation is not None:
-                        new.attributes[DIST] = annotation
+                    self.computed.append((op, new, loops))
             else:
                 self.env[old] = Placed(result, Dist(()))
 
     # --- annotations ------------------------------------------------------------
+
+    def _annotate_computed(self) -> None:
+        """Annotate each computed op with its result's global type and
+        distribution: relations to the loops around it come from its operands
+        (forward, during lowering) or, failing that, from its users (here,
+        in reverse program order, so users are settled before producers)."""
+        changed = True
+        while changed:
+            changed = False
+            for op, _, loops in reversed(self.computed):
+                known = self.iteration[op.results[0]]
+                for axis in loops:
+                    if axis not in known:
+                        found = self._relation_from_users(op.results[0], axis)
+                        if found is not None:
+                            known[axis] = found
+                            changed = True
+            for op, _, loops in self.computed:
+                known = self.iteration[op.results[0]]
+                if len(known) < len(loops):
+                    for axis, found in self._infer_iteration(op, loops).items():
+                        if axis not in known:
+                            known[axis] = found
+                            changed = True
+        for op, new, loops in self.computed:
+            annotation = self._annotation(op.results[0].type, self.iteration[op.results[0]], loops)
+            if annotation is not None:
+                new.attributes[DIST] = annotation
+
+    def _relation_from_users(self, value: SSAValue, axis: str) -> Iteration | None:
+        for use in value.uses:
+            user = use.operation
+            if isinstance(user, YieldOp):
+                loop = user.parent_op()
+                assert isinstance(loop, LoopOp)
+                if loop.axis_name == axis:
+                    if isinstance(loop.action, TileAttr):
+                        return Iteration("S", loop.action.dim.data)
+                    return Iteration("P")
+                found = self.iteration.get(loop.result, {}).get(axis)
+            elif isinstance(user, SliceOp):
+                found = self.iteration.get(user.result, {}).get(axis)
+            else:
+                found = self._relation_through(user, use.index, axis)
+            if found is not None:
+                return found
+        return None
+
+    def _relation_through(self, user: Operation, index: int, axis: str) -> Iteration | None:
+        """Operand `index`'s relation to `axis`, given the user's result's."""
+        if len(user.results) != 1:
+            return None
+        after = self.iteration.get(user.results[0], {}).get(axis)
+        rule = rule_for(user)
+        if after is None or rule is None:
+            return None
+        if after.kind == "B":
+            return Iteration("B")
+        if after.kind == "S":
+            factor = rule.result_factor(0, after.dim)
+        else:
+            sums = [f for f, fac in enumerate(rule.factors) if fac.kind is FactorKind.SUM]
+            factor = sums[0] if len(sums) == 1 else None
+        if factor is None:
+            return None
+        dim = rule.operand_dims(factor)[index]
+        return Iteration("S", dim) if dim is not None else Iteration("B")
 
     def _infer_iteration(self, op: Operation, loops: list[str]) -> dict[str, Iteration]:
         """For each loop axis around `op`, how its result relates to it, read
@@ -240,7 +311,7 @@ class SpmdLowering:
         out: dict[str, Iteration] = {}
         for axis in loops:
             kinds = [self.iteration.get(v, {}).get(axis) for v in op.operands]
-            split = [(i, k) for i, k in enumerate(kinds) if k is not None]
+            split = [(i, k) for i, k in enumerate(kinds) if k is not None and k.kind != "B"]
             if not split or rule is None:
                 continue
             factors = set()
@@ -274,8 +345,8 @@ class SpmdLowering:
             if it.kind == "S":
                 dims[it.dim] = (axis, *dims[it.dim])
                 shape[it.dim] *= self.mesh[axis]
-            else:
-                partial.append(axis)
+            elif it.kind == "P":
+                partial.append(axis)  # "B": the same on every device along the axis
         global_type = TensorType(local_type.element_type, shape)
         return Dist(tuple(dims), tuple(sorted(partial))).dtensor(global_type)
 

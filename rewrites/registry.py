@@ -142,7 +142,9 @@ def _ints(array_attr: object) -> list[int]:
 
 
 def _same_shape_dims(b: _Builder, dims_shape: Sequence[int]) -> Dims:
-    return tuple((b.new(n),) if n > 1 else () for n in dims_shape)
+    # Size-1 dims get a factor too (never tileable: no axis divides 1), so
+    # dimension correspondences can still be traced through the op.
+    return tuple((b.new(n),) for n in dims_shape)
 
 
 # --- rules ---------------------------------------------------------------------
@@ -165,7 +167,7 @@ def broadcast_in_dim_rule(op: shlo.BroadcastInDimOp) -> OpRule:
     b = _Builder()
     src, out = shape(op.operand), shape(op.result)
     mapped = _ints(op.broadcast_dimensions)
-    result: list[tuple[int, ...]] = [(b.new(n),) if n > 1 else () for n in out]
+    result: list[tuple[int, ...]] = [(b.new(n),) for n in out]
     operand = tuple(result[r] if src[i] == out[r] else () for i, r in enumerate(mapped))
     return b.rule([operand], [tuple(result)])
 
@@ -229,16 +231,16 @@ def dot_general_rule(op: shlo.DotGeneralOp) -> OpRule:
     rhs: list[tuple[int, ...]] = [()] * len(rhs_s)
     result: list[tuple[int, ...]] = []
     for dl, dr in zip(lb, rb, strict=True):
-        f = (b.new(lhs_s[dl]),) if lhs_s[dl] > 1 else ()
+        f = (b.new(lhs_s[dl]),)
         lhs[dl] = rhs[dr] = f
         result.append(f)
     for dl, dr in zip(lc, rc, strict=True):
-        f = (b.new(lhs_s[dl], FactorKind.SUM),) if lhs_s[dl] > 1 else ()
+        f = (b.new(lhs_s[dl], FactorKind.SUM),)
         lhs[dl] = rhs[dr] = f
     for side, side_shape, used in ((lhs, lhs_s, lb + lc), (rhs, rhs_s, rb + rc)):
         for d, n in enumerate(side_shape):
             if d not in used:
-                side[d] = (b.new(n),) if n > 1 else ()
+                side[d] = (b.new(n),)
                 result.append(side[d])
     return b.rule([tuple(lhs), tuple(rhs)], [tuple(result)])
 
@@ -281,14 +283,14 @@ def reduce_rule(op: ReduceOp) -> OpRule | None:
     for d, n in enumerate(src):
         if d in reduced:
             if additive:
-                operand.append((b.new(n, FactorKind.SUM),) if n > 1 else ())
+                operand.append((b.new(n, FactorKind.SUM),))
             elif combiner == "stablehlo.add":
                 operand.append(b.blocked(n, "an add-reduction whose init is not a zero constant"))
             else:
                 kind = combiner.removeprefix("stablehlo.") if combiner else "custom"
                 operand.append(b.blocked(n, f"a {kind}-reduction is not a sum of per-part results"))
         else:
-            f = (b.new(n),) if n > 1 else ()
+            f = (b.new(n),)
             operand.append(f)
             result.append(f)
     init: Dims = ()
@@ -301,7 +303,7 @@ def _pass_through_or_blocked(
     operand, result = [], []
     for d, (n, m) in enumerate(zip(src, out, strict=True)):
         if keep[d]:
-            f = (b.new(n),) if n > 1 else ()
+            f = (b.new(n),)
             operand.append(f)
             result.append(f)
         else:
@@ -341,7 +343,7 @@ def concatenate_rule(op: shlo.ConcatenateOp) -> OpRule:
     axis = int(op.dimension.value.data)
     out = shape(op.result)
     reason = "the concatenated dimension: parts would mix pieces of different operands"
-    shared = [(b.new(n),) if n > 1 and d != axis else () for d, n in enumerate(out)]
+    shared = [(b.new(n),) if d != axis else () for d, n in enumerate(out)]
     operands = []
     for v in op.inputs:
         dims = list(shared)
@@ -358,7 +360,7 @@ def iota_rule(op: shlo.IotaOp) -> OpRule:
     result = tuple(
         b.blocked(n, "the iota counts along this dimension; each part would need an offset")
         if d == counting
-        else ((b.new(n),) if n > 1 else ())
+        else (b.new(n),)
         for d, n in enumerate(shape(op.results[0]))
     )
     return b.rule([], [result])
@@ -422,7 +424,7 @@ def gather_rule(op: shlo.GatherOp) -> OpRule:
     batch_result_dims = [d for d in range(len(out)) if d not in offset_dims]
     index_dims = [d for d in range(len(idx)) if d != ivd]
     for k, d in enumerate(index_dims):
-        f = (b.new(idx[d]),) if idx[d] > 1 else ()
+        f = (b.new(idx[d]),)
         indices[d] = result[batch_result_dims[k]] = f
         if d in indices_batch:
             operand[operand_batch[indices_batch.index(d)]] = f
@@ -432,7 +434,7 @@ def gather_rule(op: shlo.GatherOp) -> OpRule:
     for k, d in enumerate(offset_operand_dims):
         r = offset_dims[k]
         if d not in start_map and sizes[d] == src[d]:
-            f = (b.new(src[d]),) if src[d] > 1 else ()
+            f = (b.new(src[d]),)
             operand[d] = result[r] = f
         else:
             operand[d] = b.blocked(src[d], reason)
