@@ -37,7 +37,6 @@ from xdsl.dialects.builtin import (
     ModuleOp,
     StringAttr,
     TensorType,
-    UnregisteredOp,
 )
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.utils.exceptions import InterpretationError, VerifyException
@@ -51,6 +50,7 @@ from xdsl_jax.dialects.stablehlo.attributes import (
 
 from dialects import spmd
 from dialects.interpreter.dtypes import dense_to_numpy, element_kind, numpy_dtype
+from dialects.names import op_name
 from dialects.partir import MeshOp
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
 
@@ -86,20 +86,13 @@ def _op_position(op: Operation) -> str:
     return where
 
 
-def _op_name(op: Operation) -> str:
-    """The op's name; for an op no loaded dialect defines, the name it was parsed with."""
-    if isinstance(op, UnregisteredOp):
-        return op.op_name.data
-    return op.name
-
-
 def _unsupported(op: Operation, reason: str) -> UnsupportedOpError:
     printed = str(op).splitlines()
-    text = printed[0].strip() if printed else _op_name(op)
+    text = printed[0].strip() if printed else op_name(op)
     if len(text) > 160:
         text = text[:157] + "..."
     return UnsupportedOpError(
-        f"cannot emit {_op_name(op)} ({_op_position(op)}) as JAX: {reason}: {text}"
+        f"cannot emit {op_name(op)} ({_op_position(op)}) as JAX: {reason}: {text}"
     )
 
 

@@ -29,6 +29,7 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects.functions import entry_function
+from dialects.names import op_name
 from dialects.partir import (
     LoopOp,
     MeshOp,
@@ -215,7 +216,7 @@ class SpmdLowering:
         for value in op.operands:
             if value not in self.env:
                 raise LoweringError(f"{op.name} uses a value the lowering has not seen: {value}")
-            self.redistribute.cause = (op.name, self.env[value].origin)
+            self.redistribute.cause = (op_name(op), self.env[value].origin)
             operands.append(self.redistribute.replicate(self.env[value]).local)
         new = op.clone()
         for i, v in enumerate(operands):

@@ -39,6 +39,7 @@ from partir.importer import import_jax
 from partir.mesh import Mesh
 from partir.partition import Stage, declare_mesh
 from partir.passes import ApplyTacticPass, EmitJaxPass, recorded_conflicts
+from partir.report import Report, build_report, parse_module
 from partir.tactics import ProgramView, Tactic
 from rewrites.conflicts import Conflict
 
@@ -117,6 +118,13 @@ class Lowered:
                 path.write_text(self.source)
             self._source_path = path
         return self._source_path
+
+    def report(self) -> Report:
+        """Shardings, collectives, replicated ops and memory (`partir.report`):
+        read from the SPMD module, with the last core stage for the ops it
+        left outside every loop. For XLA's figures beside the estimate:
+        `.report().with_xla(XlaMemory.of(lowered.compile(), args))`."""
+        return build_report(self.module, core=parse_module(self.stages[-2].text, "core"))
 
     def compile(self) -> Compiled:
         jax_mesh = devices_for(self.mesh, self.jax_mesh)

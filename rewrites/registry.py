@@ -33,6 +33,7 @@ from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.xdsl_extras.traits import Elementwise
 
 from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
+from dialects.names import op_name
 from dialects.stablehlo_ext import CompareOp, PadOp, ReduceOp
 
 Dims = tuple[tuple[int, ...], ...]
@@ -520,14 +521,15 @@ def rule_for(op: Operation) -> OpRule | None:
 
 def opaque_reason(op: Operation) -> str:
     """Why propagation stops at `op`: the registry's one-line reason."""
-    if op.name in OPAQUE_REASONS:
-        return OPAQUE_REASONS[op.name]
-    if op.name == "stablehlo.reduce":
+    name = op_name(op)
+    if name in OPAQUE_REASONS:
+        return OPAQUE_REASONS[name]
+    if name == "stablehlo.reduce":
         return OPAQUE_REASONS["stablehlo.reduce(multi-input)"]
-    if op.name == "stablehlo.constant":
+    if name == "stablehlo.constant":
         return OPAQUE_REASONS["stablehlo.constant(non-splat)"]
-    if op.name == "stablehlo.bitcast_convert":
+    if name == "stablehlo.bitcast_convert":
         return OPAQUE_REASONS["stablehlo.bitcast_convert(rank-changing)"]
-    if op.name in RULES:
+    if name in RULES:
         return "an operand or result is not a ranked tensor"
-    return f"{op.name} has no tiling rule in partir's registry"
+    return f"{name} has no tiling rule in partir's registry"

@@ -23,6 +23,7 @@ from dialects.interpreter.chlo import ChloFunctions
 from dialects.interpreter.core import PartirFunctions
 from dialects.interpreter.dtypes import numpy_dtype
 from dialects.interpreter.stablehlo import StableHLOFunctions
+from dialects.names import op_name
 
 FUNCTIONS = (FuncFunctions, PartirFunctions, StableHLOFunctions, ChloFunctions)
 
@@ -42,7 +43,7 @@ def check_implemented(function: Operation) -> None:
     for op in function.walk():
         if isinstance(op, UnregisteredOp):
             raise InterpretationError(
-                f"the reference interpreter has no implementation of {op.op_name.data} "
+                f"the reference interpreter has no implementation of {op_name(op)} "
                 "(an op partir's dialects do not define)"
             )
 

@@ -1,0 +1,143 @@
+"""`partir-inspect`: what a stage of partitioning did, from its MLIR text.
+
+    partir-inspect step.spmd.mlir                  # shardings, collectives, memory
+    partir-inspect step.core.mlir --format json    # the same, machine-readable
+    partir-inspect import.mlir megatron.mlir       # what a tactic changed, side by side
+    partir-opt ... | partir-inspect -              # read stdin
+
+Any stage works (import, after a tactic, SPMD): `partir.report` lowers a
+core stage to read its distributions. On a terminal the tables are drawn with
+rich; piped, they are plain aligned text. XLA's own memory figures need a
+compiled program, so they appear only in the Python report
+(`Lowered.report().with_xla(XlaMemory.of(compiled, args))`), never here.
+Errors print one message and exit with status 1; `--traceback` shows the
+Python traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from xdsl.utils.exceptions import DiagnosticException, ParseError
+
+from partir.report import Diff, Report, Table, build_report, diff, dumps, parse_module
+
+
+class InspectError(Exception):
+    """A problem with the input, already phrased for the user."""
+
+
+def _arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="partir-inspect",
+        description="Report the shardings, collectives and memory of a partir stage, "
+                    "or diff two stages' shardings.",
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE",
+                        help="an .mlir stage ('-' reads stdin); two files: diff them")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--traceback", action="store_true",
+                        help="on an error, show the Python traceback instead of one message")
+    return parser
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as err:
+        raise InspectError(f"cannot read {path}: {err.strerror or err}") from err
+
+
+def _parse_error(err: ParseError) -> str:
+    """`file:line:col: message`, then the offending line with a caret."""
+    loc = err.span.get_location()
+    content = err.span.input.content
+    start = content.rfind("\n", 0, err.span.start) + 1
+    end = content.find("\n", err.span.start)
+    line = content[start: end if end != -1 else len(content)]
+    message = f"{loc}: {err.msg.strip()}"
+    if not line.strip():  # e.g. at the end of the input
+        return message
+    caret = " " * (loc.col - 1) + "^" * max(1, min(err.span.len, len(line) - loc.col + 1))
+    return f"{message}\n  {line[:200]}\n  {caret}"
+
+
+def load_report(path: str) -> Report:
+    """The report of one file, or an `InspectError` saying what is wrong with it."""
+    name = "<stdin>" if path == "-" else path
+    text = _read(path)
+    try:
+        module = parse_module(text, name)
+    except ParseError as err:
+        raise InspectError(_parse_error(err)) from err
+    try:
+        return build_report(module)
+    except (ValueError, DiagnosticException) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InspectError(f"{name}: {first}") from err
+
+
+def print_tables(tables: Sequence[Table], out: TextIO, *, rich: bool,
+                 width: int | None = None) -> None:
+    """Rich tables on a terminal (as wide as it, unless `width`), plain
+    aligned columns otherwise."""
+    if not rich:
+        from partir.report import render_plain
+
+        out.write(render_plain(tables))
+        return
+    from rich.console import Console
+    from rich.table import Table as RichTable
+    from rich.text import Text
+
+    console = Console(file=out, force_terminal=True, width=width)
+    for t in tables:
+        table = RichTable(title=t.title, show_header=any(t.headers), title_justify="left")
+        for header in t.headers:
+            table.add_column(header)
+        for row in t.rows:
+            table.add_row(*(Text(cell) for cell in row))  # Text: names hold "[...]"
+        console.print(table)
+
+
+def _render(result: Report | Diff, fmt: str, out: TextIO) -> None:
+    if fmt == "json":
+        out.write(dumps(result) + "\n")
+        return
+    tables = result.tables() if isinstance(result, Report) else [result.table()]
+    print_tables(tables, out, rich=out.isatty())
+    if isinstance(result, Diff):
+        out.write(result.footer + "\n")
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    if len(args.files) > 2:
+        raise InspectError("give one file to report on, or two to diff")
+    reports = [load_report(path) for path in args.files]
+    if len(reports) == 1:
+        _render(reports[0], args.format, out)
+    else:
+        labels = (args.files[0], args.files[1])
+        _render(diff(reports[0], reports[1], labels), args.format, out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _arguments().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(args, sys.stdout)
+    except InspectError as err:
+        if args.traceback:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
