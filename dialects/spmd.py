@@ -240,11 +240,9 @@ class AllReduceOp(CollectiveOp):
         self._check(self.input, self.result, None, None)
 
 
-@irdl_op_definition
-class AllGatherOp(CollectiveOp):
-    """`spmd.all_gather %v dim 1 over ["model"]`: concatenate the parts (S(d) -> B)."""
+class _DimCollectiveOp(CollectiveOp):
+    """Base of the collectives that act along one dimension `dim`."""
 
-    name = "spmd.all_gather"
     input = operand_def(TensorType)
     result = result_def(TensorType)
     dim = prop_def(IntegerAttr[I64])
@@ -257,28 +255,23 @@ class AllGatherOp(CollectiveOp):
             result_types=[result_type],
             properties={"axes": _axes(axes), "dim": _dim(dim)},
         )
+
+
+@irdl_op_definition
+class AllGatherOp(_DimCollectiveOp):
+    """`spmd.all_gather %v dim 1 over ["model"]`: concatenate the parts (S(d) -> B)."""
+
+    name = "spmd.all_gather"
 
     def verify_(self) -> None:
         self._check(self.input, self.result, self.dim.value.data, None)
 
 
 @irdl_op_definition
-class ReduceScatterOp(CollectiveOp):
+class ReduceScatterOp(_DimCollectiveOp):
     """`spmd.reduce_scatter %v dim 0 over ["batch"]`: sum, keep own part (P -> S(d))."""
 
     name = "spmd.reduce_scatter"
-    input = operand_def(TensorType)
-    result = result_def(TensorType)
-    dim = prop_def(IntegerAttr[I64])
-    traits = traits_def(Pure())
-    assembly_format = "$input `dim` $dim `over` $axes attr-dict `:` type($input) `->` type($result)"
-
-    def __init__(self, value: SSAValue, dim: int, axes: Sequence[str], result_type: TensorType):
-        super().__init__(
-            operands=[value],
-            result_types=[result_type],
-            properties={"axes": _axes(axes), "dim": _dim(dim)},
-        )
 
     def verify_(self) -> None:
         self._check(self.input, self.result, None, self.dim.value.data)
@@ -325,23 +318,11 @@ class AllToAllOp(CollectiveOp):
 
 
 @irdl_op_definition
-class LocalSliceOp(CollectiveOp):
+class LocalSliceOp(_DimCollectiveOp):
     """`spmd.local_slice %v dim 0 over ["batch"]`: the device's own part, by its
     axis index; no communication (B -> S(d))."""
 
     name = "spmd.local_slice"
-    input = operand_def(TensorType)
-    result = result_def(TensorType)
-    dim = prop_def(IntegerAttr[I64])
-    traits = traits_def(Pure())
-    assembly_format = "$input `dim` $dim `over` $axes attr-dict `:` type($input) `->` type($result)"
-
-    def __init__(self, value: SSAValue, dim: int, axes: Sequence[str], result_type: TensorType):
-        super().__init__(
-            operands=[value],
-            result_types=[result_type],
-            properties={"axes": _axes(axes), "dim": _dim(dim)},
-        )
 
     def verify_(self) -> None:
         self._check(self.input, self.result, None, self.dim.value.data)

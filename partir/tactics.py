@@ -198,6 +198,9 @@ def _named(
     return tuple(f"params/**/{n}{s}" for n in names for s in suffixes)
 
 
+_ATTENTION_IN = ("q_proj", "k_proj", "v_proj", "query", "key", "value", "c_attn", "qkv", "w_qkv")
+_MLP_IN = ("fc1", "c_fc", "wi", "up_proj", "gate_proj", "dense_h_to_4h")
+
 MEGATRON_COLUMN = _named(
     (
         "wq",
@@ -206,51 +209,19 @@ MEGATRON_COLUMN = _named(
         "w_q",
         "w_k",
         "w_v",
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "query",
-        "key",
-        "value",
-        "c_attn",
-        "qkv",
-        "w_qkv",
+        *_ATTENTION_IN,
         "w_in",
         "w1",
-        "fc1",
-        "c_fc",
-        "wi",
-        "up_proj",
-        "gate_proj",
+        *_MLP_IN,
         "w_up",
         "w_gate",
-        "dense_h_to_4h",
     )
 )
 """Weights `[in, out]` split on their output dim (attention heads, MLP hidden)."""
 
 MEGATRON_COLUMN_BIAS = (
     *_named(("bq", "bk", "bv", "b_q", "b_k", "b_v", "b_in", "b1", "b_up", "b_gate"), ("",)),
-    *_named(
-        (
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "query",
-            "key",
-            "value",
-            "c_attn",
-            "qkv",
-            "w_qkv",
-            "fc1",
-            "c_fc",
-            "wi",
-            "up_proj",
-            "gate_proj",
-            "dense_h_to_4h",
-        ),
-        ("/bias", "/b"),
-    ),
+    *_named((*_ATTENTION_IN, *_MLP_IN), ("/bias", "/b")),
 )
 """Biases of the column-split weights, split the same way."""
 
