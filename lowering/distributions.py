@@ -73,11 +73,18 @@ class Dist:
 class Placed:
     """A core value as the devices hold it: each device's `local` part of a
     value distributed as `dist` (over the axes not iterated at its scope);
-    `origin` is the action that made it distributed, if any."""
+    `origins` says, per mesh axis, which action made it distributed there."""
 
     local: SSAValue
     dist: Dist
-    origin: OriginAttr | None = None
+    origins: tuple[tuple[str, OriginAttr], ...] = ()
+
+    def with_origin(
+        self, axis: str, origin: OriginAttr | None
+    ) -> tuple[tuple[str, OriginAttr], ...]:
+        """The origins, with `axis` now caused by `origin`."""
+        kept = tuple((a, o) for a, o in self.origins if a != axis)
+        return (*kept, (axis, origin)) if origin is not None else kept
 
 
 def grow_type(ty: TensorType, dim: int, factor: int) -> TensorType:
@@ -96,14 +103,18 @@ class Redistributor:
         self.mesh = mesh
         self._emit = emit
         self._cache: dict[tuple[SSAValue, Dist, str], Placed] = {}
-        self.cause: tuple[str, OriginAttr | None] = ("", None)
-        """What the next conversion is for: the op needing it, and the action
-        that made the value distributed (recorded on each collective)."""
+        self.cause: tuple[str, tuple[tuple[str, OriginAttr], ...]] = ("", ())
+        """What the next conversion is for: the op needing it, and per axis the
+        action that made the value distributed (recorded on each collective:
+        the origin of the axis it communicates over)."""
 
     def emit(self, op: Operation) -> Operation:
-        needed_by, origin = self.cause
+        needed_by, origins = self.cause
         if needed_by:
             op.attributes[NEEDED_BY] = StringAttr(needed_by)
+        by_axis = dict(origins)
+        axes = getattr(op, "axis_names", ())
+        origin = next((by_axis[a] for a in axes if a in by_axis), None)
         if origin is not None:
             op.attributes[ORIGIN] = origin
         return self._emit(op)
@@ -135,7 +146,7 @@ class Redistributor:
                     ty = grow_type(local.type, d, self._size(axes))  # type: ignore[arg-type]
                     local = self.emit(AllGatherOp(local, d, axes, ty)).results[0]
                     dist = dist.with_dim(d, ())
-            return Placed(local, dist, placed.origin)
+            return Placed(local, dist, placed.origins)
 
         return self._memo(placed, "replicate", make)
 
@@ -146,7 +157,7 @@ class Redistributor:
 
         def make() -> Placed:
             op = self.emit(AllReduceOp(placed.local, placed.dist.partial))
-            return Placed(op.results[0], replace(placed.dist, partial=()), placed.origin)
+            return Placed(op.results[0], replace(placed.dist, partial=()), placed.origins)
 
         return self._memo(placed, "reduce", make)
 
@@ -155,7 +166,7 @@ class Redistributor:
         axis's range); `axis` is iterated afterwards, so it leaves the dist."""
         dist = placed.dist
         if dist.dims[dim][:1] == (axis,):
-            return Placed(placed.local, dist.with_dim(dim, dist.dims[dim][1:]), placed.origin)
+            return Placed(placed.local, dist.with_dim(dim, dist.dims[dim][1:]), placed.origins)
         return self._memo(
             placed, f"part:{dim}:{axis}", lambda: self._move_to_part(placed, dim, axis)
         )
@@ -167,21 +178,21 @@ class Redistributor:
         if part is not None and axis in dist.partial:  # P -> S: reduce-scatter
             op = self.emit(ReduceScatterOp(local, dim, (axis,), part))
             remaining = tuple(a for a in dist.partial if a != axis)
-            return Placed(op.results[0], replace(dist, partial=remaining), placed.origin)
+            return Placed(op.results[0], replace(dist, partial=remaining), placed.origins)
         source = dist.split_dim_of(axis)
         if part is not None and source is not None and dist.dims[source][-1] == axis:
             # S(i) -> S(j): all-to-all moves the axis from dim i to dim j.
             ty = grow_type(part, source, parts)
             op = self.emit(AllToAllOp(local, dim, source, (axis,), ty))
             return Placed(
-                op.results[0], dist.with_dim(source, dist.dims[source][:-1]), placed.origin
+                op.results[0], dist.with_dim(source, dist.dims[source][:-1]), placed.origins
             )
         if part is not None and source is None and axis not in dist.partial:
             op = self.emit(LocalSliceOp(local, dim, (axis,), part))  # B -> S: no communication
-            return Placed(op.results[0], dist, placed.origin)
+            return Placed(op.results[0], dist, placed.origins)
         # Anything else (the axis is a minor split, or the dim is split by
         # another axis): make the value whole, then take the part locally.
         whole = self.replicate(placed)
         ty = part_type(whole.local.type, dim, parts)  # type: ignore[arg-type]
         op = self.emit(LocalSliceOp(whole.local, dim, (axis,), ty))
-        return Placed(op.results[0], whole.dist, placed.origin)
+        return Placed(op.results[0], whole.dist, placed.origins)

@@ -82,15 +82,20 @@ def input_slices(value: SSAValue) -> list[tuple[int, str]]:
     return common
 
 
-def slicing_origin(value: SSAValue) -> OriginAttr | None:
-    """The origin of the first loop that slices `value` (why it arrives split)."""
-    for use in value.uses:
-        op = use.operation
-        if isinstance(op, SliceOp):
-            loop = op.index.owner.parent_op()  # type: ignore[union-attr]
-            if isinstance(loop, LoopOp) and loop.origin is not None:
-                return loop.origin
-    return None
+def slicing_origins(value: SSAValue) -> tuple[tuple[str, OriginAttr], ...]:
+    """Per axis, the origin of the first loop slicing `value` over it
+    (why it arrives split), following slices of slices."""
+    found: dict[str, OriginAttr] = {}
+    stack = [value]
+    while stack:
+        for use in stack.pop().uses:
+            op = use.operation
+            if isinstance(op, SliceOp):
+                loop = op.index.owner.parent_op()  # type: ignore[union-attr]
+                if isinstance(loop, LoopOp) and loop.origin is not None:
+                    found.setdefault(loop.axis_name, loop.origin)
+                stack.append(op.result)
+    return tuple(found.items())
 
 
 def input_dist(value: SSAValue, mesh: dict[str, int]) -> Dist:
@@ -135,7 +140,7 @@ class SpmdLowering:
             to_local.attributes[DIST] = dtensor
             local = to_local.results[0]
             local.name_hint = arg.name_hint
-            self.env[arg] = Placed(local, Dist(dtensor.dim_axes), slicing_origin(arg))
+            self.env[arg] = Placed(local, Dist(dtensor.dim_axes), slicing_origins(arg))
         for op in entry.body.block.ops:
             if isinstance(op, func.ReturnOp):
                 return self._finish(entry, op)
@@ -147,7 +152,7 @@ class SpmdLowering:
         for value in ret.arguments:
             placed = self.env[value]
             if placed.dist.partial:
-                self.redistribute.cause = ("func.return", placed.origin)
+                self.redistribute.cause = ("func.return", placed.origins)
                 placed = self.redistribute.reduce_partial(placed)
             dtensor = placed.dist.dtensor(value.type)  # type: ignore[arg-type]
             from_local = self._emit(FromLocalOp(placed.local, dtensor))
@@ -185,8 +190,9 @@ class SpmdLowering:
             raise LoweringError(f"partir.slice of {op.src} is not indexed by a loop range")
         source = self.env[op.src]
         loop = op.index.owner.parent_op()  # type: ignore[union-attr]
-        origin = loop.origin if isinstance(loop, LoopOp) and loop.origin else source.origin
-        self.redistribute.cause = (f'partir.slice {op.dim_index} over "{axis}"', origin)
+        origin = loop.origin if isinstance(loop, LoopOp) else None
+        origins = source.with_origin(axis, origin) if origin else source.origins
+        self.redistribute.cause = (f'partir.slice {op.dim_index} over "{axis}"', origins)
         placed = self.redistribute.take_part(source, op.dim_index, axis)
         self.env[op.result] = placed
         outer = self.iteration.get(op.src, {})
@@ -204,7 +210,7 @@ class SpmdLowering:
         else:
             assert isinstance(op.action, SumAttr)
             dist = replace(yielded.dist, partial=tuple(sorted((*yielded.dist.partial, axis))))
-        self.env[op.result] = Placed(yielded.local, dist, op.origin or yielded.origin)
+        self.env[op.result] = Placed(yielded.local, dist, yielded.with_origin(axis, op.origin))
         iteration = dict(self.iteration.get(op.yielded, {}))
         iteration.pop(axis, None)
         self.iteration[op.result] = iteration
@@ -216,7 +222,7 @@ class SpmdLowering:
         for value in op.operands:
             if value not in self.env:
                 raise LoweringError(f"{op.name} uses a value the lowering has not seen: {value}")
-            self.redistribute.cause = (op_name(op), self.env[value].origin)
+            self.redistribute.cause = (op_name(op), self.env[value].origins)
             operands.append(self.redistribute.replicate(self.env[value]).local)
         new = op.clone()
         for i, v in enumerate(operands):

@@ -219,7 +219,7 @@ class TilePass(ModulePass):
     """One tiling action on an argument (by index or name); run partir-propagate after."""
 
     name = "partir-tile"
-    value: str = "0"
+    value: str | int = 0  # an argument index (value=0) or name (value=x)
     dim: int = 0
     axis: str = ""
 
@@ -227,8 +227,9 @@ class TilePass(ModulePass):
         mesh_op = module_mesh(op, self.name)
         entry = entry_function(op)
         view = ProgramView.of(entry)
-        if self.value.isdigit():
-            index = int(self.value)
+        value = str(self.value)
+        if value.isdigit():
+            index = int(value)
             if index >= len(view.arguments):
                 raise PassFailedException(
                     f"{self.name}: the function has {len(view.arguments)} arguments, "
@@ -237,7 +238,7 @@ class TilePass(ModulePass):
             leaf = view.arguments[index]
         else:
             try:
-                (leaf,) = view.find(self.value, who=self.name)
+                (leaf,) = view.find(value, who=self.name)
             except (TacticError, ValueError) as err:
                 raise PassFailedException(str(err)) from err
         number = take_action_numbers(op, 1)

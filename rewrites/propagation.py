@@ -194,14 +194,17 @@ class PushForward(RewritePattern):
         part = old_yield.values[0]
         new_ops: list[Operation] = []
         operands: list[SSAValue] = []
+        made: dict[tuple[SSAValue, int], SSAValue] = {}
         for value, dim in zip(op.operands, rule.operand_dims(chosen.factor), strict=True):
             if value is loop.result:
                 operands.append(part)
             elif dim is None:
                 operands.append(value)
+            elif (value, dim) in made:
+                operands.append(made[value, dim])
             else:
                 new_ops.append(SliceOp(value, dim, block.args[0]))
-                operands.append(new_ops[-1].results[0])
+                operands.append(made.setdefault((value, dim), new_ops[-1].results[0]))
         body_op = part_op(op, rule, chosen.factor, self.mesh[chosen.tiling.axis], operands)
         rewriter.insert(
             [*new_ops, body_op, YieldOp(body_op.results[0])], InsertPoint.before(old_yield)
@@ -246,6 +249,34 @@ class PushForward(RewritePattern):
                     ),
                 )
             )
+
+
+class DedupeSlice(RewritePattern):
+    """`slice d v[s]` twice in one block is one value: the later becomes the
+    earlier, so a loop sliced twice the same way is single-use and fuses."""
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, SliceOp) or op.src.uses.get_length() < 2:
+            return
+        block = op.parent_block()
+        for use in op.src.uses:
+            other = use.operation
+            if (other is not op and type(other) is SliceOp and other.parent_block() is block
+                    and other.index is op.index and other.dim_index == op.dim_index  # type: ignore[attr-defined]
+                    and _precedes(other, op)):
+                rewriter.replace(op, [], [other.results[0]])
+                wake_users(rewriter, [other.results[0], op.src])
+                return
+
+
+def _precedes(first: Operation, second: Operation) -> bool:
+    """`first` comes before `second` in their block."""
+    op = second.prev_op
+    while op is not None:
+        if op is first:
+            return True
+        op = op.prev_op
+    return False
 
 
 def _only_slices(loop: LoopOp) -> bool:
@@ -363,6 +394,7 @@ class Propagation(RewritePattern):
 
     def __post_init__(self) -> None:
         self.slice_patterns = (
+            DedupeSlice(),
             FuseSliceOfTile(), PullSliceIntoProducer(self.rules), PushSliceIntoLoop(),
         )
         self.forward = PushForward(self.mesh, self.log, self.rules)

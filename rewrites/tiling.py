@@ -43,16 +43,20 @@ def part_op(
 def slice_operands(
     rule: OpRule, factor: int, operands: Sequence[SSAValue], index: SSAValue
 ) -> tuple[list[Operation], list[SSAValue]]:
-    """Slices of the operands that run over `factor` (the sideways step)."""
+    """Slices of the operands that run over `factor` (the sideways step); an
+    operand used twice (`x * x`) is sliced once."""
     new_ops: list[Operation] = []
     values: list[SSAValue] = []
+    made: dict[tuple[SSAValue, int], SSAValue] = {}
     for operand, dim in zip(operands, rule.operand_dims(factor), strict=True):
         if dim is None:
             values.append(operand)
+        elif (operand, dim) in made:
+            values.append(made[operand, dim])
         else:
             s = SliceOp(operand, dim, index)
             new_ops.append(s)
-            values.append(s.result)
+            values.append(made.setdefault((operand, dim), s.result))
     return new_ops, values
 
 

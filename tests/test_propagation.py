@@ -89,9 +89,8 @@ def test_block_forward_megatron_has_exactly_two_sums():
     """Attention output projection and the MLP's second matmul; nothing else."""
     result = partition_and_check(block_forward.program, block_forward.make_args(),
                                  [partir.Megatron("model")])
-    counts = loop_counts(result.module)
-    assert counts[("model", "sum")] == 2
-    assert set(counts) == {("model", "sum"), ("model", "tile")}
+    # Each half of the block fuses into one loop: exactly two loops, both sums.
+    assert loop_counts(result.module) == {("model", "sum"): 2}
 
 
 def test_block_forward_batch_then_megatron():

@@ -1,0 +1,13 @@
+// RUN: not partir-opt %s -p 'partir-declare-mesh{axes="x=4"},partir-megatorn' 2>&1 | filecheck %s
+
+// A misspelt pass name lists partir's passes (xDSL's own are in --help).
+
+func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> {
+  func.return %x : tensor<8xf32>
+}
+
+// CHECK-NOT:  Traceback
+// CHECK:      error: Unrecognized passes: ['partir-megatorn']
+// CHECK-NEXT:   partir's passes: partir-declare-mesh, inline-calls, partir-tile, partir-batch-parallel, partir-megatron, partir-zero, partir-manual-partition, partir-propagate, partir-lower-spmd, partir-emit-jax
+// CHECK-NEXT:   (partir-opt --help lists all)
+// CHECK-NOT:  Traceback
