@@ -5,6 +5,9 @@ from __future__ import annotations
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
+NAME_ATTR = "partir.name"
+"""Argument/result attribute holding the value's pytree path (set by the importer)."""
+
 
 def entry_function(module: ModuleOp) -> func.FuncOp:
     """The module's public `func.func` (JAX names it `main`)."""

@@ -26,7 +26,6 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
@@ -132,6 +131,8 @@ def _dtype(op: Operation, ty: Attribute) -> np.dtype:
 def _dtype_name(dtype: np.dtype) -> str:
     """`jnp.float32`, `jnp.bfloat16`, `jnp.bool_`, ..."""
     name = "bool_" if dtype == np.bool_ else dtype.name
+    import jax.numpy as jnp
+
     if not hasattr(jnp, name):
         raise UnsupportedOpError(f"jax.numpy has no dtype {name}")
     return f"jnp.{name}"

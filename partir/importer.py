@@ -19,12 +19,9 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
 
 from dialects.context import make_context
-from dialects.functions import entry_function
+from dialects.functions import NAME_ATTR, entry_function
 from partir.mlir_bridge import AttributeCache, MlirToXdsl
 from rewrites.inline_calls import InlineCallsPass
-
-NAME_ATTR = "partir.name"
-"""Argument/result attribute holding the value's pytree path."""
 
 
 def import_jax(fn: Callable[..., Any], *args: Any) -> ModuleOp:

@@ -18,7 +18,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Attribute
 
-from partir.importer import NAME_ATTR
+from dialects.functions import NAME_ATTR
 from partir.mesh import Mesh
 from partir.selectors import select, slash_path
 

@@ -19,18 +19,19 @@ from xdsl.interpreters.func import FuncFunctions
 from xdsl.ir import Operation
 from xdsl.utils.exceptions import InterpretationError
 
-from dialects.interpreter.chlo import ChloFunctions
-from dialects.interpreter.core import PartirFunctions
 from dialects.interpreter.dtypes import numpy_dtype
-from dialects.interpreter.stablehlo import StableHLOFunctions
 from dialects.names import op_name
-
-FUNCTIONS = (FuncFunctions, PartirFunctions, StableHLOFunctions, ChloFunctions)
 
 
 def make_interpreter(module: ModuleOp) -> Interpreter:
+    """An interpreter with every dialect's semantics registered. (Imported
+    here, not at the top: tools that only need `dtypes` stay light.)"""
+    from dialects.interpreter.chlo import ChloFunctions
+    from dialects.interpreter.core import PartirFunctions
+    from dialects.interpreter.stablehlo import StableHLOFunctions
+
     interp = Interpreter(module)
-    for functions in FUNCTIONS:
+    for functions in (FuncFunctions, PartirFunctions, StableHLOFunctions, ChloFunctions):
         interp.register_implementations(functions())
     return interp
 
