@@ -1,7 +1,8 @@
 """partir: partition JAX programs across a device mesh, PartIR style.
 
-Names are imported on first use, so tools that need only the compiler
-(`partir-opt`, `partir-inspect`) do not pay for importing JAX.
+The JAX-facing names (`jit`, `import_jax`, `Lowered`, ...) are imported on
+first use, so the compiler tools (`partir-opt`, `partir-inspect`) start
+without importing JAX.
 """
 
 from __future__ import annotations
@@ -9,16 +10,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {
-    "BatchParallel": "partir.tactics",
-    "ManualPartition": "partir.tactics",
-    "Megatron": "partir.tactics",
-    "Tactic": "partir.tactics",
-    "TacticError": "partir.tactics",
-    "ZeRO": "partir.tactics",
-    "Mesh": "partir.mesh",
-    "Partitioned": "partir.partition",
-    "partition": "partir.partition",
+from partir.mesh import Mesh
+from partir.partition import Partitioned, partition
+from partir.tactics import BatchParallel, ManualPartition, Megatron, Tactic, TacticError, ZeRO
+
+_LAZY = {
     "import_jax": "partir.importer",
     "Compiled": "partir.api",
     "Lowered": "partir.api",
@@ -26,17 +22,28 @@ _EXPORTS = {
     "jit": "partir.api",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "BatchParallel",
+    "Compiled",
+    "Lowered",
+    "ManualPartition",
+    "Megatron",
+    "Mesh",
+    "PartitionedFunction",
+    "Partitioned",
+    "Tactic",
+    "TacticError",
+    "ZeRO",
+    "import_jax",
+    "jit",
+    "partition",
+]
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'partir' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
-
-
-def __dir__() -> list[str]:
-    return __all__
