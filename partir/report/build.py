@@ -1,0 +1,176 @@
+"""Building a report from a module at any stage (see the package docstring)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
+from xdsl.ir import Attribute, SSAValue
+
+from dialects.context import make_context
+from dialects.functions import entry_function
+from dialects.names import op_name
+from dialects.parser import PartirParser
+from dialects.partir import ORIGIN, LoopOp, MeshOp, OriginAttr, find_mesh
+from dialects.spmd import DIST, SPMD, DTensorType
+from lowering.collectives import collectives, tensor_bytes
+from lowering.distributions import NEEDED_BY
+from lowering.to_spmd import lower_to_spmd
+from partir.passes import recorded_conflicts
+from partir.report.memory import estimate_memory
+from partir.report.model import Report
+from partir.report.names import _partir_name, ssa_names
+from partir.report.replicated import replicated_ops
+from partir.report.rows import CollectiveInfo, ValueInfo
+
+_SPMD_OPS = {op.name for op in SPMD.operations}
+
+
+def parse_module(text: str, filename: str = "<string>") -> ModuleOp:
+    """Parse MLIR text with partir's context and parser (raises xDSL's ParseError).
+
+    Unregistered ops are allowed: the importer keeps ops xDSL does not model
+    (`stablehlo.sort`, ...) as such, and the stages print them generically."""
+    return PartirParser(make_context(allow_unregistered=True), text, filename).parse_module()
+
+
+def build_report(module: ModuleOp, core: ModuleOp | None = None) -> Report:
+    """The report of `module` (any stage; not modified). `core` is the core
+    stage the SPMD `module` was lowered from, for `replicated_ops`; a
+    core-stage `module` is its own."""
+    entry = entry_function(module)
+    if is_spmd(entry):
+        stage, spmd = "spmd", module
+    else:
+        has_loops = any(isinstance(op, LoopOp) for op in entry.body.block.ops)
+        stage = "core" if has_loops else "stablehlo"
+        if find_mesh(entry) is not None:
+            core = module
+        spmd = module.clone()
+        if find_mesh(entry_function(spmd)) is None:
+            spmd.body.block.insert_op_before(MeshOp({}), spmd.body.block.first_op)
+        lower_to_spmd(spmd)
+    mesh_op = find_mesh(entry_function(spmd))
+    mesh = mesh_op.axes if mesh_op is not None else {}
+    conflicts = recorded_conflicts(module)
+    names = ssa_names(spmd)
+    spmd_entry = entry_function(spmd)
+    values = _values(spmd_entry, names, mesh)
+    return Report(
+        stage=stage,
+        mesh=mesh,
+        values=list(values.values()),
+        results=_results(spmd_entry, mesh),
+        collectives=_collectives(spmd, names),
+        replicated_ops=[] if core is None else replicated_ops(core, conflicts),
+        conflicts=conflicts,
+        memory=estimate_memory(spmd_entry, values, names),
+        core_available=core is not None or stage == "stablehlo",
+    )
+
+
+def report_text(text: str, filename: str = "<string>") -> Report:
+    return build_report(parse_module(text, filename))
+
+
+def is_spmd(entry: func.FuncOp) -> bool:
+    return any(isinstance(a.type, DTensorType) for a in entry.body.block.args) or any(
+        op.name in _SPMD_OPS for op in entry.body.block.ops
+    )
+
+
+def properties(dtensor: DTensorType, mesh: dict[str, int]) -> dict[str, str]:
+    """DistPar's property of each mesh axis for a distributed value."""
+    props = {}
+    for axis in mesh:
+        split = [d for d, axes in enumerate(dtensor.dim_axes) if axis in axes]
+        props[axis] = f"S({split[0]})" if split else "P" if axis in dtensor.partial_axes else "B"
+    return props
+
+
+def _value_info(
+    name: str,
+    op: str,
+    partir_name: str | None,
+    local: Attribute,
+    dist: Attribute | None,
+    mesh: dict[str, int],
+) -> ValueInfo | None:
+    if isinstance(local, DTensorType):
+        dist, local = local, local.local_type(mesh)
+    if not isinstance(local, TensorType):
+        return None
+    info = ValueInfo(
+        name,
+        op,
+        partir_name,
+        str(local.element_type),
+        tuple(local.get_shape()),
+        tensor_bytes(local),
+    )
+    if not isinstance(dist, DTensorType):
+        return info
+    return replace(
+        info,
+        global_shape=tuple(dist.global_type.get_shape()),
+        dim_axes=dist.dim_axes,
+        partial_axes=dist.partial_axes,
+        properties=properties(dist, mesh),
+    )
+
+
+def _values(
+    entry: func.FuncOp, names: dict[SSAValue, str], mesh: dict[str, int]
+) -> dict[SSAValue, ValueInfo]:
+    """Arguments, then each top-level op's results, in program order."""
+    arg_attrs = list(entry.arg_attrs.data) if entry.arg_attrs else []
+    out: dict[SSAValue, ValueInfo] = {}
+    for i, arg in enumerate(entry.body.block.args):
+        attrs = arg_attrs[i] if i < len(arg_attrs) else None
+        info = _value_info(
+            names.get(arg, f"%arg{i}"), "argument", _partir_name(attrs), arg.type, None, mesh
+        )
+        if info is not None:
+            out[arg] = info
+    for n, op in enumerate(entry.body.block.ops):
+        for r in op.results:
+            dist = op.attributes.get(DIST) if len(op.results) == 1 else None
+            info = _value_info(names.get(r, f"%{n}"), op_name(op), None, r.type, dist, mesh)
+            if info is not None:
+                out[r] = info
+    return out
+
+
+def _results(entry: func.FuncOp, mesh: dict[str, int]) -> list[ValueInfo]:
+    res_attrs = list(entry.res_attrs.data) if entry.res_attrs else []
+    out = []
+    for i, ty in enumerate(entry.function_type.outputs.data):
+        name = _partir_name(res_attrs[i] if i < len(res_attrs) else None)
+        info = _value_info(name or f"result {i}", "result", name, ty, None, mesh)
+        if info is not None:
+            out.append(info)
+    return out
+
+
+def _collectives(module: ModuleOp, names: dict[SSAValue, str]) -> list[CollectiveInfo]:
+    out = []
+    for c in collectives(module):
+        needed = c.op.attributes.get(NEEDED_BY)
+        origin = c.op.attributes.get(ORIGIN)
+        known = isinstance(origin, OriginAttr)
+        out.append(
+            CollectiveInfo(
+                names.get(c.op.results[0], c.op.name),
+                c.kind,
+                c.axes,
+                c.operand,
+                c.result,
+                c.bytes_per_device,
+                needed.data if isinstance(needed, StringAttr) else None,
+                origin.action.data if known else None,
+                origin.tactic.data if known else None,
+                (origin.value.data or None) if known else None,
+            )
+        )
+    return out

@@ -1,0 +1,149 @@
+"""Memory per device: a liveness estimate over the flat SPMD body (`estimate_memory`),
+and XLA's own figures for a compiled program (`XlaMemory`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from xdsl.dialects import func
+from xdsl.ir import Operation, SSAValue
+
+from dialects.names import op_name
+from dialects.spmd import FromLocalOp, ToLocalOp
+
+if TYPE_CHECKING:
+    from partir.api import Compiled
+    from partir.report.rows import ValueInfo
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device: the arguments, and a peak estimate by liveness.
+
+    The peak is the arguments plus the largest sum, over program order of the
+    flat SPMD body, of the intermediates live at one point. A value is live
+    from the op defining it to its last use; values returned stay live to the
+    end; `spmd.to_local`/`spmd.from_local` only rename a buffer and add
+    nothing. Every op result is counted as materialised.
+
+    XLA's number differs: it fuses elementwise chains (most intermediates of
+    a layernorm or softmax never exist in memory), reuses buffers whose
+    lifetimes do not overlap in its own schedule, and may alias outputs to
+    inputs. So this is an upper-bound-style figure for comparing schedules
+    and tactics against each other, not a prediction of XLA's allocation;
+    `XlaMemory` holds XLA's own figures when a compiled program is at hand.
+    """
+
+    arguments: int
+    peak_intermediates: int
+    peak_at: str
+
+    @property
+    def peak(self) -> int:
+        return self.arguments + self.peak_intermediates
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "arguments_bytes_per_device": self.arguments,
+            "peak_intermediates_bytes_per_device": self.peak_intermediates,
+            "peak_bytes_per_device": self.peak,
+            "peak_at": self.peak_at,
+        }
+
+
+@dataclass(frozen=True)
+class XlaMemory:
+    """XLA's per-device figures for the compiled program (`memory_analysis()`).
+
+    Only a compiled program has them, so a report from MLIR text never does;
+    `Report.with_xla(XlaMemory.of(compiled, args))` puts them beside the
+    estimate (`partir-inspect` on a file cannot show them).
+    """
+
+    arguments: int
+    outputs: int
+    temporaries: int
+    aliased: int
+
+    @property
+    def arguments_and_temporaries(self) -> int:
+        return self.arguments + self.temporaries
+
+    @property
+    def total(self) -> int:
+        """Arguments, outputs and temporaries, counting aliased buffers once."""
+        return self.arguments + self.outputs + self.temporaries - self.aliased
+
+    @classmethod
+    def from_stats(cls, stats: Any) -> XlaMemory:
+        return cls(
+            stats.argument_size_in_bytes,
+            stats.output_size_in_bytes,
+            stats.temp_size_in_bytes,
+            stats.alias_size_in_bytes,
+        )
+
+    @classmethod
+    def of(cls, compiled: Compiled, args: Sequence[Any]) -> XlaMemory:
+        """Compile `compiled.run` for `args` placed as the program expects them
+        (each leaf on `NamedSharding(mesh, spec)` for its `IN_SPECS` entry)."""
+        import jax
+        from jax.sharding import NamedSharding
+
+        leaves = jax.tree_util.tree_leaves(args)
+        specs = compiled.program.IN_SPECS
+        placed = [
+            jax.device_put(x, NamedSharding(compiled.jax_mesh, spec))
+            for x, spec in zip(leaves, specs, strict=True)
+        ]
+        return cls.from_stats(compiled.run.lower(*placed).compile().memory_analysis())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "arguments_bytes_per_device": self.arguments,
+            "outputs_bytes_per_device": self.outputs,
+            "temporaries_bytes_per_device": self.temporaries,
+            "aliased_bytes_per_device": self.aliased,
+        }
+
+
+def estimate_memory(
+    entry: func.FuncOp, infos: dict[SSAValue, ValueInfo], names: dict[SSAValue, str]
+) -> MemoryEstimate:
+    """See `MemoryEstimate`: liveness over the flat SPMD body."""
+    ops = list(entry.body.block.ops)
+    end = len(ops)
+    position = {op: i for i, op in enumerate(ops)}
+    arguments = sum(infos[a].bytes_per_device for a in entry.body.block.args if a in infos)
+    delta = [0] * (end + 1)
+    for i, op in enumerate(ops):
+        if isinstance(op, ToLocalOp | FromLocalOp):
+            continue
+        for r in op.results:
+            info = infos.get(r)
+            if info is None:
+                continue
+            last = max((_last_use(u.operation, position, end) for u in r.uses), default=i)
+            delta[i] += info.bytes_per_device
+            delta[last + 1] -= info.bytes_per_device
+    live, peak, peak_at = 0, 0, "no intermediates"
+    for i, op in enumerate(ops):
+        live += delta[i]
+        if live > peak:
+            peak, peak_at = live, _op_label(op, names)
+    return MemoryEstimate(arguments, peak, peak_at)
+
+
+def _last_use(user: Operation, position: dict[Operation, int], end: int) -> int:
+    """Where a use ends: at its top-level op; a result (`from_local`) at the end."""
+    while user not in position and user.parent_op() is not None:
+        user = user.parent_op()  # type: ignore[assignment]
+    if isinstance(user, FromLocalOp | func.ReturnOp):
+        return end - 1
+    return position.get(user, end - 1)
+
+
+def _op_label(op: Operation, names: dict[SSAValue, str]) -> str:
+    return f"{names.get(op.results[0], '?')} ({op_name(op)})" if op.results else op_name(op)

@@ -1,0 +1,127 @@
+"""The report's rows: values, collectives, replicated ops, and the tables drawn from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from partir.report.render import UNKNOWN, _conflict_json, _list
+from rewrites.conflicts import Conflict
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """One value of the entry function: its global and per-device shape, and how
+    it is distributed (None where the lowering could not tell: never guessed)."""
+
+    name: str
+    op: str
+    partir_name: str | None
+    dtype: str
+    local_shape: tuple[int, ...]
+    bytes_per_device: int
+    global_shape: tuple[int, ...] | None = None
+    dim_axes: tuple[tuple[str, ...], ...] | None = None
+    partial_axes: tuple[str, ...] | None = None
+    properties: dict[str, str] | None = None
+    """DistPar's property per mesh axis: "S(d)" split on dim d, "B" broadcast, "P" partial."""
+
+    @property
+    def sharding(self) -> str:
+        if self.properties is None:
+            return UNKNOWN
+        if not self.properties:
+            return "replicated"
+        return ", ".join(f"{axis}={prop}" for axis, prop in self.properties.items())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "op": self.op,
+            "partir_name": self.partir_name,
+            "dtype": self.dtype,
+            "global_shape": _list(self.global_shape),
+            "dims": None if self.dim_axes is None else [list(d) for d in self.dim_axes],
+            "partial": _list(self.partial_axes),
+            "properties": self.properties if self.properties is not None else UNKNOWN,
+            "local_shape": list(self.local_shape),
+            "bytes_per_device": self.bytes_per_device,
+        }
+
+
+@dataclass(frozen=True)
+class CollectiveInfo:
+    """One collective: what it moves per device, the op that needed it, and
+    the action (tactic and value) that made the value distributed."""
+
+    name: str
+    kind: str
+    axes: tuple[str, ...]
+    operand: str
+    result: str
+    bytes_per_device: int
+    needed_by: str | None
+    action: int | None
+    tactic: str | None
+    value: str | None
+
+    @property
+    def cause(self) -> str:
+        if self.action is None:
+            return "an unrecorded action"
+        what = f" of {self.value}" if self.value else ""
+        return f"action {self.action} ({self.tactic}{what})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "axes": list(self.axes),
+            "operand": self.operand,
+            "result": self.result,
+            "bytes_per_device": self.bytes_per_device,
+            "needed_by": self.needed_by,
+            "action": self.action,
+            "tactic": self.tactic,
+            "value": self.value,
+        }
+
+
+@dataclass(frozen=True)
+class ReplicatedOp:
+    """A core-stage op outside every loop (computed whole on every device), and why.
+
+    `reason`: "opaque" (the registry has no rule; `detail` is its reason),
+    "conflict" (a conflict record names it; `conflict` is the record),
+    "blocked" (a tiled operand reached it, but the registry forbids that
+    tiling; `detail` says why) or "untiled" (no tiled operand reached it).
+
+    Propagation lets the earlier action win a conflict and tile the op, so an
+    op named by a conflict record is normally inside the winner's loop and
+    the loser's value is redistributed (a collective in the SPMD stage); the
+    "conflict" reason appears only for core IR written or edited elsewhere.
+    """
+
+    name: str
+    op: str
+    reason: str
+    detail: str
+    conflict: Conflict | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "op": self.op,
+            "reason": self.reason,
+            "detail": self.detail,
+            "conflict": None if self.conflict is None else _conflict_json(self.conflict),
+        }
+
+
+@dataclass(frozen=True)
+class Table:
+    """A titled table of strings: what text renderers (plain or rich) draw."""
+
+    title: str
+    headers: tuple[str, ...]
+    rows: list[tuple[str, ...]]
