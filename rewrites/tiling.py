@@ -9,6 +9,7 @@ loops only through these functions, so what is tested is what runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
@@ -18,7 +19,15 @@ from rewrites.registry import OpRule
 
 def loop_action(rule: OpRule, factor: int) -> TileAttr | SumAttr:
     dim = rule.result_dim(factor)
-    return TileAttr(dim) if dim is not None else SumAttr()
+    return _tile(dim) if dim is not None else _SUM
+
+
+@lru_cache(maxsize=64)
+def _tile(dim: int) -> TileAttr:
+    return TileAttr(dim)  # attributes are immutable values: build each once
+
+
+_SUM = SumAttr()
 
 
 def part_op(
