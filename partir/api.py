@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -181,10 +182,25 @@ class PartitionedFunction:
         self._compiled: dict[tuple[Any, ...], Compiled] = {}
         functools.update_wrapper(self, fn)
 
-    def lower(self, *args: Any) -> Lowered:
+    def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """Keyword arguments bound to their positions, as the signature says
+        (the program's arguments are named by parameter, so names survive)."""
+        if not kwargs:
+            return args
+        bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        if bound.kwargs:
+            raise TypeError(
+                f"partir.jit: {', '.join(bound.kwargs)} can only be passed by keyword; "
+                "partir needs every argument to have a position"
+            )
+        return tuple(bound.args)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        args = self._positional(args, kwargs)
         return lower(self.fn, args, self.mesh, self.tactics, jax_mesh=self.jax_mesh)
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args = self._positional(args, kwargs)
         key = _signature(args)
         compiled = self._compiled.get(key)
         if compiled is None:

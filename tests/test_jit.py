@@ -195,3 +195,13 @@ def test_an_op_the_lowering_cannot_emit_is_named():
     fn = partir.jit(sorted_rows, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs="x")])
     with pytest.raises(UnsupportedOpError, match=r"stablehlo\.sort"):
         fn(X)
+
+
+def test_keyword_arguments_bind_to_their_positions():
+    fn = partir.jit(mlp_train_step.program, mesh=MESH, tactics=[partir.BatchParallel("batch")])
+    params, x, y = mlp_train_step.make_args()
+    got = fn(params, y=y, x=x)
+    ref = jax.jit(mlp_train_step.program)(params, x, y)
+    for g, r in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref), strict=True):
+        assert_close(np.asarray(g), np.asarray(r))
+    assert fn.lower(params, x=x, y=y).stages[0].name == "import"
