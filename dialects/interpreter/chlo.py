@@ -16,7 +16,8 @@ import scipy.special
 from xdsl.interpreter import InterpreterFunctions, register_impls
 
 from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
-from dialects.interpreter.stablehlo import elementwise_impl, in_double, widen
+from dialects.interpreter.common import widen
+from dialects.interpreter.elementwise import elementwise_impl, in_double
 
 
 def _digamma(x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,222 @@
+"""StableHLO ops that combine elements: dot_general, reduce and map.
+
+reduce and map run their region through the interpreter (once on whole arrays
+when it is elementwise); a reduce body that is a single add / multiply / max /
+min / and / or / xor is reduced by NumPy. See `dialects.interpreter.stablehlo`
+for the conventions.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from xdsl.interpreter import (
+    Interpreter,
+    InterpreterFunctions,
+    PythonValues,
+    impl,
+    register_impls,
+)
+from xdsl.ir import Operation, Region
+from xdsl_jax.dialects import stablehlo as shlo
+
+from dialects.interpreter.common import (
+    dense_array,
+    element_dtype,
+    ints,
+    run_region,
+    runs_batched,
+    scalars,
+    single_binary_op,
+    typed,
+    widen,
+)
+from dialects.interpreter.dtypes import element_kind
+from dialects.interpreter.elementwise import add, maximum, minimum, multiply
+from dialects.stablehlo_ext import ReduceOp
+
+# --------------------------------------------------------------------------
+# Folding a region
+
+
+def _fold(
+    interp: Interpreter, body: Region, accumulators: Sequence[Any], columns: Sequence[np.ndarray]
+) -> list[Any]:
+    """Left fold of `body` over the last axis of `columns`, starting from `accumulators`."""
+    values = list(accumulators)
+    for r in range(columns[0].shape[-1]):
+        values = list(run_region(interp, body, [*values, *(c[..., r] for c in columns)], "fold"))
+    return values
+
+
+def fold_region(
+    interp: Interpreter,
+    body: Region,
+    inits: Sequence[np.ndarray],
+    columns: Sequence[np.ndarray],
+) -> list[np.ndarray]:
+    """For each index of `columns[i][..., :]`, fold `body` over the last axis from `inits`."""
+    shape = columns[0].shape[:-1]
+    if runs_batched(body):
+        starts = [np.broadcast_to(i, shape) for i in inits]
+        return [np.broadcast_to(v, shape) for v in _fold(interp, body, starts, columns)]
+    results = [np.empty(shape, dtype=i.dtype) for i in inits]
+    for index in np.ndindex(*shape):
+        row = [np.asarray(c[index]) for c in columns]
+        for result, value in zip(results, _fold(interp, body, inits, row), strict=True):
+            result[index] = value
+    return results
+
+
+# --------------------------------------------------------------------------
+# reduce
+
+
+def _to_columns(x: np.ndarray, dims: Sequence[int]) -> np.ndarray:
+    """`x` with the reduced `dims` moved last and flattened into one axis."""
+    kept = x.ndim - len(dims)
+    moved = np.moveaxis(x, list(dims), list(range(kept, x.ndim)))
+    return moved.reshape(*moved.shape[:kept], math.prod(moved.shape[kept:]))
+
+
+def _tree(combine: Callable[[np.ndarray, np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
+    """Pairwise reduction over the last axis, which must not be empty."""
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        paired = combine(x[..., :half], x[..., half : 2 * half])
+        x = np.concatenate([paired, x[..., 2 * half :]], axis=-1)
+    return x[..., 0]
+
+
+def _sum(x: np.ndarray) -> np.ndarray:
+    if x.dtype == np.bool_:
+        return np.any(x, axis=-1)
+    return np.sum(widen(x), axis=-1, dtype=None if element_kind(x.dtype) in "fc" else x.dtype)
+
+
+def _product(x: np.ndarray) -> np.ndarray:
+    if x.dtype == np.bool_:
+        return np.all(x, axis=-1)
+    return np.prod(widen(x), axis=-1, dtype=None if element_kind(x.dtype) in "fc" else x.dtype)
+
+
+# A reduction body that is one of these ops is reduced with NumPy directly:
+# (the op itself, to combine with the init value; a reduction over the last axis).
+_FAST_REDUCTIONS: dict[type[Operation], tuple[Callable[..., Any], Callable[..., Any]]] = {
+    shlo.AddOp: (add, _sum),
+    shlo.MultiplyOp: (multiply, _product),
+    shlo.MaximumOp: (maximum, lambda x: _tree(maximum, x)),
+    shlo.MinimumOp: (minimum, lambda x: _tree(minimum, x)),
+    shlo.AndOp: (np.bitwise_and, lambda x: np.bitwise_and.reduce(x, axis=-1)),
+    shlo.OrOp: (np.bitwise_or, lambda x: np.bitwise_or.reduce(x, axis=-1)),
+    shlo.XorOp: (np.bitwise_xor, lambda x: np.bitwise_xor.reduce(x, axis=-1)),
+}
+
+
+def reduce(
+    interp: Interpreter,
+    body: Region,
+    inputs: Sequence[np.ndarray],
+    inits: Sequence[np.ndarray],
+    dims: Sequence[int],
+) -> list[np.ndarray]:
+    """`stablehlo.reduce`: fold `body` over `dims` of each input, starting from `inits`.
+
+    The spec leaves the order of the fold to the implementation. A body that is
+    a single add / multiply / max / min / and / or / xor is reduced by NumPy
+    (float sums and products in double precision); any other body is folded
+    left to right over the reduced elements in row-major order.
+    """
+    columns = [_to_columns(np.asarray(x), sorted(dims)) for x in inputs]
+    fast = _FAST_REDUCTIONS.get(single_binary_op(body))  # type: ignore[arg-type]
+    if fast is not None and len(inputs) == 1:
+        combine, reduce_last = fast
+        (column,), (init,) = columns, inits
+        if column.shape[-1] == 0:
+            return [np.broadcast_to(init, column.shape[:-1])]
+        return [combine(np.asarray(init), np.asarray(reduce_last(column)))]
+    return fold_region(interp, body, inits, columns)
+
+
+# --------------------------------------------------------------------------
+# dot_general
+
+
+def dot_general(
+    lhs: np.ndarray,
+    rhs: np.ndarray,
+    batching: tuple[Sequence[int], Sequence[int]],
+    contracting: tuple[Sequence[int], Sequence[int]],
+) -> np.ndarray:
+    """Result axes: batch dims, then lhs free dims, then rhs free dims, each in order.
+
+    Products are summed in double precision (floats) or in 64-bit wrapping
+    integers, which the result cast reduces modulo the result width.
+    """
+    letters = iter(string.ascii_letters)
+    lhs_axes: list[str | None] = [None] * lhs.ndim
+    rhs_axes: list[str | None] = [None] * rhs.ndim
+    for pairs in (batching, contracting):
+        for l_dim, r_dim in zip(*pairs, strict=True):
+            lhs_axes[l_dim] = rhs_axes[r_dim] = next(letters)
+    lhs_free = [d for d in range(lhs.ndim) if lhs_axes[d] is None]
+    rhs_free = [d for d in range(rhs.ndim) if rhs_axes[d] is None]
+    for axes, free in ((lhs_axes, lhs_free), (rhs_axes, rhs_free)):
+        for d in free:
+            axes[d] = next(letters)
+    out = [lhs_axes[d] for d in batching[0]] + [lhs_axes[d] for d in lhs_free]
+    out += [rhs_axes[d] for d in rhs_free]
+    spec = f"{''.join(lhs_axes)},{''.join(rhs_axes)}->{''.join(out)}"  # type: ignore[arg-type]
+    return np.einsum(spec, _dot_operand(lhs), _dot_operand(rhs), optimize=True)
+
+
+def _dot_operand(x: np.ndarray) -> np.ndarray:
+    return widen(x) if element_kind(x.dtype) in "fc" else x.astype(np.int64)
+
+
+# --------------------------------------------------------------------------
+# The interpreter functions
+
+
+@register_impls
+class ReductionFunctions(InterpreterFunctions):
+    """dot_general, reduce and map: the ops that combine elements."""
+
+    @impl(shlo.MapOp)
+    def run_map(self, interp: Interpreter, op: shlo.MapOp, args: PythonValues) -> PythonValues:
+        (region,) = op.computation
+        ty = op.result.type
+        inputs = [np.asarray(a) for a in args]
+        if runs_batched(region):
+            (value,) = run_region(interp, region, inputs, "stablehlo.map")
+            return (typed(np.broadcast_to(value, inputs[0].shape), ty),)
+        result = np.empty(inputs[0].shape, dtype=element_dtype(ty))
+        for index in np.ndindex(*result.shape):
+            (result[index],) = run_region(interp, region, scalars(inputs, index), "stablehlo.map")
+        return (typed(result, ty),)
+
+    @impl(shlo.DotGeneralOp)
+    def run_dot_general(
+        self, interp: Interpreter, op: shlo.DotGeneralOp, args: PythonValues
+    ) -> PythonValues:
+        dn = op.dot_dimension_numbers
+        batching = (ints(dn.lhs_batching_dimensions), ints(dn.rhs_batching_dimensions))
+        contracting = (ints(dn.lhs_contracting_dimensions), ints(dn.rhs_contracting_dimensions))
+        with np.errstate(all="ignore"):
+            value = dot_general(np.asarray(args[0]), np.asarray(args[1]), batching, contracting)
+            ty = op.results[0].type
+            if element_dtype(ty) == np.bool_:
+                value = value != 0
+            return (typed(value, ty),)
+
+    @impl(ReduceOp)
+    def run_reduce(self, interp: Interpreter, op: ReduceOp, args: PythonValues) -> PythonValues:
+        n = len(op.inputs)
+        arrays = [np.asarray(a) for a in args]
+        with np.errstate(all="ignore"):
+            values = reduce(interp, op.body, arrays[:n], arrays[n:], dense_array(op.dimensions))
+            return tuple(typed(v, r.type) for v, r in zip(values, op.results, strict=True))

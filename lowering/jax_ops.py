@@ -1,0 +1,93 @@
+"""The op table: op name -> the emitter that writes it as JAX.
+
+Elementwise ops share one emitter keyed by their `lax` function
+(`lowering.jax_elementwise`); every other op has its own, from
+`lowering.jax_literals` (constants), `lowering.jax_structural`,
+`lowering.jax_reductions` and `lowering.jax_collectives`. An op missing here
+has no JAX translation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from xdsl.ir import Operation
+from xdsl_jax.dialects import stablehlo as shlo
+
+from dialects import spmd
+from dialects.stablehlo_ext import CompareOp as ExtCompareOp
+from lowering.jax_collectives import (
+    emit_all_gather,
+    emit_all_reduce,
+    emit_all_to_all,
+    emit_boundary,
+    emit_local_slice,
+    emit_reduce_scatter,
+)
+from lowering.jax_elementwise import (
+    BINARY,
+    CHLO,
+    UNARY,
+    emit_bitcast_convert,
+    emit_clamp,
+    emit_compare,
+    emit_convert,
+    emit_elementwise,
+    emit_reduce_precision,
+    emit_round,
+    emit_select,
+)
+from lowering.jax_ir import by_name
+from lowering.jax_literals import emit_constant
+from lowering.jax_reductions import emit_dot_general, emit_reduce
+from lowering.jax_structural import (
+    emit_broadcast_in_dim,
+    emit_concatenate,
+    emit_dynamic_slice,
+    emit_gather,
+    emit_iota,
+    emit_pad,
+    emit_reshape,
+    emit_slice,
+    emit_transpose,
+)
+
+if TYPE_CHECKING:
+    from lowering.jax_body import Emitter
+
+_SPECIFIC: dict[type[Operation], Emitter] = {
+    shlo.RoundNearestAfzOp: emit_round("AWAY_FROM_ZERO"),
+    shlo.RoundNearestEvenOp: emit_round("TO_NEAREST_EVEN"),
+    ExtCompareOp: emit_compare,
+    shlo.SelectOp: emit_select,
+    shlo.ClampOp: emit_clamp,
+    shlo.ConvertOp: emit_convert,
+    shlo.BitcastConvertOp: emit_bitcast_convert,
+    shlo.ReducePrecisionOp: emit_reduce_precision,
+    shlo.ConstantOp: emit_constant,
+    shlo.IotaOp: emit_iota,
+    shlo.BroadcastInDimOp: emit_broadcast_in_dim,
+    shlo.ReshapeOp: emit_reshape,
+    shlo.TransposeOp: emit_transpose,
+    shlo.ConcatenateOp: emit_concatenate,
+    shlo.SliceOp: emit_slice,
+    shlo.DynamicSliceOp: emit_dynamic_slice,
+    shlo.PadOp: emit_pad,
+    shlo.GatherOp: emit_gather,
+    shlo.DotGeneralOp: emit_dot_general,
+    shlo.ReduceOp: emit_reduce,
+    spmd.ToLocalOp: emit_boundary,
+    spmd.FromLocalOp: emit_boundary,
+    spmd.AllReduceOp: emit_all_reduce,
+    spmd.AllGatherOp: emit_all_gather,
+    spmd.ReduceScatterOp: emit_reduce_scatter,
+    spmd.AllToAllOp: emit_all_to_all,
+    spmd.LocalSliceOp: emit_local_slice,
+}
+
+EMITTERS: dict[str, Emitter] = {
+    **{name: emit_elementwise for name in (*UNARY, *BINARY)},
+    **{f"chlo.{name}": emit_elementwise for name in CHLO},
+    **by_name(_SPECIFIC),
+}
+"""Op name -> emitter (keyed by name, see `lowering.jax_ir.by_name`)."""

@@ -1,0 +1,106 @@
+"""Emitters for contractions and reductions: `dot_general` and `reduce`.
+
+A reduction whose body is a single commutative op of its two arguments
+becomes `lax.reduce(x, init, lax.add, dims)`; any other body is emitted as a
+nested `def` that `lax.reduce` calls.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from xdsl.ir import Block, Operation
+from xdsl_jax.dialects import stablehlo as shlo
+from xdsl_jax.dialects.stablehlo.attributes import Precision
+
+from lowering.jax_elementwise import ON_BOOLEANS, function_of
+from lowering.jax_ir import by_name, ints, unsupported
+from lowering.jax_literals import tuple_literal
+
+if TYPE_CHECKING:
+    from lowering.jax_body import BodyEmitter
+
+
+def emit_dot_general(em: BodyEmitter, op: Operation) -> str:
+    if op.algorithm is not None:
+        raise unsupported(op, "dot algorithms are not supported")
+    dn = op.dot_dimension_numbers
+    contracting = (ints(dn.lhs_contracting_dimensions), ints(dn.rhs_contracting_dimensions))
+    batch = (ints(dn.lhs_batching_dimensions), ints(dn.rhs_batching_dimensions))
+    result = em.dtype(op, op.results[0].type)
+    precision = ""
+    if op.precision_config is not None:
+        levels = [p.data for p in op.precision_config.data]
+        if any(p != Precision.DEFAULT for p in levels):
+            names = ", ".join(f"lax.Precision.{Precision(p).name}" for p in levels)
+            precision = f", precision=({names})"
+    return (
+        f"lax.dot_general({em.args(op)}, ({contracting!r}, {batch!r}){precision}, "
+        f"preferred_element_type={result})"
+    )
+
+
+_REDUCERS: dict[str, str] = by_name(
+    {
+        shlo.AddOp: "lax.add",
+        shlo.MaximumOp: "lax.max",
+        shlo.MinimumOp: "lax.min",
+        shlo.MultiplyOp: "lax.mul",
+        shlo.AndOp: "lax.bitwise_and",
+        shlo.OrOp: "lax.bitwise_or",
+        shlo.XorOp: "lax.bitwise_xor",
+    }
+)
+
+
+def _single_reducer(op: Operation) -> str | None:
+    """`lax.add` etc. if the body is one commutative op of its two arguments."""
+    block = op.body.block
+    ops = list(block.ops)
+    if len(op.inputs) != 1 or len(ops) != 2:
+        return None
+    combine, ret = ops
+    if combine.name not in _REDUCERS or ret.name != "stablehlo.return":
+        return None
+    if set(combine.operands) != set(block.args) or len(set(block.args)) != 2:
+        return None
+    if list(ret.operands) != [combine.results[0]]:
+        return None
+    return function_of(combine) if combine.name in ON_BOOLEANS else _REDUCERS[combine.name]
+
+
+def emit_reduce(em: BodyEmitter, op: Operation) -> str:
+    """`lax.reduce(x, init, lax.add, dims)`, or a nested function for other bodies."""
+    dims = ints(op.dimensions)
+    inputs = [em.name(v) for v in op.inputs]
+    inits = [em.name(v) for v in op.init_values]
+    reducer = _single_reducer(op)
+    if reducer is None:
+        reducer = _emit_region_function(em, op, op.body.block, len(op.inputs))
+    if len(op.inputs) == 1:
+        return f"lax.reduce({inputs[0]}, {inits[0]}, {reducer}, {dims!r})"
+    return f"lax.reduce({tuple_literal(inputs)}, {tuple_literal(inits)}, {reducer}, {dims!r})"
+
+
+def _emit_region_function(em: BodyEmitter, op: Operation, block: Block, count: int) -> str:
+    """A nested `def` computing a reduction body: `(acc, x) -> acc`.
+
+    For `count` > 1 operands lax passes and expects tuples.
+    """
+    name = em.fresh_function("reducer")
+    params = [em.define(a) for a in block.args]
+    if count == 1:
+        em.write(f"def {name}({', '.join(params)}):")
+    else:
+        em.write(f"def {name}(acc, x):")
+    with em.indented():
+        if count > 1:
+            em.write(f"{', '.join(params[:count])} = acc")
+            em.write(f"{', '.join(params[count:])} = x")
+        *body, ret = list(block.ops)
+        if ret.name != "stablehlo.return":
+            raise unsupported(op, "the reduction body does not end in stablehlo.return")
+        em.emit_ops(body)
+        values = [em.name(v) for v in ret.operands]
+        em.write(f"return {values[0]}" if count == 1 else f"return {tuple_literal(values)}")
+    return name
