@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp, UnregisteredOp
+from xdsl.dialects.builtin import IntAttr, ModuleOp, StringAttr, UnregisteredAttr, UnregisteredOp
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import IRDLOperation
+from xdsl.utils.exceptions import ParseError
 
 from dialects.parser import PartirParser as Parser
 
@@ -35,14 +36,36 @@ class AttributeCache:
     def attribute(self, text: str) -> Attribute:
         attr = self._attrs.get(text)
         if attr is None:
-            attr = self._attrs[text] = Parser(self._ctx, text).parse_attribute()
+            attr = self._attrs[text] = self._parse_attribute(text)
         return attr
+
+    def _parse_attribute(self, text: str) -> Attribute:
+        """xDSL's reading of the text; an attribute xDSL cannot read (e.g.
+        `#stablehlo.conv<...>` of an op xdsl-jax lacks) is kept opaque, printed
+        back verbatim, so its op still imports and fails later by name."""
+        try:
+            return Parser(self._ctx, text).parse_attribute()
+        except ParseError:
+            if not text.startswith("#") or "<" not in text:
+                raise
+            name, _, body = text[1:].partition("<")
+            opaque = UnregisteredAttr.with_name_and_type(name, False)
+            return opaque(StringAttr(name), IntAttr(0), IntAttr(0), StringAttr("<" + body))
 
     def type(self, text: str) -> Attribute:
         ty = self._types.get(text)
         if ty is None:
             ty = self._types[text] = Parser(self._ctx, text).parse_type()
         return ty
+
+
+def _unsafe_attributes(mlir_op: Any) -> bool:
+    """Whether reading the op's attributes through jaxlib would abort the
+    process: its bindings cannot cast complex dense attributes (a C++ error,
+    not a Python exception)."""
+    return any("complex<" in str(r.type) for r in mlir_op.results) and (
+        mlir_op.name.endswith(".constant")
+    )
 
 
 class MlirToXdsl:
@@ -79,6 +102,8 @@ class MlirToXdsl:
         return found
 
     def convert_op(self, mlir_op: Any) -> Operation:
+        if _unsafe_attributes(mlir_op):
+            return self._parse_standalone(mlir_op)
         op_type, property_names = self._op_type(mlir_op.name)
         properties: dict[str, Attribute] = {}
         attributes: dict[str, Attribute] = {}
@@ -96,6 +121,20 @@ class MlirToXdsl:
             attributes=attributes,
             regions=regions,
         )
+        for mlir_result, result in zip(mlir_op.results, op.results, strict=True):
+            self._values[mlir_result] = result
+        return op
+
+    def _parse_standalone(self, mlir_op: Any) -> Operation:
+        """An op with no operands or regions, read from its own generic text
+        (used where jaxlib cannot hand its attributes over)."""
+        if len(mlir_op.operands) or len(mlir_op.regions):
+            raise NotImplementedError(
+                f"cannot import {mlir_op.name}: jaxlib cannot expose its attributes "
+                "(complex-valued), and it has operands or regions"
+            )
+        text = mlir_op.get_asm(print_generic_op_form=True)
+        op = Parser(self._ctx, text).parse_op()
         for mlir_result, result in zip(mlir_op.results, op.results, strict=True):
             self._values[mlir_result] = result
         return op

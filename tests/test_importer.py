@@ -154,3 +154,28 @@ def test_float_pad_verifies():
     module = partir.import_jax(lambda x: jnp.pad(x, ((1, 2), (0, 1))), np.ones((2, 3), np.float32))
     module.verify()
     assert any(op.name == "stablehlo.pad" for op in module.walk())
+
+
+def test_an_op_with_attributes_xdsl_cannot_read_still_imports():
+    """`stablehlo.convolution` carries `#stablehlo.conv<...>`: kept opaque, named later."""
+    from xdsl.utils.exceptions import InterpretationError
+
+    from dialects.interpreter import run_function
+
+    w = np.ones((4, 3, 3, 3), np.float32)
+    x = np.ones((2, 3, 8, 8), np.float32)
+    module = partir.import_jax(lambda w, x: jax.lax.conv(x, w, (1, 1), "SAME"), w, x)
+    conv = [op for op in module.walk() if isinstance(op, UnregisteredOp)]
+    assert [op.op_name.data for op in conv] == ["stablehlo.convolution"]
+    assert "#stablehlo.conv<" in str(module)
+    with pytest.raises(InterpretationError, match=r"stablehlo\.convolution"):
+        run_function(module, [w, x])
+
+
+def test_complex_constants_import_and_run():
+    from dialects.interpreter import run_function
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    module = partir.import_jax(lambda x: jnp.abs(x + 1j), x)
+    (got,) = run_function(module, [x])
+    np.testing.assert_allclose(got, np.abs(x + 1j), rtol=1e-6)
