@@ -48,6 +48,7 @@ from lowering.jax_structural import (
     emit_iota,
     emit_pad,
     emit_reshape,
+    emit_scatter,
     emit_slice,
     emit_transpose,
 )
@@ -74,6 +75,7 @@ _SPECIFIC: dict[type[Operation], Emitter] = {
     shlo.DynamicSliceOp: emit_dynamic_slice,
     shlo.PadOp: emit_pad,
     shlo.GatherOp: emit_gather,
+    shlo.ScatterOp: emit_scatter,
     shlo.DotGeneralOp: emit_dot_general,
     shlo.ReduceOp: emit_reduce,
     spmd.ToLocalOp: emit_boundary,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from xdsl.ir import Operation
 
-from lowering.jax_ir import int_value, ints, static_shape
+from lowering.jax_ir import int_value, ints, static_shape, unsupported
 from lowering.jax_literals import tuple_literal
 
 if TYPE_CHECKING:
@@ -68,23 +68,32 @@ def emit_pad(em: BodyEmitter, op: Operation) -> str:
     return f"lax.pad({em.name(op.operand)}, {em.name(op.padding_value)}, {config!r})"
 
 
-def emit_gather(em: BodyEmitter, op: Operation) -> str:
-    """`lax.gather` in CLIP mode (StableHLO clamps start indices).
-
-    lax wants the index vector in the last dimension of the indices, so other
-    layouts are moved there first (which keeps the batch dims' order).
-    """
-    dn = op.dimension_numbers
-    indices = em.name(op.start_indices)
-    rank = len(static_shape(op, op.start_indices))
-    vector_dim = int_value(dn.index_vector_dim)
-    batching = ints(dn.start_indices_batching_dims)
+def _vector_last(
+    em: BodyEmitter, op: Operation, indices_value, vector_dim: int, batching: tuple[int, ...]
+) -> tuple[str, tuple[int, ...]]:
+    """lax wants the index vector in the last dimension of the indices: move
+    it there (keeping the batch dims' order) and renumber the batch dims."""
+    indices = em.name(indices_value)
+    rank = len(static_shape(op, indices_value))
     if vector_dim == rank:
-        indices = f"lax.expand_dims({indices}, ({rank},))"
-    elif vector_dim != rank - 1:
+        return f"lax.expand_dims({indices}, ({rank},))", batching
+    if vector_dim != rank - 1:
         perm = (*(d for d in range(rank) if d != vector_dim), vector_dim)
         indices = f"lax.transpose({indices}, {perm!r})"
         batching = tuple(d - (d > vector_dim) for d in batching)
+    return indices, batching
+
+
+def emit_gather(em: BodyEmitter, op: Operation) -> str:
+    """`lax.gather` in CLIP mode (StableHLO clamps start indices)."""
+    dn = op.dimension_numbers
+    indices, batching = _vector_last(
+        em,
+        op,
+        op.start_indices,
+        int_value(dn.index_vector_dim),
+        ints(dn.start_indices_batching_dims),
+    )
     numbers = (
         "lax.GatherDimensionNumbers("
         f"offset_dims={ints(dn.offset_dims)!r}, "
@@ -98,4 +107,70 @@ def emit_gather(em: BodyEmitter, op: Operation) -> str:
         f"lax.gather({em.name(op.operand)}, {indices}, {numbers}, "
         f"slice_sizes={ints(op.slice_sizes)!r}, indices_are_sorted={sorted_}, "
         "mode=lax.GatherScatterMode.CLIP)"
+    )
+
+
+_SCATTERS = {
+    "stablehlo.add": "lax.scatter_add",
+    "stablehlo.multiply": "lax.scatter_mul",
+    "stablehlo.maximum": "lax.scatter_max",
+    "stablehlo.minimum": "lax.scatter_min",
+}
+
+
+def _scatter_function(op: Operation) -> str | None:
+    """The lax scatter whose combiner is the update computation: replace
+    (`return %update`), or one add/multiply/max/min of the two arguments."""
+    block = op.update_computation.block
+    ops = list(block.ops)
+    if len(op.inputs) != 1 or len(block.args) != 2:
+        return None
+    current, update = block.args
+    if len(ops) == 1 and list(ops[0].operands) == [update]:
+        return "lax.scatter"
+    if len(ops) == 2:
+        combine, ret = ops
+        if (
+            combine.name in _SCATTERS
+            and set(combine.operands) == {current, update}
+            and list(ret.operands) == [combine.results[0]]
+        ):
+            return _SCATTERS[combine.name]
+    return None
+
+
+def emit_scatter(em: BodyEmitter, op: Operation) -> str:
+    """`lax.scatter_add` & co. in FILL_OR_DROP mode (StableHLO skips an
+    update window that falls outside the operand, as that mode does)."""
+    function = _scatter_function(op)
+    if function is None:
+        raise unsupported(
+            op,
+            "a scatter whose update computation is not a replace, add, "
+            "multiply, max or min of its arguments",
+        )
+    dn = op.scatter_dimension_numbers
+    indices, batching = _vector_last(
+        em,
+        op,
+        op.scatter_indices,
+        int_value(dn.index_vector_dim),
+        ints(dn.scatter_indices_batching_dims),
+    )
+    numbers = (
+        "lax.ScatterDimensionNumbers("
+        f"update_window_dims={ints(dn.update_window_dims)!r}, "
+        f"inserted_window_dims={ints(dn.inserted_window_dims)!r}, "
+        f"scatter_dims_to_operand_dims={ints(dn.scatter_dims_to_operand_dims)!r}, "
+        f"operand_batching_dims={ints(dn.input_batching_dims)!r}, "
+        f"scatter_indices_batching_dims={batching!r})"
+    )
+    flags = {
+        name: bool(getattr(op, name).value.data) if getattr(op, name) else False
+        for name in ("indices_are_sorted", "unique_indices")
+    }
+    return (
+        f"{function}({em.name(op.inputs[0])}, {indices}, {em.name(op.updates[0])}, {numbers}, "
+        f"indices_are_sorted={flags['indices_are_sorted']}, "
+        f"unique_indices={flags['unique_indices']}, mode=lax.GatherScatterMode.FILL_OR_DROP)"
     )

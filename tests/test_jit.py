@@ -205,3 +205,33 @@ def test_keyword_arguments_bind_to_their_positions():
     for g, r in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref), strict=True):
         assert_close(np.asarray(g), np.asarray(r))
     assert fn.lower(params, x=x, y=y).stages[0].name == "import"
+
+
+@pytest.mark.parametrize("update", ["set", "add", "mul", "max", "min"])
+def test_scatter_forms_run(update):
+    def fn(x, i, v):
+        return getattr(x.at[i], update)(v)
+
+    x = RNG.standard_normal((8, 4)).astype(np.float32)
+    i = np.array([1, 3, 3, 9], np.int32)  # a repeated index, and one out of bounds
+    v = RNG.standard_normal((4, 4)).astype(np.float32)
+    run_and_check(fn, (x, i, v), [])
+
+
+def test_embedding_training_step_under_batch_parallel():
+    """The gradient of an embedding lookup is a scatter-add."""
+
+    def loss(p, ids, y):
+        return jnp.mean((jnp.mean(p["emb"][ids], axis=1) @ p["w"] - y) ** 2)
+
+    def step(params, ids, y):
+        value, grads = jax.value_and_grad(loss)(params, ids, y)
+        return value, jax.tree.map(lambda a, b: a - 0.1 * b, params, grads)
+
+    params = {"emb": RNG.standard_normal((50, 16)).astype(np.float32),
+              "w": RNG.standard_normal((16, 4)).astype(np.float32)}
+    ids = RNG.integers(0, 50, (8, 5)).astype(np.int32)
+    y = RNG.standard_normal((8, 4)).astype(np.float32)
+    lowered, _ = run_and_check(step, (params, ids, y), [partir.BatchParallel("batch")],
+                               partir.Mesh({"batch": 4}))
+    assert "lax.scatter_add" in lowered.source
