@@ -15,6 +15,8 @@ what JAX emits but xdsl-jax 0.6 cannot represent:
 - `stablehlo.pad`: xdsl-jax types the padding value as `tensor<i32>`, so every
   float pad JAX emits (`jnp.pad`) fails to verify. `PadOp` takes any 0-d tensor
   of the operand's element type, as the spec says.
+- `stablehlo.dynamic_update_slice`: missing from xdsl-jax, and in every
+  `lax.scan` JAX emits (each step writes its output row). `DynamicUpdateSliceOp`.
 """
 
 from __future__ import annotations
@@ -135,9 +137,7 @@ class ReduceOp(IRDLOperation):
         # Printed as (acc_i, x_i) pairs; the block takes all accs, then all xs.
         arguments = (*flat[0::2], *flat[1::2])
         body = parser.parse_region(arguments)
-        resolved = parser.resolve_operands(
-            [*operands, *inits], func_type.inputs.data, parser.pos
-        )
+        resolved = parser.resolve_operands([*operands, *inits], func_type.inputs.data, parser.pos)
         n = len(pairs)
         return cls.build(
             operands=[resolved[:n], resolved[n:]],
@@ -195,9 +195,41 @@ class PadOp(IRDLOperation):
             )
 
 
+@irdl_op_definition
+class DynamicUpdateSliceOp(IRDLOperation):
+    """`stablehlo.dynamic_update_slice %operand, %update, %i, %j`: the operand
+    with `update` written at the (clamped) run-time start indices."""
+
+    name = "stablehlo.dynamic_update_slice"
+
+    operand = operand_def(AnyTensorType)
+    update = operand_def(AnyTensorType)
+    start_indices = var_operand_def(AnyTensorType)
+    result = result_def(AnyTensorType)
+
+    traits = traits_def(NoMemoryEffect())
+    assembly_format = "operands attr-dict `:` functional-type(operands, results)"
+
+    def verify_(self) -> None:
+        operand_t, update_t = self.operand.type, self.update.type
+        assert isinstance(operand_t, TensorType) and isinstance(update_t, TensorType)
+        if self.result.type != operand_t:
+            raise VerifyException(
+                f"{self.name}: the result {self.result.type} must have the operand's "
+                f"type {operand_t}"
+            )
+        if update_t.get_num_dims() != operand_t.get_num_dims() or len(self.start_indices) != (
+            operand_t.get_num_dims()
+        ):
+            raise VerifyException(
+                f"{self.name}: needs an update of the operand's rank and one start index per dim"
+            )
+
+
 def _stablehlo_dialect() -> Dialect:
     replaced = {CompareOp.name: CompareOp, ReduceOp.name: ReduceOp, PadOp.name: PadOp}
     ops = [replaced.get(op.name, op) for op in _xj.StableHLO.operations]
+    ops.append(DynamicUpdateSliceOp)
     return Dialect("stablehlo", ops, list(_xj.StableHLO.attributes))
 
 

@@ -16,6 +16,7 @@ from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects import spmd
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
+from dialects.stablehlo_ext import DynamicUpdateSliceOp
 from lowering.jax_collectives import (
     emit_all_gather,
     emit_all_reduce,
@@ -24,6 +25,7 @@ from lowering.jax_collectives import (
     emit_local_slice,
     emit_reduce_scatter,
 )
+from lowering.jax_control_flow import emit_while
 from lowering.jax_elementwise import (
     BINARY,
     CHLO,
@@ -44,6 +46,7 @@ from lowering.jax_structural import (
     emit_broadcast_in_dim,
     emit_concatenate,
     emit_dynamic_slice,
+    emit_dynamic_update_slice,
     emit_gather,
     emit_iota,
     emit_pad,
@@ -76,6 +79,8 @@ _SPECIFIC: dict[type[Operation], Emitter] = {
     shlo.PadOp: emit_pad,
     shlo.GatherOp: emit_gather,
     shlo.ScatterOp: emit_scatter,
+    shlo.WhileOp: emit_while,
+    DynamicUpdateSliceOp: emit_dynamic_update_slice,
     shlo.DotGeneralOp: emit_dot_general,
     shlo.ReduceOp: emit_reduce,
     spmd.ToLocalOp: emit_boundary,

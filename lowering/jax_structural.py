@@ -84,6 +84,12 @@ def _vector_last(
     return indices, batching
 
 
+def emit_dynamic_update_slice(em: BodyEmitter, op: Operation) -> str:
+    """`lax.dynamic_update_slice`, which clamps the start indices as StableHLO does."""
+    starts = tuple_literal([em.name(v) for v in op.start_indices])
+    return f"lax.dynamic_update_slice({em.name(op.operand)}, {em.name(op.update)}, {starts})"
+
+
 def emit_gather(em: BodyEmitter, op: Operation) -> str:
     """`lax.gather` in CLIP mode (StableHLO clamps start indices)."""
     dn = op.dimension_numbers

@@ -133,9 +133,15 @@ class Lowered:
         return Compiled(program, jax_mesh, self.out_tree, program.build(jax_mesh))
 
 
-def lower(fn: Callable[..., Any], args: Sequence[Any], mesh: Mesh,
-          tactics: Sequence[Tactic], *, jax_mesh: jax.sharding.Mesh | None = None,
-          name: str | None = None) -> Lowered:
+def lower(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    mesh: Mesh,
+    tactics: Sequence[Tactic],
+    *,
+    jax_mesh: jax.sharding.Mesh | None = None,
+    name: str | None = None,
+) -> Lowered:
     """Import `fn` at `args`, then run the pass pipeline `partir-opt` would run:
     one `ApplyTacticPass` per tactic, `partir-lower-spmd`, `partir-emit-jax`."""
     module = import_jax(fn, *args)
@@ -157,24 +163,32 @@ def lower(fn: Callable[..., Any], args: Sequence[Any], mesh: Mesh,
     label = "".join(c if c.isalnum() else "_" for c in label) or "program"
     source = emit_jax(module, name=label)
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
-    return Lowered(stages, module, source, recorded_conflicts(module), out_tree, mesh,
-                   jax_mesh, label)
+    return Lowered(
+        stages, module, source, recorded_conflicts(module), out_tree, mesh, jax_mesh, label
+    )
 
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
     leaves, tree = jax.tree_util.tree_flatten(args)
-    return (tree, tuple(
-        (np.shape(x), str(jax.dtypes.canonicalize_dtype(np.result_type(x))),
-         isinstance(x, int | float | complex | bool))
-        for x in leaves
-    ))
+    return (
+        tree,
+        tuple(
+            (
+                np.shape(x),
+                str(jax.dtypes.canonicalize_dtype(np.result_type(x))),
+                isinstance(x, int | float | complex | bool),
+            )
+            for x in leaves
+        ),
+    )
 
 
 class PartitionedFunction:
     """What `partir.jit` returns: call it like the function, or `.lower` it."""
 
-    def __init__(self, fn: Callable[..., Any], mesh: Mesh | jax.sharding.Mesh,
-                 tactics: Sequence[Tactic]):
+    def __init__(
+        self, fn: Callable[..., Any], mesh: Mesh | jax.sharding.Mesh, tactics: Sequence[Tactic]
+    ):
         self.fn = fn
         self.jax_mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else None
         self.mesh = Mesh(mesh) if not isinstance(mesh, Mesh) else mesh
@@ -208,8 +222,12 @@ class PartitionedFunction:
         return compiled(*args)
 
 
-def jit(fn: Callable[..., Any] | None = None, *, mesh: Mesh | jax.sharding.Mesh,
-        tactics: Sequence[Tactic] = ()) -> Any:
+def jit(
+    fn: Callable[..., Any] | None = None,
+    *,
+    mesh: Mesh | jax.sharding.Mesh,
+    tactics: Sequence[Tactic] = (),
+) -> Any:
     """Partition `fn` over `mesh` with `tactics`; usable as `@partir.jit(...)`."""
     if fn is None:
         return lambda f: PartitionedFunction(f, mesh, tactics)

@@ -34,13 +34,20 @@ def _arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="partir-inspect",
         description="Report the shardings, collectives and memory of a partir stage, "
-                    "or diff two stages' shardings.",
+        "or diff two stages' shardings.",
     )
-    parser.add_argument("files", nargs="+", metavar="FILE",
-                        help="an .mlir stage ('-' reads stdin); two files: diff them")
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="an .mlir stage ('-' reads stdin); two files: diff them",
+    )
     parser.add_argument("--format", choices=("text", "json"), default="text")
-    parser.add_argument("--traceback", action="store_true",
-                        help="on an error, show the Python traceback instead of one message")
+    parser.add_argument(
+        "--traceback",
+        action="store_true",
+        help="on an error, show the Python traceback instead of one message",
+    )
     return parser
 
 
@@ -60,7 +67,7 @@ def _parse_error(err: ParseError) -> str:
     content = err.span.input.content
     start = content.rfind("\n", 0, err.span.start) + 1
     end = content.find("\n", err.span.start)
-    line = content[start: end if end != -1 else len(content)]
+    line = content[start : end if end != -1 else len(content)]
     message = f"{loc}: {err.msg.strip()}"
     if not line.strip():  # e.g. at the end of the input
         return message
@@ -83,8 +90,9 @@ def load_report(path: str) -> Report:
         raise InspectError(f"{name}: {first}") from err
 
 
-def print_tables(tables: Sequence[Table], out: TextIO, *, rich: bool,
-                 width: int | None = None) -> None:
+def print_tables(
+    tables: Sequence[Table], out: TextIO, *, rich: bool, width: int | None = None
+) -> None:
     """Rich tables on a terminal (as wide as it, unless `width`), plain
     aligned columns otherwise."""
     if not rich:

@@ -95,11 +95,13 @@ class PartirOptMain(xDSLOptMain):
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
         arg_parser.epilog = pass_help()
         arg_parser.add_argument(
-            "--print-ir-after-all", action="store_true",
+            "--print-ir-after-all",
+            action="store_true",
             help="print the IR after every pass (including the last) to stderr",
         )
         arg_parser.add_argument(
-            "--traceback", action="store_true",
+            "--traceback",
+            action="store_true",
             help="on an error, show the Python traceback instead of one message",
         )
 
@@ -151,8 +153,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         PartirOptMain(description=DESCRIPTION, args=args).run()
     except SystemExit:
         raise
-    except (ParseError, DiagnosticException, PassFailedException, ValueError, OSError,
-            NotImplementedError, KeyError) as err:
+    except (
+        ParseError,
+        DiagnosticException,
+        PassFailedException,
+        ValueError,
+        OSError,
+        NotImplementedError,
+        KeyError,
+    ) as err:
         if show_traceback:
             raise
         print(_message(err), file=sys.stderr)

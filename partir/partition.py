@@ -47,8 +47,14 @@ def declare_mesh(module: ModuleOp, mesh: Mesh) -> MeshOp:
     return op
 
 
-def partition(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic], *,
-              keep_stages: bool = False, verify: bool = False) -> Partitioned:
+def partition(
+    module: ModuleOp,
+    mesh: Mesh,
+    tactics: Sequence[Tactic],
+    *,
+    keep_stages: bool = False,
+    verify: bool = False,
+) -> Partitioned:
     """Apply `tactics` to `module` (in place), each followed by propagation.
 
     Every tactic is planned (and so checked) before the first rewrite; then

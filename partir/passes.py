@@ -50,7 +50,7 @@ def module_mesh(module: ModuleOp, who: str) -> MeshOp:
     mesh = find_mesh(module)
     if mesh is None:
         raise PassFailedException(
-            f"{who}: the module declares no mesh; add `partir.mesh @mesh [\"batch\" = 4]` "
+            f'{who}: the module declares no mesh; add `partir.mesh @mesh ["batch" = 4]` '
             'or run partir-declare-mesh{axes="batch=4"} first'
         )
     return mesh
@@ -81,12 +81,16 @@ def record_conflicts(module: ModuleOp, conflicts: list[Conflict]) -> None:
     old = module.attributes.get(CONFLICTS_ATTR)
     entries = list(old.data) if isinstance(old, ArrayAttr) else []
     for c in conflicts:
-        entry = DictionaryAttr({
-            "op": StringAttr(c.op), "axis": StringAttr(c.axis),
-            "values": ArrayAttr([StringAttr(v) for v in c.values]),
-            "winner": StringAttr(c.winner), "loser": StringAttr(c.loser),
-            "detail": StringAttr(c.detail),
-        })
+        entry = DictionaryAttr(
+            {
+                "op": StringAttr(c.op),
+                "axis": StringAttr(c.axis),
+                "values": ArrayAttr([StringAttr(v) for v in c.values]),
+                "winner": StringAttr(c.winner),
+                "loser": StringAttr(c.loser),
+                "detail": StringAttr(c.detail),
+            }
+        )
         if entry not in entries:
             entries.append(entry)
     if entries:
@@ -100,9 +104,16 @@ def recorded_conflicts(module: ModuleOp) -> list[Conflict]:
     out = []
     for entry in attr.data:
         d = entry.data  # type: ignore[attr-defined]
-        out.append(Conflict(d["op"].data, tuple(v.data for v in d["values"].data),
-                            d["axis"].data, d["winner"].data, d["loser"].data,
-                            d["detail"].data))
+        out.append(
+            Conflict(
+                d["op"].data,
+                tuple(v.data for v in d["values"].data),
+                d["axis"].data,
+                d["winner"].data,
+                d["loser"].data,
+                d["detail"].data,
+            )
+        )
     return out
 
 
@@ -247,8 +258,13 @@ class TilePass(ModulePass):
             except (TacticError, ValueError) as err:
                 raise PassFailedException(str(err)) from err
         number = take_action_numbers(op, 1)
-        action = TileAction(entry.body.block.args[leaf.index], self.dim, self.axis,
-                            OriginAttr(number, "partir-tile", leaf.name), leaf.name)
+        action = TileAction(
+            entry.body.block.args[leaf.index],
+            self.dim,
+            self.axis,
+            OriginAttr(number, "partir-tile", leaf.name),
+            leaf.name,
+        )
         log = ConflictLog()
         try:
             apply_tile_action(action, mesh_op, log)
@@ -272,7 +288,8 @@ class DeclareMeshPass(ModulePass):
             name, _, size = item.partition("=")
             if not name or not size.isdigit():
                 raise PassFailedException(
-                    f'{self.name}: cannot read "{item}"; write axes="batch=4,model=2"')
+                    f'{self.name}: cannot read "{item}"; write axes="batch=4,model=2"'
+                )
             sizes[name] = int(size)
         try:
             declare_mesh(op, Mesh(sizes))
@@ -296,8 +313,16 @@ class EmitJaxPass(ModulePass):
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     p.name: (lambda p=p: p)
     for p in (
-        DeclareMeshPass, InlineCallsPass, TilePass, BatchParallelPass, MegatronPass, ZeROPass,
-        ManualPartitionPass, PropagatePass, LowerToSpmdPass, EmitJaxPass,
+        DeclareMeshPass,
+        InlineCallsPass,
+        TilePass,
+        BatchParallelPass,
+        MegatronPass,
+        ZeROPass,
+        ManualPartitionPass,
+        PropagatePass,
+        LowerToSpmdPass,
+        EmitJaxPass,
     )
 }
 """Name -> pass class, for `partir-opt -p` and its --help."""

@@ -273,8 +273,13 @@ class DedupeSlice(RewritePattern):
             return
         for use in op.src.uses:
             other = use.operation
-            if (other is not op and type(other) is SliceOp and other.parent_block() is block
-                    and other.index is op.index and other.dim_index == op.dim_index):  # type: ignore[attr-defined]
+            if (
+                other is not op
+                and type(other) is SliceOp
+                and other.parent_block() is block
+                and other.index is op.index
+                and other.dim_index == op.dim_index
+            ):  # type: ignore[attr-defined]
                 if other is not block.first_op:
                     other.detach()
                     block.insert_op_before(other, block.first_op)  # type: ignore[arg-type]
@@ -399,7 +404,9 @@ class Propagation(RewritePattern):
     def __post_init__(self) -> None:
         self.slice_patterns = (
             DedupeSlice(),
-            FuseSliceOfTile(), PullSliceIntoProducer(self.rules), PushSliceIntoLoop(),
+            FuseSliceOfTile(),
+            PullSliceIntoProducer(self.rules),
+            PushSliceIntoLoop(),
         )
         self.forward = PushForward(self.mesh, self.log, self.rules)
 

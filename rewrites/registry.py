@@ -483,6 +483,7 @@ for _cls in (*UNARY_CLASSES.values(), *BINARY_CLASSES.values()):
 OPAQUE_REASONS: dict[str, str] = {
     "stablehlo.scatter": "which part an update lands in depends on the index values",
     "stablehlo.dynamic_slice": "the window's start is a run-time value",
+    "stablehlo.dynamic_update_slice": "the window's start is a run-time value",
     "stablehlo.dynamic_broadcast_in_dim": "the result shape is a run-time value",
     "stablehlo.while": "control flow: tiling through loops is not supported yet",
     "stablehlo.if": "control flow: tiling through conditionals is not supported yet",

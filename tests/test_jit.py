@@ -235,3 +235,24 @@ def test_embedding_training_step_under_batch_parallel():
     lowered, _ = run_and_check(step, (params, ids, y), [partir.BatchParallel("batch")],
                                partir.Mesh({"batch": 4}))
     assert "lax.scatter_add" in lowered.source
+
+
+@pytest.mark.parametrize("kind", ["scan", "fori_loop"])
+def test_loops_run_replicated(kind):
+    """`stablehlo.while` (and the dynamic_update_slice a scan writes with)."""
+    from dialects.interpreter import run_function
+
+    def scan(x):
+        return jax.lax.scan(lambda c, r: (c * 0.5 + r, jnp.tanh(c)), jnp.zeros(16), x)
+
+    def fori(x):
+        return jax.lax.fori_loop(0, jnp.int32(x.shape[0]), lambda i, c: c + jnp.sin(x[i]),
+                                 jnp.zeros(16, jnp.float32))
+
+    program = scan if kind == "scan" else fori
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    run_and_check(program, (x,), [partir.BatchParallel("batch", inputs="x")])
+    module = partir.import_jax(program, x)
+    for g, r in zip(run_function(module, [x]), jax.tree_util.tree_leaves(jax.jit(program)(x)),
+                    strict=True):
+        assert_close(g, np.asarray(r))

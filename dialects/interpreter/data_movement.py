@@ -32,7 +32,7 @@ from dialects.interpreter.common import (
     typed,
 )
 from dialects.interpreter.dtypes import dense_to_numpy
-from dialects.stablehlo_ext import PadOp
+from dialects.stablehlo_ext import DynamicUpdateSliceOp, PadOp
 
 # --------------------------------------------------------------------------
 # Data movement
@@ -229,6 +229,19 @@ class DataMovementFunctions(InterpreterFunctions):
             first = min(max(start, 0), dim - size)
             window.append(slice(first, first + size))
         return (typed(x[tuple(window)], op.result.type),)
+
+    @impl(DynamicUpdateSliceOp)
+    def run_dynamic_update_slice(
+        self, interp: Interpreter, op: DynamicUpdateSliceOp, args: PythonValues
+    ) -> PythonValues:
+        """Start indices are clamped so that the update lies inside the operand."""
+        x, update = np.array(args[0]), np.asarray(args[1])
+        window = []
+        for start, dim, size in zip(args[2:], x.shape, update.shape, strict=True):
+            first = min(max(int(np.asarray(start)), 0), dim - size)
+            window.append(slice(first, first + size))
+        x[tuple(window)] = update
+        return (typed(x, op.result.type),)
 
     @impl(shlo.GatherOp)
     def run_gather(
