@@ -71,15 +71,20 @@ def range_size(index: SSAValue) -> int:
     return index.type.size.data
 
 
-def enclosing_axes(op: Operation) -> set[str]:
-    """Axes of the loops `op` is nested in."""
-    axes: set[str] = set()
+def loop_axes(op: Operation) -> list[str]:
+    """Axes of the loops `op` is nested in, innermost first."""
+    axes: list[str] = []
     parent = op.parent_op()
     while parent is not None:
         if isinstance(parent, LoopOp):
-            axes.add(parent.axis_name)
+            axes.append(parent.axis_name)
         parent = parent.parent_op()
     return axes
+
+
+def enclosing_axes(op: Operation) -> set[str]:
+    """Axes of the loops `op` is nested in."""
+    return set(loop_axes(op))
 
 
 def enclosing_range(op: Operation, axis: str) -> SSAValue | None:

@@ -10,6 +10,7 @@ import jax
 import partir
 from dialects.interpreter import run_function
 from dialects.partir import LoopOp, SumAttr
+from rewrites.distribution import loop_axes
 from tests.numerics import assert_close
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
@@ -36,11 +37,4 @@ def loop_counts(module: Any) -> collections.Counter[tuple[str, str]]:
     )
 
 
-def enclosing_loop_axes(op: Any) -> list[str]:
-    axes = []
-    parent = op.parent_op()
-    while parent is not None:
-        if isinstance(parent, LoopOp):
-            axes.append(parent.axis_name)
-        parent = parent.parent_op()
-    return axes
+enclosing_loop_axes = loop_axes

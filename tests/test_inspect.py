@@ -27,7 +27,7 @@ from partir import inspect as cli
 from partir.passes import recorded_conflicts
 from partir.report import XlaMemory, build_report, parse_module, report_text
 from rewrites.registry import opaque_reason
-from tests.test_jit import COLLECTIVE_PRIMITIVES, _axes, emitted_collectives
+from tests.jaxpr_collectives import axes_of, collective_eqns, emitted_collectives
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
 SCRIPT = Path(sys.executable).with_name("partir-inspect")
@@ -84,26 +84,14 @@ def run_script(*argv: str) -> subprocess.CompletedProcess:
 def jaxpr_collectives(compiled: partir.Compiled, args) -> collections.Counter:
     """(kind, axes, bytes per device) of each collective in the emitted program:
     bytes as the larger of what goes in and what comes out, from the avals."""
-    jaxpr = jax.make_jaxpr(compiled.run)(*jax.tree_util.tree_leaves(args))
-    found: collections.Counter = collections.Counter()
 
     def nbytes(variables) -> int:
         return sum(v.aval.size * v.aval.dtype.itemsize for v in variables)
 
-    def walk(jp) -> None:
-        for eqn in jp.eqns:
-            kind = COLLECTIVE_PRIMITIVES.get(eqn.primitive.name)
-            if kind is not None:
-                size = max(nbytes(eqn.invars), nbytes(eqn.outvars))
-                found[(kind, _axes(eqn.params), size)] += 1
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, tuple | list) else (value,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-
-    walk(jaxpr.jaxpr)
-    return found
+    return collections.Counter(
+        (kind, axes_of(eqn.params), max(nbytes(eqn.invars), nbytes(eqn.outvars)))
+        for kind, eqn in collective_eqns(compiled, args)
+    )
 
 
 def spec_axes(spec, rank: int) -> tuple[tuple[str, ...], ...]:

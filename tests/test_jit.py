@@ -13,41 +13,10 @@ import partir
 from dialects.interpreter.spmd import run_spmd
 from examples import block_forward, block_train_step, mlp_train_step, stack_train_step
 from lowering.to_jax import UnsupportedOpError
+from tests.jaxpr_collectives import emitted_collectives
 from tests.numerics import assert_close
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
-COLLECTIVE_PRIMITIVES = {
-    "psum": "all_reduce", "psum_invariant": "all_reduce", "all_gather": "all_gather",
-    "all_gather_invariant": "all_gather", "reduce_scatter": "reduce_scatter",
-    "all_to_all": "all_to_all",
-}
-
-
-def _axes(params: dict) -> tuple[str, ...]:
-    axes = params.get("axes", params.get("axis_name"))
-    return tuple(axes) if isinstance(axes, tuple | list) else (axes,)
-
-
-def emitted_collectives(compiled: partir.Compiled, args) -> collections.Counter:
-    """(kind, axes) of every collective in the emitted program's jaxpr."""
-    jaxpr = jax.make_jaxpr(compiled.run)(*jax.tree_util.tree_leaves(args))
-    found: collections.Counter = collections.Counter()
-
-    def walk(jp) -> None:
-        for eqn in jp.eqns:
-            kind = COLLECTIVE_PRIMITIVES.get(eqn.primitive.name)
-            if kind is not None:
-                found[(kind, _axes(eqn.params))] += 1
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, tuple | list) else (value,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-
-    walk(jaxpr.jaxpr)
-    return found
-
-
 def run_and_check(program, args, tactics, mesh=MESH):
     """Run under partir.jit; results equal jax.jit per leaf. Returns the lowering."""
     fn = partir.jit(program, mesh=mesh, tactics=tactics)
