@@ -446,6 +446,77 @@ def gather_rule(op: shlo.GatherOp) -> OpRule:
     return b.rule([tuple(operand), tuple(indices)], [tuple(result)], _gather_localizer)
 
 
+def _is_zero(value: object) -> bool:
+    """A zero constant, or a broadcast of one (how JAX builds gradient bases)."""
+    owner = getattr(value, "owner", None)
+    if isinstance(owner, shlo.BroadcastInDimOp):
+        return _is_zero(owner.operand)
+    return _is_zero_constant(value)
+
+
+def _scatter_combiner(op: shlo.ScatterOp) -> str | None:
+    block = op.update_computation.block
+    ops = list(block.ops)
+    if len(block.args) != 2 or len(ops) != 2:
+        return None
+    combine, ret = ops
+    if set(combine.operands) != set(block.args) or list(ret.operands) != [combine.results[0]]:
+        return None
+    return combine.name
+
+
+def scatter_rule(op: shlo.ScatterOp) -> OpRule | None:
+    """Scatter-add into zeros (a gradient of a gather): the updates' scatter
+    dims, with the index dims they pair with, are *sum* factors: the scatter
+    of all updates is the sum of the scatters of each part's updates. Whole
+    update windows pass through to the operand's dims. Indexed operand dims,
+    and every dim of any other scatter, are blocked: where an update lands
+    depends on the index values."""
+    if len(op.inputs) != 1 or len(op.updates) != 1:
+        return None
+    b = _Builder()
+    dn = op.scatter_dimension_numbers
+    src, idx, upd = shape(op.inputs[0]), shape(op.scatter_indices), shape(op.updates[0])
+    window_dims = _ints(dn.update_window_dims)
+    inserted = set(_ints(dn.inserted_window_dims))
+    operand_batch = _ints(dn.input_batching_dims)
+    indices_batch = _ints(dn.scatter_indices_batching_dims)
+    indexed = set(_ints(dn.scatter_dims_to_operand_dims))
+    ivd = int(dn.index_vector_dim.value.data)
+    summable = _scatter_combiner(op) == "stablehlo.add" and _is_zero(op.inputs[0])
+    reason = "where an update lands depends on the index values"
+
+    operand: list[tuple[int, ...]] = [()] * len(src)
+    indices: list[tuple[int, ...]] = [()] * len(idx)
+    updates: list[tuple[int, ...]] = [()] * len(upd)
+    scatter_update_dims = [d for d in range(len(upd)) if d not in window_dims]
+    index_dims = [d for d in range(len(idx)) if d != ivd]
+    for k, d in enumerate(index_dims):
+        u = scatter_update_dims[k]
+        if d in indices_batch:
+            f = (b.new(idx[d]),)
+            operand[operand_batch[indices_batch.index(d)]] = f
+        elif summable:
+            f = (b.new(idx[d], FactorKind.SUM),)
+        else:
+            f = b.blocked(idx[d], reason)
+        indices[d] = updates[u] = f
+    window_operand_dims = [
+        d for d in range(len(src)) if d not in inserted and d not in operand_batch
+    ]
+    for k, d in enumerate(window_operand_dims):
+        u = window_dims[k]
+        if d not in indexed and upd[u] == src[d]:
+            operand[d] = updates[u] = (b.new(src[d]),)
+        else:
+            operand[d] = b.blocked(src[d], reason)
+            updates[u] = b.blocked(upd[u], reason)
+    for d in range(len(src)):
+        if not operand[d]:
+            operand[d] = b.blocked(src[d], reason)
+    return b.rule([tuple(operand), tuple(indices), tuple(updates)], [tuple(operand)])
+
+
 def bitcast_convert_rule(op: shlo.BitcastConvertOp) -> OpRule | None:
     if len(shape(op.input)) != len(shape(op.results[0])):
         return None
@@ -474,6 +545,7 @@ RULES: dict[str, RuleBuilder] = {
     "stablehlo.gather": gather_rule,  # type: ignore[dict-item]
     "stablehlo.bitcast_convert": bitcast_convert_rule,  # type: ignore[dict-item]
     "stablehlo.map": map_rule,  # type: ignore[dict-item]
+    "stablehlo.scatter": scatter_rule,  # type: ignore[dict-item]
     "stablehlo.select": elementwise_rule,
     "stablehlo.clamp": elementwise_rule,
 }
@@ -481,7 +553,7 @@ for _cls in (*UNARY_CLASSES.values(), *BINARY_CLASSES.values()):
     RULES[_cls.name] = elementwise_rule
 
 OPAQUE_REASONS: dict[str, str] = {
-    "stablehlo.scatter": "which part an update lands in depends on the index values",
+    "stablehlo.scatter(multi-input)": "a loop has one result; this scatter has several",
     "stablehlo.dynamic_slice": "the window's start is a run-time value",
     "stablehlo.dynamic_update_slice": "the window's start is a run-time value",
     "stablehlo.dynamic_broadcast_in_dim": "the result shape is a run-time value",
@@ -529,6 +601,8 @@ def opaque_reason(op: Operation) -> str:
         return OPAQUE_REASONS["stablehlo.reduce(multi-input)"]
     if name == "stablehlo.constant":
         return OPAQUE_REASONS["stablehlo.constant(non-splat)"]
+    if name == "stablehlo.scatter":
+        return OPAQUE_REASONS["stablehlo.scatter(multi-input)"]
     if name == "stablehlo.bitcast_convert":
         return OPAQUE_REASONS["stablehlo.bitcast_convert(rank-changing)"]
     if name in RULES:

@@ -201,9 +201,12 @@ def test_embedding_training_step_under_batch_parallel():
               "w": RNG.standard_normal((16, 4)).astype(np.float32)}
     ids = RNG.integers(0, 50, (8, 5)).astype(np.int32)
     y = RNG.standard_normal((8, 4)).astype(np.float32)
-    lowered, _ = run_and_check(step, (params, ids, y), [partir.BatchParallel("batch")],
-                               partir.Mesh({"batch": 4}))
+    lowered, compiled = run_and_check(step, (params, ids, y), [partir.BatchParallel("batch")],
+                                      partir.Mesh({"batch": 4}))
     assert "lax.scatter_add" in lowered.source
+    # Each shard scatters its own updates; the gradients (embedding included)
+    # and the loss are all-reduced, as in any data-parallel step: no gathers.
+    assert emitted_collectives(compiled, (params, ids, y)) == {("all_reduce", ("batch",)): 3}
 
 
 @pytest.mark.parametrize("kind", ["scan", "fori_loop"])

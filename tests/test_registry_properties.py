@@ -736,6 +736,53 @@ def _gather_take_along_axis() -> Generator:
     return Generator("stablehlo.gather", cases(), examples=80)
 
 
+def _scatter(combiner: str) -> Generator:
+    """`zeros.at[ids].add(updates)` (an embedding's gradient) and `.at[ids].set`:
+    for the add into zeros, the updates' scatter dims are sum factors; for a
+    replacing scatter they are blocked. Whole rows pass through either way.
+    Some ids are out of bounds (those updates are dropped)."""
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts = draw(PARTS)
+        rows = draw(st.integers(1, 6))
+        ids = draw(shapes(parts, 1, 2))
+        row = draw(st.lists(st.sampled_from([1, 2, 3, parts]), min_size=1, max_size=2))
+        if combiner != "add":  # only whole rows tile: make one divisible
+            row[0] = parts * draw(st.integers(1, 2))
+        src, idx, upd = (rows, *row), (*ids, 1), (*ids, *row)
+        rng = draw(rngs)
+        args = (rng.integers(0, rows + 1, idx).astype(I32), REAL(rng, upd))
+        n = len(ids)
+        fields = [f"update_window_dims = [{', '.join(str(n + k) for k in range(len(row)))}]",
+                  "inserted_window_dims = [0]", "scatter_dims_to_operand_dims = [0]",
+                  f"index_vector_dim = {n}"]
+        base_t = tensor_type(src, F32)
+        zero = ('%zero = "stablehlo.constant"() <{value = dense<0.000000e+00> : tensor<f32>}> '
+                ": () -> tensor<f32>")
+        base = op_line("stablehlo.broadcast_in_dim", ["%zero"], ["tensor<f32>"], base_t,
+                       "broadcast_dimensions = array<i64>", result="%base")
+        if combiner == "add":
+            region = scalar_body(["%a", "%b"], [(
+                "%s", '"stablehlo.add"(%a, %b) : (tensor<f32>, tensor<f32>) -> tensor<f32>')], "f32")
+        else:
+            region = ('{\n  ^bb0(%a: tensor<f32>, %b: tensor<f32>):\n'
+                      '    "stablehlo.return"(%b) : (tensor<f32>) -> ()\n  }')
+        props = (f"indices_are_sorted = false, scatter_dimension_numbers = "
+                 f"#stablehlo.scatter<{', '.join(fields)}>, unique_indices = false")
+        line = op_line("stablehlo.scatter", ["%base", "%arg0", "%arg1"],
+                       [base_t, tensor_type(idx, I32), tensor_type(upd, F32)], base_t, props, region)
+
+        def expect(rule: OpRule, parts: int) -> None:
+            kind = FactorKind.SUM if combiner == "add" else FactorKind.BLOCKED
+            for d in range(n):
+                assert all(rule.factors[f].kind is kind for f in rule.operands[2][d]), d
+
+        return Case(parts, args, (zero, base, line), base_t, expect)
+
+    return Generator("stablehlo.scatter", cases(), examples=60, sums=combiner == "add")
+
+
 def _gather_take() -> Generator:
     """`table[ids]` (an embedding lookup): each id picks a window of the trailing
     dims, whole (tileable) or a prefix (blocked: it starts at 0, not at a part's offset)."""
@@ -825,6 +872,8 @@ def _generators() -> dict[str, Generator]:
     table["stablehlo.constant[splat]"] = _splat_constant()
     table["stablehlo.gather[take_along_axis]"] = _gather_take_along_axis()
     table["stablehlo.gather[take]"] = _gather_take()
+    table["stablehlo.scatter[add into zeros]"] = _scatter("add")
+    table["stablehlo.scatter[replace]"] = _scatter("replace")
     table["stablehlo.map"] = _map()
     return table
 
