@@ -13,6 +13,7 @@ from xdsl.ir import Block, Operation
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.dialects.stablehlo.attributes import Precision
 
+from dialects.regions import binary_combiner
 from lowering.jax_elementwise import ON_BOOLEANS, function_of
 from lowering.jax_ir import by_name, ints, unsupported
 from lowering.jax_literals import tuple_literal
@@ -55,16 +56,8 @@ _REDUCERS: dict[str, str] = by_name(
 
 def _single_reducer(op: Operation) -> str | None:
     """`lax.add` etc. if the body is one commutative op of its two arguments."""
-    block = op.body.block
-    ops = list(block.ops)
-    if len(op.inputs) != 1 or len(ops) != 2:
-        return None
-    combine, ret = ops
-    if combine.name not in _REDUCERS or ret.name != "stablehlo.return":
-        return None
-    if set(combine.operands) != set(block.args) or len(set(block.args)) != 2:
-        return None
-    if list(ret.operands) != [combine.results[0]]:
+    combine = binary_combiner(op.body) if len(op.inputs) == 1 else None
+    if combine is None or combine.name not in _REDUCERS:
         return None
     return function_of(combine) if combine.name in ON_BOOLEANS else _REDUCERS[combine.name]
 

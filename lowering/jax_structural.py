@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from xdsl.ir import Operation
 
+from dialects.regions import binary_combiner, returns_update
 from lowering.jax_ir import int_value, ints, static_shape, unsupported
 from lowering.jax_literals import tuple_literal
 
@@ -127,22 +128,12 @@ _SCATTERS = {
 def _scatter_function(op: Operation) -> str | None:
     """The lax scatter whose combiner is the update computation: replace
     (`return %update`), or one add/multiply/max/min of the two arguments."""
-    block = op.update_computation.block
-    ops = list(block.ops)
-    if len(op.inputs) != 1 or len(block.args) != 2:
+    if len(op.inputs) != 1:
         return None
-    current, update = block.args
-    if len(ops) == 1 and list(ops[0].operands) == [update]:
+    if returns_update(op.update_computation):
         return "lax.scatter"
-    if len(ops) == 2:
-        combine, ret = ops
-        if (
-            combine.name in _SCATTERS
-            and set(combine.operands) == {current, update}
-            and list(ret.operands) == [combine.results[0]]
-        ):
-            return _SCATTERS[combine.name]
-    return None
+    combine = binary_combiner(op.update_computation)
+    return _SCATTERS.get(combine.name) if combine is not None else None
 
 
 def emit_scatter(em: BodyEmitter, op: Operation) -> str:

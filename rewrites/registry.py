@@ -34,6 +34,7 @@ from xdsl_jax.xdsl_extras.traits import Elementwise
 
 from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
 from dialects.names import op_name
+from dialects.regions import binary_combiner
 from dialects.stablehlo_ext import CompareOp, PadOp, ReduceOp
 
 Dims = tuple[tuple[int, ...], ...]
@@ -248,16 +249,8 @@ def dot_general_rule(op: shlo.DotGeneralOp) -> OpRule:
 
 def _reduction_body_op(op: ReduceOp) -> str | None:
     """The name of the body's combining op, if the body is just `op(a, b)`."""
-    block = op.body.block
-    ops = list(block.ops)
-    if len(ops) != 2 or len(block.args) != 2:
-        return None
-    combine, ret = ops
-    if not isinstance(ret, shlo.ReturnOp) or list(ret.operands) != [combine.results[0]]:
-        return None
-    if set(combine.operands) != set(block.args):
-        return None
-    return combine.name
+    combine = binary_combiner(op.body)
+    return combine.name if combine is not None else None
 
 
 def _is_zero_constant(value: object) -> bool:
@@ -455,14 +448,8 @@ def _is_zero(value: object) -> bool:
 
 
 def _scatter_combiner(op: shlo.ScatterOp) -> str | None:
-    block = op.update_computation.block
-    ops = list(block.ops)
-    if len(block.args) != 2 or len(ops) != 2:
-        return None
-    combine, ret = ops
-    if set(combine.operands) != set(block.args) or list(ret.operands) != [combine.results[0]]:
-        return None
-    return combine.name
+    combine = binary_combiner(op.update_computation)
+    return combine.name if combine is not None else None
 
 
 def scatter_rule(op: shlo.ScatterOp) -> OpRule | None:

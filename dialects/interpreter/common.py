@@ -19,6 +19,7 @@ from xdsl_jax.xdsl_extras.traits import Elementwise
 
 from dialects.chlo import ChloBinaryOp, ChloUnaryOp
 from dialects.interpreter.dtypes import element_kind, numpy_dtype
+from dialects.regions import binary_combiner
 
 # --------------------------------------------------------------------------
 # Types and attributes
@@ -115,13 +116,5 @@ def scalars(arrays: Sequence[np.ndarray], index: tuple[int, ...]) -> list[np.nda
 
 def single_binary_op(region: Region) -> type[Operation] | None:
     """The op class if `region` is `return op(arg0, arg1)` (either operand order)."""
-    ops = list(region.block.ops)
-    args = region.block.args
-    if len(args) != 2 or len(ops) != 2 or not isinstance(ops[1], shlo.ReturnOp):
-        return None
-    op, ret = ops
-    if set(op.operands) != set(args) or len(op.operands) != 2:
-        return None
-    if list(ret.operands) != list(op.results):
-        return None
-    return type(op)
+    combine = binary_combiner(region)
+    return type(combine) if combine is not None else None

@@ -191,6 +191,16 @@ def iota(shape: Sequence[int], dim: int, dtype: np.dtype) -> np.ndarray:
 # The interpreter functions
 
 
+def _clamped_window(starts, shape, sizes) -> tuple[slice, ...]:
+    """The window of `sizes` at run-time `starts`, each start clamped so the
+    window lies inside `shape` (StableHLO's dynamic_slice/update_slice rule)."""
+    window = []
+    for start, dim, size in zip(starts, shape, sizes, strict=True):
+        first = min(max(int(np.asarray(start)), 0), dim - size)
+        window.append(slice(first, first + size))
+    return tuple(window)
+
+
 @register_impls
 class DataMovementFunctions(InterpreterFunctions):
     """Ops that move, select or create elements without computing on them."""
@@ -223,12 +233,9 @@ class DataMovementFunctions(InterpreterFunctions):
         self, interp: Interpreter, op: shlo.DynamicSliceOp, args: PythonValues
     ) -> PythonValues:
         """Start indices are clamped so that the slice lies inside the operand."""
-        x, starts = np.asarray(args[0]), [int(np.asarray(s)) for s in args[1:]]
-        window = []
-        for start, dim, size in zip(starts, x.shape, dense_array(op.slice_sizes), strict=True):
-            first = min(max(start, 0), dim - size)
-            window.append(slice(first, first + size))
-        return (typed(x[tuple(window)], op.result.type),)
+        x = np.asarray(args[0])
+        window = _clamped_window(args[1:], x.shape, dense_array(op.slice_sizes))
+        return (typed(x[window], op.result.type),)
 
     @impl(DynamicUpdateSliceOp)
     def run_dynamic_update_slice(
@@ -236,11 +243,7 @@ class DataMovementFunctions(InterpreterFunctions):
     ) -> PythonValues:
         """Start indices are clamped so that the update lies inside the operand."""
         x, update = np.array(args[0]), np.asarray(args[1])
-        window = []
-        for start, dim, size in zip(args[2:], x.shape, update.shape, strict=True):
-            first = min(max(int(np.asarray(start)), 0), dim - size)
-            window.append(slice(first, first + size))
-        x[tuple(window)] = update
+        x[_clamped_window(args[2:], x.shape, update.shape)] = update
         return (typed(x, op.result.type),)
 
     @impl(shlo.GatherOp)
