@@ -48,6 +48,7 @@ from xdsl.printer import Printer
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
+from dialects.distribution import Distribution
 from dialects.partir import MeshOp, find_mesh
 
 DIST = "dist"
@@ -90,6 +91,15 @@ class DTensorType(ParametrizedAttribute, TypeAttribute):
         partial: Sequence[str] = (),
     ):
         super().__init__(global_type, ArrayAttr([_axes(d) for d in dims]), _axes(sorted(partial)))
+
+    @staticmethod
+    def of(global_type: TensorType, distribution: Distribution) -> DTensorType:
+        """The IR form of `distribution` for a value of `global_type`."""
+        return DTensorType(global_type, distribution.dims, distribution.partial)
+
+    @property
+    def distribution(self) -> Distribution:
+        return Distribution(self.dim_axes, self.partial_axes)
 
     @property
     def dim_axes(self) -> tuple[tuple[str, ...], ...]:

@@ -1,9 +1,8 @@
 """Distributions of values across the mesh, and the collectives between them.
 
-A `Dist` says, for one value, per dimension the mesh axes it is split over
-(major first: S(d)), and the axes over which devices hold partial sums (P);
-an axis named nowhere is replicated (B). These are DistPar's properties, and
-`Redistributor` converts between them with the cheapest collective each
+A `Distribution` (dialects/distribution.py) says, for one value, per dimension
+the mesh axes it is split over and the axes it is partial over: DistPar's
+properties. `Redistributor` converts between them with the cheapest collective each
 change needs (DistPar's table):
 
     P -> B  all_reduce          P -> S(d)   reduce_scatter (never all-reduce + slice)
@@ -23,12 +22,12 @@ from dataclasses import dataclass, replace
 from xdsl.dialects.builtin import StringAttr, TensorType
 from xdsl.ir import Operation, SSAValue
 
+from dialects.distribution import Distribution
 from dialects.partir import ORIGIN, OriginAttr, part_type
 from dialects.spmd import (
     AllGatherOp,
     AllReduceOp,
     AllToAllOp,
-    DTensorType,
     LocalSliceOp,
     ReduceScatterOp,
 )
@@ -38,45 +37,13 @@ NEEDED_BY = "needed_by"
 
 
 @dataclass(frozen=True)
-class Dist:
-    """Per-dim split axes (major first) and partial-sum axes of one value."""
-
-    dims: tuple[tuple[str, ...], ...]
-    partial: tuple[str, ...] = ()
-
-    @staticmethod
-    def replicated(rank: int) -> Dist:
-        return Dist(tuple(() for _ in range(rank)))
-
-    @property
-    def is_replicated(self) -> bool:
-        return not self.partial and not any(self.dims)
-
-    def split_dim_of(self, axis: str) -> int | None:
-        return next((d for d, axes in enumerate(self.dims) if axis in axes), None)
-
-    def with_dim(self, dim: int, axes: tuple[str, ...]) -> Dist:
-        dims = list(self.dims)
-        dims[dim] = axes
-        return replace(self, dims=tuple(dims))
-
-    def dtensor(self, global_type: TensorType) -> DTensorType:
-        return DTensorType(global_type, self.dims, self.partial)
-
-    def describe(self) -> str:
-        parts = [f"S({d})[{','.join(a)}]" for d, a in enumerate(self.dims) if a]
-        parts += [f"P[{','.join(self.partial)}]"] if self.partial else []
-        return " ".join(parts) or "B"
-
-
-@dataclass(frozen=True)
 class Placed:
     """A core value as the devices hold it: each device's `local` part of a
     value distributed as `dist` (over the axes not iterated at its scope);
     `origins` says, per mesh axis, which action made it distributed there."""
 
     local: SSAValue
-    dist: Dist
+    dist: Distribution
     origins: tuple[tuple[str, OriginAttr], ...] = ()
 
     def with_origin(
@@ -102,7 +69,7 @@ class Redistributor:
     def __init__(self, mesh: dict[str, int], emit: Callable[[Operation], Operation]):
         self.mesh = mesh
         self._emit = emit
-        self._cache: dict[tuple[SSAValue, Dist, str], Placed] = {}
+        self._cache: dict[tuple[SSAValue, Distribution, str], Placed] = {}
         self.cause: tuple[str, tuple[tuple[str, OriginAttr], ...]] = ("", ())
         """What the next conversion is for: the op needing it, and per axis the
         action that made the value distributed (recorded on each collective:

@@ -28,6 +28,7 @@ from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
+from dialects.distribution import Distribution
 from dialects.functions import entry_function
 from dialects.names import op_name
 from dialects.partir import (
@@ -41,7 +42,7 @@ from dialects.partir import (
     find_mesh,
 )
 from dialects.spmd import DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp, after_collective
-from lowering.distributions import Dist, Placed, Redistributor
+from lowering.distributions import Placed, Redistributor
 from rewrites.distribution import range_axis
 from rewrites.registry import FactorKind, rule_for
 
@@ -98,7 +99,7 @@ def slicing_origins(value: SSAValue) -> tuple[tuple[str, OriginAttr], ...]:
     return tuple(found.items())
 
 
-def input_dist(value: SSAValue, mesh: dict[str, int]) -> Dist:
+def input_dist(value: SSAValue, mesh: dict[str, int]) -> Distribution:
     assert isinstance(value.type, TensorType)
     dims: list[tuple[str, ...]] = [() for _ in value.type.get_shape()]
     shape = list(value.type.get_shape())
@@ -107,7 +108,7 @@ def input_dist(value: SSAValue, mesh: dict[str, int]) -> Dist:
             break
         shape[d] //= mesh[axis]
         dims[d] = (*dims[d], axis)
-    return Dist(tuple(dims))
+    return Distribution(tuple(dims))
 
 
 class SpmdLowering:
@@ -131,7 +132,7 @@ class SpmdLowering:
         arg_types = []
         for arg in args:
             dist = input_dist(arg, self.mesh)
-            dtensor = dist.dtensor(arg.type)  # type: ignore[arg-type]
+            dtensor = DTensorType.of(arg.type, dist)  # type: ignore[arg-type]
             arg_types.append(dtensor)
         self.block = Block(arg_types=arg_types)
         for arg, new_arg, dtensor in zip(args, self.block.args, arg_types, strict=True):
@@ -140,7 +141,7 @@ class SpmdLowering:
             to_local.attributes[DIST] = dtensor
             local = to_local.results[0]
             local.name_hint = arg.name_hint
-            self.env[arg] = Placed(local, Dist(dtensor.dim_axes), slicing_origins(arg))
+            self.env[arg] = Placed(local, dtensor.distribution, slicing_origins(arg))
         for op in entry.body.block.ops:
             if isinstance(op, func.ReturnOp):
                 return self._finish(entry, op)
@@ -154,7 +155,7 @@ class SpmdLowering:
             if placed.dist.partial:
                 self.redistribute.cause = ("func.return", placed.origins)
                 placed = self.redistribute.reduce_partial(placed)
-            dtensor = placed.dist.dtensor(value.type)  # type: ignore[arg-type]
+            dtensor = DTensorType.of(value.type, placed.dist)  # type: ignore[arg-type]
             from_local = self._emit(FromLocalOp(placed.local, dtensor))
             from_local.attributes[DIST] = dtensor
             results.append(from_local.results[0])
@@ -233,12 +234,12 @@ class SpmdLowering:
             result.name_hint = old.name_hint
             if isinstance(old.type, TensorType):
                 rank = old.type.get_num_dims()
-                self.env[old] = Placed(result, Dist.replicated(rank))
+                self.env[old] = Placed(result, Distribution.replicated(rank))
                 self.iteration[old] = iteration
                 if len(op.results) == 1:
                     self.computed.append((op, new, loops))
             else:
-                self.env[old] = Placed(result, Dist(()))
+                self.env[old] = Placed(result, Distribution(()))
 
     # --- annotations ------------------------------------------------------------
 
@@ -355,7 +356,7 @@ class SpmdLowering:
             elif it.kind == "P":
                 partial.append(axis)  # "B": the same on every device along the axis
         global_type = TensorType(local_type.element_type, shape)
-        return Dist(tuple(dims), tuple(sorted(partial))).dtensor(global_type)
+        return DTensorType.of(global_type, Distribution(tuple(dims), tuple(sorted(partial))))
 
 
 def annotate_collectives(block: Block) -> None:
