@@ -18,8 +18,8 @@ from xdsl.interpreters.func import FuncFunctions
 from xdsl.ir import Operation
 from xdsl.utils.exceptions import InterpretationError
 
+from dialects.dtypes import numpy_dtype
 from dialects.functions import entry_function
-from dialects.interpreter.dtypes import numpy_dtype
 from dialects.names import op_name
 
 
