@@ -34,10 +34,10 @@ from xdsl.utils.exceptions import InterpretationError
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.xdsl_extras.traits import Elementwise
 
+from dialects.attributes import ints
+from dialects.dtypes import element_kind, numpy_dtype
 from dialects.functions import entry_function
 from dialects.interpreter import run_function
-from dialects.interpreter.common import dense_array, ints
-from dialects.interpreter.dtypes import element_kind, numpy_dtype
 from dialects.interpreter.spmd import run_spmd
 from dialects.spmd import DTensorType
 from dialects.stablehlo_ext import DynamicUpdateSliceOp
@@ -359,12 +359,12 @@ def _window_bound(op: Any, operand: int) -> int | None:
     """The bound on a start index `op` takes as its `operand`-th operand (None:
     not a start index)."""
     if isinstance(op, shlo.GatherOp) and operand == 1:
-        shape, sizes = _shape(op.operand), dense_array(op.slice_sizes)
+        shape, sizes = _shape(op.operand), ints(op.slice_sizes)
         dims = ints(op.dimension_numbers.start_index_map)
         return min((shape[d] - sizes[d] + 1 for d in dims), default=None)
     if isinstance(op, shlo.DynamicSliceOp) and operand >= 1:
         d = operand - 1
-        return _shape(op.operand)[d] - dense_array(op.slice_sizes)[d] + 1
+        return _shape(op.operand)[d] - ints(op.slice_sizes)[d] + 1
     if isinstance(op, DynamicUpdateSliceOp) and operand >= 2:
         d = operand - 2
         return _shape(op.operand)[d] - _shape(op.update)[d] + 1
