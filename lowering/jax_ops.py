@@ -17,6 +17,7 @@ from xdsl_jax.dialects import stablehlo as shlo
 from dialects import spmd
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
 from dialects.stablehlo_ext import DynamicUpdateSliceOp
+from dialects.stablehlo_ext import SliceOp as ExtSliceOp
 from lowering.jax_collectives import (
     emit_all_gather,
     emit_all_reduce,
@@ -74,7 +75,7 @@ _SPECIFIC: dict[type[Operation], Emitter] = {
     shlo.ReshapeOp: emit_reshape,
     shlo.TransposeOp: emit_transpose,
     shlo.ConcatenateOp: emit_concatenate,
-    shlo.SliceOp: emit_slice,
+    ExtSliceOp: emit_slice,
     shlo.DynamicSliceOp: emit_dynamic_slice,
     shlo.PadOp: emit_pad,
     shlo.GatherOp: emit_gather,
