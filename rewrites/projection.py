@@ -326,6 +326,7 @@ class LoopRelations:
     _values: list[SSAValue] = field(default_factory=list)
     _open: dict[SSAValue, set[str]] = field(default_factory=dict)
     """Per value, the free or unknown axes that a user may still settle."""
+    _rules: dict[Operation, OpRule | None] = field(default_factory=dict)
 
     def __call__(self, value: SSAValue) -> LoopRelation:
         found = self.relations.get(value)
@@ -382,11 +383,16 @@ class LoopRelations:
         partial = tuple(a for a in body.dist.partial if a != axis)
         return LoopRelation(Distribution(dims, partial), body.unknown - {axis})
 
+    def _rule(self, op: Operation) -> OpRule | None:
+        if op not in self._rules:
+            self._rules[op] = rule_for(op) if len(op.results) == 1 else None
+        return self._rules[op]
+
     def _compute(self, op: Operation) -> list[LoopRelation]:
         operands = [self(v) for v in op.operands]
         unknown = frozenset().union(*(r.unknown for r in operands))
-        rule = rule_for(op) if len(op.results) == 1 else None
-        if rule is None or not any(r.dist.axes for r in operands):
+        rule = self._rule(op) if any(r.dist.axes for r in operands) else None
+        if rule is None:
             axes = {a for r in operands for a in r.dist.axes}
             return [
                 LoopRelation(Distribution.replicated(_rank(result)), unknown | axes)
@@ -474,7 +480,7 @@ class LoopRelations:
         if len(user.results) != 1:
             return None
         after = self._settled(user.results[0], axis)
-        rule = rule_for(user)
+        rule = self._rule(user)
         if after is None or rule is None:
             return None
         if isinstance(after, Replicated):
