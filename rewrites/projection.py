@@ -292,7 +292,7 @@ class LoopRelation:
         if isinstance(relation, Partial):
             dist = Distribution(dist.dims, tuple(sorted((*dist.partial, axis))))
         elif isinstance(relation, Split):
-            dist = dist.with_dim(relation.dim, (*dist.dims[relation.dim], axis))
+            dist = dist.split_further(relation.dim, (axis,))
         return LoopRelation(dist, known.unknown - {axis})
 
 
