@@ -131,7 +131,8 @@ def reduce(
     left to right over the reduced elements in row-major order.
     """
     columns = [_to_columns(np.asarray(x), sorted(dims)) for x in inputs]
-    fast = _FAST_REDUCTIONS.get(single_binary_op(body))  # type: ignore[arg-type]
+    combiner = single_binary_op(body)
+    fast = _FAST_REDUCTIONS.get(combiner) if combiner is not None else None
     if fast is not None and len(inputs) == 1:
         combine, reduce_last = fast
         (column,), (init,) = columns, inits
@@ -169,7 +170,7 @@ def dot_general(
             axes[d] = next(letters)
     out = [lhs_axes[d] for d in batching[0]] + [lhs_axes[d] for d in lhs_free]
     out += [rhs_axes[d] for d in rhs_free]
-    spec = f"{''.join(lhs_axes)},{''.join(rhs_axes)}->{''.join(out)}"  # type: ignore[arg-type]
+    spec = f"{''.join(lhs_axes)},{''.join(rhs_axes)}->{''.join(out)}"  # type: ignore[arg-type]  # every dim got a letter above
     return np.einsum(spec, _dot_operand(lhs), _dot_operand(rhs), optimize=True)
 
 
