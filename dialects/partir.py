@@ -234,10 +234,12 @@ class MeshOp(IRDLOperation):
         printer.print_string(" ")
         printer.print_symbol_name(self.sym_name.data)
         printer.print_string(" [")
-        printer.print_list(
-            self.axes.items(),
-            lambda kv: printer.print_string(f'"{kv[0]}" = {kv[1]}'),
-        )
+
+        def one_axis(axis: tuple[str, int]) -> None:
+            printer.print_string_literal(axis[0])
+            printer.print_string(f" = {axis[1]}")
+
+        printer.print_list(self.axes.items(), one_axis)
         printer.print_string("]")
         printer.print_op_attributes(self.attributes)
 

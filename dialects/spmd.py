@@ -62,7 +62,9 @@ def _axes(names: Sequence[str]) -> ArrayAttr[StringAttr]:
 
 
 def _print_axis_set(printer: Printer, axes: Sequence[str]) -> None:
-    printer.print_string("{" + ", ".join(f'"{a}"' for a in axes) + "}")
+    printer.print_string("{")
+    printer.print_list(axes, printer.print_string_literal)
+    printer.print_string("}")
 
 
 def _parse_axis_set(parser: AttrParser) -> list[str]:

@@ -16,11 +16,12 @@ from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, IntegerAttr, Module
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.utils.exceptions import InterpretationError
 
+from dialects.errors import UnsupportedError
 from dialects.interpreter.dtypes import numpy_dtype
 from dialects.names import op_name
 
 
-class UnsupportedOpError(ValueError):
+class UnsupportedOpError(UnsupportedError):
     """An op (or type) the JAX emitter has no faithful translation for."""
 
 

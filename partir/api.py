@@ -144,7 +144,7 @@ def lower(
 ) -> Lowered:
     """Import `fn` at `args`, then run the pass pipeline `partir-opt` would run:
     one `ApplyTacticPass` per tactic, `partir-lower-spmd`, `partir-emit-jax`."""
-    module = import_jax(fn, *args)
+    module = import_jax(fn, *args, supported_only=True)
     view = ProgramView.of(entry_function(module))
     for tactic in tactics:  # check every tactic before any rewrite
         tactic.plan(view, mesh)

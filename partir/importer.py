@@ -15,24 +15,32 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
+from xdsl.ir import Operation
 
 from dialects.context import make_context
+from dialects.errors import PartirTypeError
 from dialects.functions import NAME_ATTR, entry_function
+from lowering.emittable import refuse_unemittable
 from partir.mlir_bridge import AttributeCache, MlirToXdsl
 from rewrites.inline_calls import InlineCallsPass
 
 
-def import_jax(fn: Callable[..., Any], *args: Any) -> ModuleOp:
+def import_jax(fn: Callable[..., Any], *args: Any, supported_only: bool = False) -> ModuleOp:
     """Lower `fn` at `args` with JAX and import it as partir's input IR.
 
     Errors from JAX (a function that does not trace or lower) propagate
     unchanged. Arguments are the same as for calling `fn`; they may be arrays
-    or `jax.ShapeDtypeStruct`s.
+    or `jax.ShapeDtypeStruct`s (anything else is a `PartirTypeError`). With
+    `supported_only`, an op partir cannot emit is refused here, naming the
+    op, the user's source line and the nearest supported alternative
+    (`lowering.emittable`), before any partitioning work.
     """
+    check_arguments(fn, args)
     lowered = jax.jit(fn, keep_unused=True).lower(*args)
-    module = import_lowered(lowered.compiler_ir("stablehlo"))
+    module = import_lowered(lowered.compiler_ir("stablehlo"), supported_only=supported_only)
     entry = entry_function(module)
     name_arguments(entry, argument_paths(fn, args))
     name_results(entry, result_paths(lowered.out_info))
@@ -43,11 +51,79 @@ _CONTEXT = make_context()
 _ATTRIBUTES = AttributeCache(_CONTEXT)
 
 
-def import_lowered(mlir_module: Any) -> ModuleOp:
-    """Convert a jaxlib StableHLO module to xDSL and inline its calls."""
-    module = MlirToXdsl(_CONTEXT, _ATTRIBUTES).convert_module(mlir_module)
+def import_lowered(mlir_module: Any, *, supported_only: bool = False) -> ModuleOp:
+    """Convert a jaxlib StableHLO module to xDSL and inline its calls
+    (refusing ops partir cannot emit first, with `supported_only`)."""
+    converter = MlirToXdsl(_CONTEXT, _ATTRIBUTES, keep_sources=supported_only)
+    module = converter.convert_module(mlir_module)
+    if supported_only:
+        refuse_unemittable(module, lambda op: source_line(module, op, converter.location))
     InlineCallsPass().apply(_CONTEXT, module)
     return module
+
+
+_FILE_LINE = re.compile(r'"([^"]+)":(\d+):(\d+)')
+_FRAME = re.compile(r'callsite\("([^"]+)"\(')
+
+
+def source_line(
+    module: ModuleOp, op: Operation, location: Callable[[Operation], str | None]
+) -> str | None:
+    """`file.py:12:8 (in fn)`: where the user's code made `op`. JAX gives ops
+    of a private helper (`jnp.sort`'s @sort) only a name, so the line is
+    that of the first call of the helper, and of its caller's call, and so on."""
+    calls = {
+        call.callee.root_reference.data: call
+        for call in module.walk()
+        if isinstance(call, func.CallOp)
+    }
+    current: Operation | None = op
+    for _ in range(64):  # a call chain is never that deep; guards a recursive one
+        if current is None:
+            return None
+        text = location(current) or ""
+        found = _FILE_LINE.search(text)
+        if found:
+            frame = _FRAME.search(text)
+            where = f"{found.group(1)}:{found.group(2)}:{found.group(3)}"
+            return where + (f" (in {frame.group(1)})" if frame else "")
+        function = current.parent_op()
+        while function is not None and not isinstance(function, func.FuncOp):
+            function = function.parent_op()
+        current = calls.get(function.sym_name.data) if function is not None else None
+    return None
+
+
+def check_arguments(fn: Callable[..., Any], args: Sequence[Any]) -> None:
+    """Every argument leaf is an array (or a number, or a ShapeDtypeStruct):
+    what partir can split and pass to devices. Says which leaf is not."""
+    names = _parameter_names(fn, len(args))
+    for name, arg in zip(names, args, strict=True):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            problem = _leaf_problem(leaf)
+            if problem:
+                raise PartirTypeError(
+                    f"partir.jit: argument {name}{jax.tree_util.keystr(path)} is {problem}; "
+                    "partir passes arrays (NumPy, jax.Array, Python numbers) to the devices: "
+                    "make it an array, or close over it (functools.partial) if it is static"
+                )
+
+
+def _leaf_problem(leaf: Any) -> str | None:
+    if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array | np.ndarray | np.generic):
+        dtype = leaf.dtype
+    elif isinstance(leaf, bool | int | float | complex):
+        return None
+    else:
+        return f"a {type(leaf).__name__} ({leaf!r:.60})"
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return (
+            f"a typed PRNG key ({dtype}); pass jax.random.key_data(key) "
+            "and rebuild it inside with jax.random.wrap_key_data"
+        )
+    if dtype == np.dtype(object) or dtype.kind in "USV":
+        return f"an array of {dtype}, which no device holds"
+    return None
 
 
 def argument_paths(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:

@@ -19,6 +19,7 @@ from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
+from dialects.escaping import quoted
 from dialects.functions import entry_function
 from dialects.partir import MeshOp, OriginAttr, find_mesh
 from lowering.to_jax import emit_jax
@@ -286,11 +287,22 @@ class DeclareMeshPass(ModulePass):
         sizes: dict[str, int] = {}
         for item in filter(None, (p.strip() for p in self.axes.split(","))):
             name, _, size = item.partition("=")
-            if not name or not size.isdigit():
+            name, size = name.strip(), size.strip()
+            if not name or not (size.isascii() and size.isdigit()):
                 raise PassFailedException(
-                    f'{self.name}: cannot read "{item}"; write axes="batch=4,model=2"'
+                    f"{self.name}: cannot read {quoted(item)} in option axes; "
+                    'write axes="batch=4,model=2" (name=size, sizes in decimal digits)'
+                )
+            if name in sizes:
+                raise PassFailedException(
+                    f"{self.name}: option axes names axis {quoted(name)} twice "
+                    f"(={sizes[name]} and ={size}); give each axis once"
                 )
             sizes[name] = int(size)
+        if not sizes:
+            raise PassFailedException(
+                f'{self.name}: option axes is empty; write axes="batch=4,model=2"'
+            )
         try:
             declare_mesh(op, Mesh(sizes))
         except (TypeError, ValueError) as err:

@@ -20,7 +20,7 @@ from xdsl.ir import Attribute
 
 from dialects.functions import NAME_ATTR
 from partir.mesh import Mesh
-from partir.selectors import select, slash_path
+from partir.selectors import display_path, select, slash_path
 
 
 class TacticError(ValueError):
@@ -91,7 +91,7 @@ class ProgramView:
         pats = [patterns] if isinstance(patterns, str) else list(patterns)
         found = [leaves[i] for i in select(pats, [leaf.name for leaf in leaves])]
         if required and not found:
-            shown = ", ".join(slash_path(leaf.name) for leaf in leaves[:12])
+            shown = ", ".join(display_path(leaf.name) for leaf in leaves[:12])
             more = f", ... ({len(leaves)} in all)" if len(leaves) > 12 else ""
             kind = "result" if results else "argument"
             raise TacticError(
