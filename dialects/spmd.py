@@ -49,6 +49,7 @@ from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 from dialects.distribution import Distribution
+from dialects.escaping import quoted
 from dialects.partir import MeshOp, find_mesh
 
 DIST = "dist"
@@ -127,16 +128,16 @@ class DTensorType(ParametrizedAttribute, TypeAttribute):
         for d, axes in enumerate(self.dim_axes):
             for a in axes:
                 if a not in mesh:
-                    raise VerifyException(f'unknown mesh axis "{a}" in {self}')
+                    raise VerifyException(f'unknown mesh axis {quoted(a)} in {self}')
                 if shape[d] % mesh[a]:
                     raise VerifyException(
-                        f'dim {d} of {self.global_type} is not divisible over "{a}" of size '
+                        f'dim {d} of {self.global_type} is not divisible over {quoted(a)} of size '
                         f"{mesh[a]}"
                     )
                 shape[d] //= mesh[a]
         for a in self.partial_axes:
             if a not in mesh:
-                raise VerifyException(f'unknown mesh axis "{a}" in {self}')
+                raise VerifyException(f'unknown mesh axis {quoted(a)} in {self}')
         return TensorType(self.global_type.element_type, shape)
 
     @classmethod
@@ -179,8 +180,10 @@ def _group_size(op: Operation, axes: Sequence[str]) -> int:
     size = 1
     for a in axes:
         if a not in mesh:
-            known = ", ".join(f'"{k}"' for k in mesh)
-            raise VerifyException(f'{op.name}: unknown mesh axis "{a}" (the mesh has {known})')
+            known = ", ".join(quoted(k) for k in mesh)
+            raise VerifyException(
+                f"{op.name}: unknown mesh axis {quoted(a)} (the mesh has {known})"
+            )
         size *= mesh[a]
     if len(set(axes)) != len(axes) or not axes:
         raise VerifyException(f"{op.name}: needs distinct mesh axes, got {list(axes)}")

@@ -65,7 +65,8 @@ DEFAULT_ALTERNATIVE = "compute it outside the partir.jit function"
 
 
 def emittable(op: Operation) -> bool:
-    return op.name in STRUCTURAL or op.name in EMITTERS
+    name = op_name(op)
+    return name in STRUCTURAL or name in EMITTERS
 
 
 def _label(op: Operation) -> str:

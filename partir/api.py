@@ -15,10 +15,7 @@ exposes every stage.
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,36 +28,38 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
 
 from dialects.context import make_context
+from dialects.errors import PartirValueError
 from dialects.functions import entry_function
 from lowering.collectives import Collective, collectives
 from lowering.loader import load_source
 from lowering.to_jax import emit_jax
 from lowering.to_spmd import LowerToSpmdPass
-from partir.importer import import_jax
+from partir.generated_files import write_source
+from partir.importer import check_arguments, import_jax
 from partir.mesh import Mesh
 from partir.partition import Stage, declare_mesh
 from partir.passes import ApplyTacticPass, EmitJaxPass, recorded_conflicts
 from partir.report import Report, build_report, parse_module
-from partir.tactics import ProgramView, Tactic
+from partir.tactics import ProgramView, Tactic, check_tactics
 from rewrites.conflicts import Conflict
 
 _CONTEXT = make_context()
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("PARTIR_CACHE_DIR") or Path(tempfile.gettempdir()) / "partir-generated"
-    path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def devices_for(mesh: Mesh, jax_mesh: jax.sharding.Mesh | None) -> jax.sharding.Mesh:
     """The JAX mesh to run on: the one given, or the first devices, row-major."""
+    for axis in mesh.axes if jax_mesh is None else jax_mesh.axis_names:
+        if not isinstance(axis, str) or not axis.isascii() or "\\" in axis:
+            raise PartirValueError(
+                f"mesh axis {axis!r} cannot run on JAX: XLA aborts the process on axis "
+                "names with non-ASCII characters or backslashes; rename the axis "
+                "(the IR stages and emitted source take any name)"
+            )
     if jax_mesh is not None:
         return jax_mesh
     devices = jax.devices()
     if mesh.size > len(devices):
-        raise ValueError(
+        raise PartirValueError(
             f"the mesh {mesh.axes} needs {mesh.size} devices, but jax.devices() has "
             f"{len(devices)} ({devices[0].platform}); on CPU set "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before importing jax"
@@ -111,13 +110,10 @@ class Lowered:
 
     @property
     def source_path(self) -> Path:
-        """Where the emitted source is written (named by its content hash)."""
+        """Where the emitted source is written (named by its content hash), on
+        first ask, in a private per-user directory (`partir.generated_files`)."""
         if self._source_path is None:
-            digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
-            path = _cache_dir() / f"{self.name}_{digest}.py"
-            if not path.exists():
-                path.write_text(self.source)
-            self._source_path = path
+            self._source_path = write_source(self.source, self.name)
         return self._source_path
 
     def report(self) -> Report:
@@ -192,7 +188,7 @@ class PartitionedFunction:
         self.fn = fn
         self.jax_mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else None
         self.mesh = Mesh(mesh) if not isinstance(mesh, Mesh) else mesh
-        self.tactics = list(tactics)
+        self.tactics = check_tactics(tactics)
         self._compiled: dict[tuple[Any, ...], Compiled] = {}
         functools.update_wrapper(self, fn)
 
@@ -215,6 +211,7 @@ class PartitionedFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = self._positional(args, kwargs)
+        check_arguments(self.fn, args)
         key = _signature(args)
         compiled = self._compiled.get(key)
         if compiled is None:

@@ -115,7 +115,7 @@ def _leaf_problem(leaf: Any) -> str | None:
     elif isinstance(leaf, bool | int | float | complex):
         return None
     else:
-        return f"a {type(leaf).__name__} ({leaf!r:.60})"
+        return f"{leaf!r:.60} (of type {type(leaf).__name__})"
     if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
         return (
             f"a typed PRNG key ({dtype}); pass jax.random.key_data(key) "

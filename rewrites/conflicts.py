@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dialects.escaping import quoted
 from dialects.partir import OriginAttr
 
 
@@ -29,7 +30,7 @@ class Conflict:
 
     def __str__(self) -> str:
         return (
-            f'{self.op} on axis "{self.axis}": {self.winner} wins over {self.loser} '
+            f'{self.op} on axis {quoted(self.axis)}: {self.winner} wins over {self.loser} '
             f"({', '.join(self.values)}): {self.detail}"
         )
 
