@@ -28,7 +28,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
 
 from dialects.context import make_context
-from dialects.errors import PartirValueError
+from dialects.errors import PartirTypeError, PartirValueError
 from dialects.functions import entry_function
 from lowering.collectives import Collective, collectives
 from lowering.loader import load_source
@@ -199,9 +199,10 @@ class PartitionedFunction:
             return args
         bound = inspect.signature(self.fn).bind(*args, **kwargs)
         if bound.kwargs:
-            raise TypeError(
+            raise PartirTypeError(
                 f"partir.jit: {', '.join(bound.kwargs)} can only be passed by keyword; "
-                "partir needs every argument to have a position"
+                "partir needs every argument to have a position: make the parameter "
+                "positional (drop the `*`), or fix it with functools.partial"
             )
         return tuple(bound.args)
 

@@ -10,8 +10,10 @@ its pytree path, e.g. `params['w1']` or `result[1]['w1']`, kept in the
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -62,16 +64,29 @@ def import_lowered(mlir_module: Any, *, supported_only: bool = False) -> ModuleO
     return module
 
 
-_FILE_LINE = re.compile(r'"([^"]+)":(\d+):(\d+)')
-_FRAME = re.compile(r'callsite\("([^"]+)"\(')
+_FRAME = re.compile(r'"([^"]*)"\("([^"]+)":(\d+):(\d+)')
+_PARTIR_DIRS = tuple(
+    str(Path(__file__).resolve().parents[1] / package) + os.sep
+    for package in ("partir", "dialects", "lowering", "rewrites")
+)
+
+
+def user_frame(location: str) -> str | None:
+    """`file.py:12:8 (in fn)`: the innermost frame of an MLIR location outside
+    partir itself (JAX places ops it derives, e.g. by `jax.grad`, at the
+    call that lowered the function, which is partir's own)."""
+    for name, path, line, column in _FRAME.findall(location):
+        if not os.path.abspath(path).startswith(_PARTIR_DIRS):
+            return f"{path}:{line}:{column}" + (f" (in {name})" if name else "")
+    return None
 
 
 def source_line(
     module: ModuleOp, op: Operation, location: Callable[[Operation], str | None]
 ) -> str | None:
-    """`file.py:12:8 (in fn)`: where the user's code made `op`. JAX gives ops
-    of a private helper (`jnp.sort`'s @sort) only a name, so the line is
-    that of the first call of the helper, and of its caller's call, and so on."""
+    """Where the user's code made `op`. JAX gives ops of a private helper
+    (`jnp.sort`'s @sort) only a name, so the line is that of the first call of
+    the helper, and of its caller's call, and so on."""
     calls = {
         call.callee.root_reference.data: call
         for call in module.walk()
@@ -81,12 +96,9 @@ def source_line(
     for _ in range(64):  # a call chain is never that deep; guards a recursive one
         if current is None:
             return None
-        text = location(current) or ""
-        found = _FILE_LINE.search(text)
+        found = user_frame(location(current) or "")
         if found:
-            frame = _FRAME.search(text)
-            where = f"{found.group(1)}:{found.group(2)}:{found.group(3)}"
-            return where + (f" (in {frame.group(1)})" if frame else "")
+            return found
         function = current.parent_op()
         while function is not None and not isinstance(function, func.FuncOp):
             function = function.parent_op()
@@ -121,7 +133,7 @@ def _leaf_problem(leaf: Any) -> str | None:
             f"a typed PRNG key ({dtype}); pass jax.random.key_data(key) "
             "and rebuild it inside with jax.random.wrap_key_data"
         )
-    if dtype == np.dtype(object) or dtype.kind in "USV":
+    if not (jax.dtypes.issubdtype(dtype, np.number) or jax.dtypes.issubdtype(dtype, np.bool_)):
         return f"an array of {dtype}, which no device holds"
     return None
 

@@ -31,8 +31,15 @@ class InspectError(Exception):
     """A problem with the input, already phrased for the user."""
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line and status 1 like every other error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(1, f"error: {message}; partir-inspect --help lists the options\n")
+
+
 def _arguments() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _ArgumentParser(
         prog="partir-inspect",
         description="Report the shardings, collectives and memory of a partir stage, "
         "or diff two stages' shardings.",
@@ -73,8 +80,13 @@ def load_report(path: str) -> Report:
     verifier rejects would describe a program that cannot exist."""
     name = "<stdin>" if path == "-" else path
     text = _read(path)
+    if not text.strip():
+        raise InspectError(f"{name} is empty; give a stage's MLIR text (partir-opt's output)")
     try:
         module = parse_module(text, name)
+    except DiagnosticException as err:  # an attribute's own check, run while parsing
+        line = one_line(err, name).removeprefix("error: ")
+        raise InspectError(f"{name} does not verify: {line}") from err
     except ParseError as err:
         raise InspectError(parse_error_line(err).replace(": error: ", ": ", 1)) from err
     except RecursionError as err:

@@ -104,6 +104,11 @@ class PartirOptMain(xDSLOptMain):
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
+
+        def one_line_usage_error(message: str) -> None:
+            arg_parser.exit(1, f"error: {message}; partir-opt --help lists the options\n")
+
+        arg_parser.error = one_line_usage_error  # type: ignore[method-assign]
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
         arg_parser.epilog = pass_help()
         arg_parser.add_argument(

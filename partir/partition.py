@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ModuleOp
 
+from dialects.errors import PartirValueError
 from dialects.functions import entry_function
 from dialects.partir import MeshOp
 from partir.mesh import Mesh
@@ -36,7 +37,10 @@ def declare_mesh(module: ModuleOp, mesh: Mesh) -> MeshOp:
     existing = next((op for op in module.body.block.ops if isinstance(op, MeshOp)), None)
     if existing is not None:
         if existing.axes != mesh.axes:
-            raise ValueError(f"the module declares mesh {existing.axes}, but {mesh.axes} was given")
+            raise PartirValueError(
+                f"the module declares mesh {existing.axes}, but {mesh.axes} was given; "
+                "give the module's mesh, or start from a module without one"
+            )
         return existing
     op = mesh.to_op()
     first = module.body.block.first_op

@@ -270,7 +270,7 @@ class TilePass(ModulePass):
         try:
             apply_tile_action(action, mesh_op, log)
         except ValueError as err:
-            raise PassFailedException(str(err)) from err
+            raise PassFailedException(f"{self.name}: {err}") from err
         record_conflicts(op, log.conflicts)
 
 
