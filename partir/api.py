@@ -166,12 +166,16 @@ def lower(
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
     leaves, tree = jax.tree_util.tree_flatten(args)
+
+    def dtype(x: Any) -> Any:
+        return x.dtype if hasattr(x, "dtype") else np.result_type(x)
+
     return (
         tree,
         tuple(
             (
                 np.shape(x),
-                str(jax.dtypes.canonicalize_dtype(np.result_type(x))),
+                str(jax.dtypes.canonicalize_dtype(dtype(x))),
                 isinstance(x, int | float | complex | bool),
             )
             for x in leaves

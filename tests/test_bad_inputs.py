@@ -423,6 +423,12 @@ def _local(op: str, result: str = "tensor<2x4xf32>") -> str:
     )
 
 
+def _all_reduce(axes: str, result: str = "tensor<8x4xf32>") -> str:
+    returned = "%y" if result == "tensor<8x4xf32>" else "%x"
+    return _func(f"  %y = spmd.all_reduce %x over {axes} : tensor<8x4xf32> -> {result}\n"
+                 f"  func.return {returned} : tensor<8x4xf32>")
+
+
 IR_CASES = [
     # partir core: mesh
     IrCase("mesh-repeated-axis", 'partir.mesh @mesh ["x" = 4, "x" = 2]\n' + PLAIN,
@@ -503,17 +509,17 @@ IR_CASES = [
         f"%o = spmd.from_local %c : tensor<2x4xf32> -> {SPMD_RESULT}", '%o = spmd.from_local %c : tensor<2x4xf32> -> !spmd.dtensor<8x4xf32, [{}, {}]>').replace(
         f"func.return %o : {SPMD_RESULT}", "func.return %x : " + SPMD_RESULT), r"error: spmd\.from_local: the device part of .* is tensor<8x4xf32>, not tensor<2x4xf32>"),
     # spmd: collectives
-    IrCase("collective-no-mesh", _func('  %y = spmd.all_reduce %x over ["x"] : tensor<8x4xf32> -> tensor<8x4xf32>\n  func.return %y : tensor<8x4xf32>'),
+    IrCase("collective-no-mesh", _all_reduce('["x"]'),
            r"error: spmd\.all_reduce needs a partir\.mesh declaration in its module"),
-    IrCase("collective-unknown-axis", MESH_X + _func('  %y = spmd.all_reduce %x over ["z"] : tensor<8x4xf32> -> tensor<8x4xf32>\n  func.return %y : tensor<8x4xf32>'),
+    IrCase("collective-unknown-axis", MESH_X + _all_reduce('["z"]'),
            r'error: spmd\.all_reduce: unknown mesh axis "z" \(the mesh has "x", "y"\)'),
-    IrCase("collective-repeated-axis", MESH_X + _func('  %y = spmd.all_reduce %x over ["x", "x"] : tensor<8x4xf32> -> tensor<8x4xf32>\n  func.return %y : tensor<8x4xf32>'),
+    IrCase("collective-repeated-axis", MESH_X + _all_reduce('["x", "x"]'),
            r"error: spmd\.all_reduce: needs distinct mesh axes, got \['x', 'x'\]"),
-    IrCase("collective-no-axes", MESH_X + _func("  %y = spmd.all_reduce %x over [] : tensor<8x4xf32> -> tensor<8x4xf32>\n  func.return %y : tensor<8x4xf32>"),
+    IrCase("collective-no-axes", MESH_X + _all_reduce('[]'),
            r"error: spmd\.all_reduce: needs distinct mesh axes, got \[\]"),
-    IrCase("all-reduce-element-type", MESH_X + _func('  %y = spmd.all_reduce %x over ["x"] : tensor<8x4xf32> -> tensor<8x4xf16>\n  func.return %x : tensor<8x4xf32>'),
+    IrCase("all-reduce-element-type", MESH_X + _all_reduce('["x"]', 'tensor<8x4xf16>'),
            r"error: spmd\.all_reduce: element types differ"),
-    IrCase("all-reduce-shape", MESH_X + _func('  %y = spmd.all_reduce %x over ["x"] : tensor<8x4xf32> -> tensor<4x4xf32>\n  func.return %x : tensor<8x4xf32>'),
+    IrCase("all-reduce-shape", MESH_X + _all_reduce('["x"]', 'tensor<4x4xf32>'),
            r"error: spmd\.all_reduce over \['x'\]: tensor<8x4xf32> gives tensor<8x4xf32>, but the result is tensor<4x4xf32>"),
     IrCase("all-gather-shape", _local('spmd.all_gather %p dim 0 over ["x"] : tensor<2x4xf32> -> tensor<2x4xf32>'),
            r"error: spmd\.all_gather over \['x'\]: tensor<2x4xf32> gives tensor<8x4xf32>, but the result is tensor<2x4xf32>"),
@@ -548,7 +554,7 @@ INSPECT_CASES = [
     CliCase("three-files", PLAIN, ("EXTRA", "EXTRA"), r"error: give one file to report on, or two to diff"),
     CliCase("diff-with-bad-file", PLAIN, ("MISSING",), r"error: cannot read \S+"),
     CliCase("mesh-repeated-axis", 'partir.mesh @mesh ["x" = 4, "x" = 2]\n' + PLAIN, (), r"error: \S+ does not verify: mesh @mesh repeats an axis name"),
-    CliCase("collective-unknown-axis", MESH_X + _func('  %y = spmd.all_reduce %x over ["z"] : tensor<8x4xf32> -> tensor<8x4xf32>\n  func.return %y : tensor<8x4xf32>'), (),
+    CliCase("collective-unknown-axis", MESH_X + _all_reduce('["z"]'), (),
             r'error: \S+ does not verify: spmd\.all_reduce: unknown mesh axis "z"'),
 ]
 
@@ -578,21 +584,16 @@ def _run_cli(main: Callable[[list[str]], int], case: CliCase, tmp_path: Path, ca
     return lines[0]
 
 
-@pytest.mark.parametrize("case", OPT_CASES, ids=lambda c: c.id)
-def test_partir_opt_bad_input(case: CliCase, tmp_path, capsys):
-    line = _run_cli(opt_cli.main, case, tmp_path, capsys)
-    assert re.search(case.pattern, line), line
+CLI_CASES = [
+    *(("partir-opt", opt_cli.main, case) for case in OPT_CASES),
+    *(("ir", opt_cli.main, CliCase(case.id, case.text, (), case.pattern)) for case in IR_CASES),
+    *(("partir-inspect", inspect_cli.main, case) for case in INSPECT_CASES),
+]
 
 
-@pytest.mark.parametrize("case", IR_CASES, ids=lambda c: c.id)
-def test_ir_verifier_rule(case: IrCase, tmp_path, capsys):
-    line = _run_cli(opt_cli.main, CliCase(case.id, case.text, (), case.pattern), tmp_path, capsys)
-    assert re.search(case.pattern, line), line
-
-
-@pytest.mark.parametrize("case", INSPECT_CASES, ids=lambda c: c.id)
-def test_partir_inspect_bad_input(case: CliCase, tmp_path, capsys):
-    line = _run_cli(inspect_cli.main, case, tmp_path, capsys)
+@pytest.mark.parametrize(("area", "main", "case"), CLI_CASES, ids=[f"{a}-{c.id}" for a, _, c in CLI_CASES])
+def test_cli_bad_input(area: str, main: Callable[[list[str]], int], case: CliCase, tmp_path, capsys):
+    line = _run_cli(main, case, tmp_path, capsys)
     assert re.search(case.pattern, line), line
 
 
