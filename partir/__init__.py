@@ -21,6 +21,7 @@ _LAZY = {
     "Lowered": "partir.api",
     "PartitionedFunction": "partir.api",
     "jit": "partir.api",
+    "ValidationError": "partir.validation",
 }
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "Tactic",
     "TacticError",
     "UnsupportedError",
+    "ValidationError",
     "ZeRO",
     "import_jax",
     "jit",
