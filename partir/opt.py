@@ -120,7 +120,8 @@ class PartirOptMain(xDSLOptMain):
             "--check-numerics",
             action="store_true",
             help="run the module before and after every pass on the reference interpreters "
-            "(seeded random inputs) and stop at the first pass that changes the numbers",
+            "(seeded random inputs; after partir-emit-jax the emitted program, on JAX) and stop "
+            "at the first pass that changes the numbers",
         )
         arg_parser.add_argument(
             "--traceback",

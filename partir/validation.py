@@ -12,7 +12,8 @@ first differing output by its pytree name, the index and both values:
   `shard_map` program on JAX.
 - `partir-opt`: the original is the input module, interpreted on seeded
   random inputs (`random_arguments`); after each pass the module is
-  interpreted again on the same inputs.
+  interpreted again on the same inputs, and after `partir-emit-jax` the
+  emitted program runs on JAX.
 
 A mismatch is a bug in partir, never in the user's program. `Reference` says
 how close is close enough.
@@ -39,8 +40,9 @@ from dialects.dtypes import element_kind, numpy_dtype
 from dialects.functions import entry_function
 from dialects.interpreter import run_function
 from dialects.interpreter.spmd import run_spmd
+from dialects.partir import find_mesh
 from dialects.spmd import DTensorType
-from dialects.stablehlo_ext import DynamicUpdateSliceOp
+from dialects.stablehlo_ext import DynamicUpdateSliceOp, SliceOp
 from partir.report.build import is_spmd, parse_module
 from partir.tactics import ProgramView
 
@@ -387,7 +389,7 @@ _VALUE_PRESERVING = (
     shlo.BroadcastInDimOp,
     shlo.ReshapeOp,
     shlo.TransposeOp,
-    shlo.SliceOp,
+    SliceOp,
     shlo.ConcatenateOp,
     shlo.ConvertOp,
 )
@@ -491,7 +493,35 @@ class PassChecker:
             self.checker = StageChecker(reference, "--check-numerics", note, hint)
             return
         assert self.checker is not None
-        self.checker.check(done.name, f"pass {done.name}", lambda: run_stage(module, self.args))
+        if done.name == EMIT_JAX:
+            run = emitted_program(module)
+            what = f"pass {EMIT_JAX} (the emitted jax.shard_map program, run by JAX)"
+            self.checker.check(done.name, what, lambda: [np.asarray(x) for x in run(*self.args)])
+        else:
+            self.checker.check(done.name, f"pass {done.name}", lambda: run_stage(module, self.args))
+
+
+EMIT_JAX = "partir-emit-jax"
+"""The pass whose output is a Python program: checked by running that on JAX."""
+
+
+def emitted_program(module: ModuleOp) -> Callable[..., Sequence[Any]]:
+    """The SPMD `module` emitted as a `jax.shard_map` program on the first
+    devices JAX has (the module's mesh needs that many); it takes and returns
+    flat global arrays."""
+    from lowering.loader import load_source
+    from lowering.to_jax import emit_jax
+    from partir.api import devices_for
+
+    mesh_op = find_mesh(module)
+    assert mesh_op is not None  # partir-emit-jax has checked that
+    try:
+        jax_mesh = devices_for(mesh_op.mesh, None)
+    except ValueError as err:
+        raise ValidationError(
+            f"--check-numerics: cannot run the emitted program: {err}", EMIT_JAX
+        ) from err
+    return load_source(emit_jax(module), "checked_program").build(jax_mesh)
 
 
 def checking_numerics(pipeline: PassPipeline, seed: int = 0) -> PassPipeline:

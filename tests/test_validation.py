@@ -165,8 +165,23 @@ def test_partir_opt_names_the_pass_that_changed_the_numbers(monkeypatch, capsys,
 
 
 def test_partir_opt_check_numerics_passes_a_correct_pipeline(capsys):
-    assert partir_opt(["examples/mlp_train_step.mlir", "-p", MLP_PIPELINE, "--check-numerics"]) == 0
-    assert "spmd.all_reduce" in capsys.readouterr().out
+    argv = ["examples/mlp_train_step.mlir", "-p", MLP_PIPELINE + ",partir-emit-jax"]
+    assert partir_opt([*argv, "--check-numerics"]) == 0
+    assert "lax.psum" in capsys.readouterr().out
+
+
+def test_partir_opt_runs_the_emitted_program_on_jax(monkeypatch, capsys):
+    """Every interpreted pass agrees; the emitted program takes a maximum
+    where it should sum over devices, and only its run on JAX shows that."""
+    monkeypatch.setattr(jax.lax, "psum", jax.lax.pmax)
+    argv = ["examples/mlp_train_step.mlir", "-p", MLP_PIPELINE + ",partir-emit-jax"]
+    assert partir_opt([*argv, "--check-numerics"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "error: --check-numerics: pass partir-emit-jax (the emitted jax.shard_map program, run "
+        "by JAX) changes the numbers: result[0] is "
+    )
+    assert "partir-megatron, partir-lower-spmd. This is a bug in partir" in err
 
 
 # --------------------------------------------------------------------------
