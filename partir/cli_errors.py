@@ -70,7 +70,7 @@ def one_line(err: BaseException, input_name: str = "<input>") -> str:
     if isinstance(err, OSError) and err.filename is not None:
         return f"error: cannot read {err.filename}: {err.strerror or err}"
     text = str(err).strip()
-    first = _short(text.splitlines()[0], 400) if text else type(err).__name__
+    first = text.splitlines()[0] if text else type(err).__name__
     if type(err).__name__ == "ArgSpecParseError":
         return pipeline_error_line(text)
     if isinstance(err, DiagnosticException) and not isinstance(err, PartirError):
