@@ -18,7 +18,7 @@ import argparse
 import sys
 import textwrap
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import IO
 
 from xdsl.dialects.builtin import ModuleOp
@@ -38,7 +38,7 @@ from dialects.errors import PartirError, PartirValueError
 from dialects.parser import PartirParser
 from lowering.to_jax import emit_jax
 from partir.cli_errors import one_line
-from partir.passes import PASSES
+from partir.passes import PASSES, EmitJaxPass
 
 DESCRIPTION = "partir-opt: partition StableHLO programs over a device mesh (xdsl-opt driver)"
 
@@ -46,9 +46,14 @@ DESCRIPTION = "partir-opt: partition StableHLO programs over a device mesh (xdsl
 def _option_text(pass_class: type[ModulePass]) -> str:
     opts = []
     for f in fields(pass_class):  # type: ignore[arg-type]
-        if f.name in ("name", "tactic"):
+        if not f.init:
             continue
-        default = f.default if f.default is not None else "none"
+        if f.default is MISSING:
+            default = "required"
+        elif f.default is None:
+            default = "none"
+        else:
+            default = f.default
         opts.append(f"{f.name.replace('_', '-')}={default}")
     return "{" + " ".join(opts) + "}" if opts else ""
 
@@ -98,7 +103,8 @@ class PartirOptMain(xDSLOptMain):
         super().register_all_targets()
 
         def jax_target(module: ModuleOp, output: IO[str]) -> None:
-            output.write(emit_jax(module))
+            last = self.pipeline.passes[-1] if self.pipeline.passes else None
+            output.write(last.source if isinstance(last, EmitJaxPass) else emit_jax(module))
 
         self.available_targets["jax"] = jax_target
 

@@ -378,7 +378,7 @@ OPT_CASES = [
     opt("manual-no-axis", PLAIN, f"{DECLARE},partir-manual-partition{{spec=\"x:0\"}}", r'cannot read "x:0"'),
     opt("manual-unknown-axis", PLAIN, f"{DECLARE},partir-manual-partition{{spec=\"x:0=z\"}}", r'ManualPartition: unknown mesh axis "z"'),
     opt("manual-no-match", PLAIN, f"{DECLARE},partir-manual-partition{{spec=\"w:0=x\"}}", r"ManualPartition: no argument matches 'w'"),
-    opt("manual-duplicate-axis", PLAIN, f"{DECLARE},partir-manual-partition{{spec=\"x:0=x;x:1=x\"}}", r'would be split over mesh axis "x" on dims 0 and 1'),
+    opt("manual-duplicate-axis", PLAIN, f"{DECLARE},partir-manual-partition{{spec=\"x:0=x\",\"x:1=x\"}}", r'would be split over mesh axis "x" on dims 0 and 1'),
     opt("tile-index-too-big", PLAIN, f"{DECLARE},partir-tile{{value=\"5\" axis=x}}", r"error: partir-tile: the function has 1 arguments, no argument 5"),
     opt("tile-unknown-name", PLAIN, f"{DECLARE},partir-tile{{value=w axis=x}}", r"error: partir-tile: no argument matches 'w'"),
     opt("tile-unknown-axis", PLAIN, f"{DECLARE},partir-tile{{value=x axis=z}}", r'error: partir-tile: x: unknown mesh axis "z" \(the mesh has "x", "y"\)'),
