@@ -265,16 +265,21 @@ class EmitJaxPass(ModulePass):
         return self.emitted[0]
 
 
-PASSES: dict[str, Callable[[], type[ModulePass]]] = {
-    p.name: (lambda p=p: p)
-    for p in (
-        DeclareMeshPass,
-        InlineCallsPass,
-        TilePass,
-        *TACTIC_PASSES.values(),
-        PropagatePass,
-        LowerToSpmdPass,
-        EmitJaxPass,
-    )
-}
+_PASS_CLASSES: tuple[type[ModulePass], ...] = (
+    DeclareMeshPass,
+    InlineCallsPass,
+    TilePass,
+    *TACTIC_PASSES.values(),
+    PropagatePass,
+    LowerToSpmdPass,
+    EmitJaxPass,
+)
+
+
+def _factory(pass_class: type[ModulePass]) -> Callable[[], type[ModulePass]]:
+    """xDSL's pass registry maps a name to a function returning the class."""
+    return lambda: pass_class
+
+
+PASSES: dict[str, Callable[[], type[ModulePass]]] = {p.name: _factory(p) for p in _PASS_CLASSES}
 """Name -> pass class, for `partir-opt -p` and its --help."""
