@@ -114,7 +114,7 @@ class PartirOptMain(xDSLOptMain):
         def one_line_usage_error(message: str) -> NoReturn:
             arg_parser.exit(1, f"error: {message}; partir-opt --help lists the options\n")
 
-        arg_parser.error = one_line_usage_error  # type: ignore[method-assign]  # xDSLOptMain builds the parser
+        arg_parser.error = one_line_usage_error  # type: ignore[method-assign]  # xDSL builds it
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
         arg_parser.epilog = pass_help()
         arg_parser.add_argument(

@@ -145,8 +145,9 @@ def _option(tactic_field: dataclasses.Field[Any], hint: Any) -> tuple[str, Any, 
 
 def tactic_pass(tactic: type[Tactic]) -> type[TacticPass]:
     """The `partir-opt` pass of `tactic`: one option per dataclass field."""
+    assert dataclasses.is_dataclass(tactic)  # every tactic is a dataclass; Tactic is not
     hints = typing.get_type_hints(tactic)
-    options = [_option(f, hints[f.name]) for f in dataclasses.fields(tactic)]  # type: ignore[arg-type]
+    options = [_option(f, hints[f.name]) for f in dataclasses.fields(tactic)]
     doc = (tactic.__doc__ or tactic.__name__).strip().splitlines()[0]
     return dataclasses.make_dataclass(
         f"{tactic.__name__}Pass",
