@@ -98,7 +98,8 @@ def classify_error(err: BaseException, stage: str) -> Outcome:
     refusal = _is_refusal(err)
     text = f"{type(err).__name__}: {err}"
     if refusal is not None:
-        return Outcome("refusal", f"{refusal}: {message_pattern(str(err))}", text)
+        key = refusal if refusal.startswith("unsupported") else f"{refusal}: {message_pattern(str(err))}"
+        return Outcome("refusal", key, text)
     return Outcome("internal", f"{stage}: {type(err).__name__}: {message_pattern(str(err))}", text)
 
 
