@@ -84,7 +84,8 @@ def test_the_oracle_fails_a_wrong_answer_and_passes_float32_noise():
     reordered = [np.asarray(jnp.tanh(args[0][:, ::-1] @ args[1][::-1])), ref.f32[1]]
     assert ref.compare(reordered, "reordered").kind == "match"
     off_by_one_term = [ref.f32[0], ref.f32[1] - args[0][0]]
-    assert ref.compare(off_by_one_term, "partial sum").kind == "wrong"
+    wrong = ref.compare(off_by_one_term, "partial sum")
+    assert wrong.kind == "wrong" and wrong.worst_ratio > 1e3
     assert ref.compare([ref.f32[0], ref.f32[1][:2]], "shape").kind == "wrong"
 
 

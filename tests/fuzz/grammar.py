@@ -174,9 +174,6 @@ class Case:
             f"print(run_program(f, args, mesh, tactics, check_spmd={self.check_spmd}))\n"
         )
 
-    def __repr__(self) -> str:  # hypothesis prints this for a falsifying example
-        return "\n" + self.script()
-
 
 @dataclass
 class _Builder:

@@ -12,8 +12,9 @@ plus a floor of 4 units of float32 roundoff of the leaf's largest value (so a
 leaf that float32 computes exactly may still differ by rounding). Errors are
 max-norms over the leaf. Where `jax.jit` gives inf/NaN, partir must give the
 same; where it is finite, partir must be too. Integer leaves compare exactly.
-Measured on 3,000+ cases, matching answers stay below 0.2 of this bound and the
-wrong answers partir has given sat far above it (see notes/fuzz-findings.md).
+The long profile prints the largest fraction of this bound a matching case
+used: 0.30 over 1,400 cases (seeds 0 and 1), while the deliberately wrong
+answers in tests/test_fuzz.py are far above 1.
 
 Outcomes: "match"; "wrong" (always a failure); "refusal" (an exception partir
 raises on purpose for input it does not support, see `REFUSALS`); "internal"
