@@ -3,8 +3,7 @@
 Each mesh runs `CASES` cases from a fixed hypothesis seed (reproducible in CI).
 A wrong answer, an internal error or a program the grammar got wrong fails,
 and hypothesis shrinks it to a minimal case whose replayable source the
-failure prints; clear refusals (`tests.fuzz.oracle`) pass, and so, until their
-fixes land, do the internal errors of `KNOWN_INTERNAL_ERRORS`. The long profile
+failure prints; clear refusals (`tests.fuzz.oracle`) pass. The long profile
 is `python -m tests.fuzz --cases N --seed S` or `pytest -m slow`.
 """
 
@@ -12,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -25,28 +23,11 @@ import partir
 from lowering.jax_ir import UnsupportedOpError
 from rewrites.actions import ActionError
 from tests.fuzz.grammar import MESHES, Case, Input, Program, TacticSpec, cases
-from tests.fuzz.oracle import Outcome, Reference, classify_error, make_args, run_case
+from tests.fuzz.oracle import Reference, classify_error, make_args, run_case
 from tests.fuzz.profile import FAILURES, explore
 
 CASES = 75
 SEED = 20261123
-
-KNOWN_INTERNAL_ERRORS = {
-    "slice bounds not localised inside loops (issue 9)": re.compile(
-        r"slice limit_indices must be less than or equal to operand shape"
-    ),
-    'a mesh axis is used twice in annotate_collectives / _annotate_computed (issue 9)': re.compile(
-        r"VerifyException: a mesh axis is used twice in distribution"
-    ),
-}
-"""Internal-error classes being fixed elsewhere: tolerated here (and only
-these), listed in notes/fuzz-findings.md; delete an entry once its fix lands."""
-
-
-def known_issue(outcome: Outcome) -> str | None:
-    if outcome.kind != "internal":
-        return None
-    return next((name for name, p in KNOWN_INTERNAL_ERRORS.items() if p.search(outcome.key)), None)
 
 
 @pytest.mark.parametrize("mesh", MESHES, ids=lambda m: "x".join(f"{a}{n}" for a, n in m.items()))
@@ -61,8 +42,7 @@ def test_partir_matches_jax_jit_on_random_programs(mesh):
     @given(cases(meshes=(mesh,)))
     def check(case: Case) -> None:
         outcome = run_case(case)
-        if known_issue(outcome) is None:
-            assert outcome.kind not in FAILURES, f"{outcome}\n\nreplay:\n{case.script()}"
+        assert outcome.kind not in FAILURES, f"{outcome}\n\nreplay:\n{case.script()}"
 
     check()
 

@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = explore(opts.cases, opts.seed, opts.spmd_every, progress)
     out = [f"seed {opts.seed}, {opts.cases} cases", summary.text()]
+    if summary.worst_match is not None:
+        out.append(f"the closest match:\n```python\n{summary.worst_match.script()}```")
     for n, (kind, key, count, index, case, outcome) in enumerate(summary.failures()):
         out.append(f"\n=== {kind} ({count} cases): {key}\nfirst at case {index}; {outcome.detail}")
         if n < opts.shrink and not summary.interrupted:

@@ -49,6 +49,7 @@ class Summary:
     kinds: collections.Counter[str] = field(default_factory=collections.Counter)
     classes: dict[tuple[str, str], list] = field(default_factory=dict)  # -> [count, index, case]
     worst_match_ratio: float = 0.0
+    worst_match: Case | None = None  # the match closest to the tolerance (for calibration)
     spmd_checked: int = 0
     seconds: float = 0.0
     interrupted: bool = False
@@ -57,7 +58,8 @@ class Summary:
         self.kinds[outcome.kind] += 1
         self.spmd_checked += case.check_spmd and outcome.kind == "match"
         if outcome.kind == "match":
-            self.worst_match_ratio = max(self.worst_match_ratio, outcome.worst_ratio)
+            if outcome.worst_ratio > self.worst_match_ratio:
+                self.worst_match_ratio, self.worst_match = outcome.worst_ratio, case
             return
         entry = self.classes.setdefault((outcome.kind, outcome.key), [0, index, case, outcome])
         entry[0] += 1
