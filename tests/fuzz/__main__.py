@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,12 +37,10 @@ def main(argv: list[str] | None = None) -> int:
                     fh.write(f"seed {opts.seed}, {done} of {opts.cases} cases so far\n")
                     fh.write(summary.text() + "\n")
 
-    def interrupt(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
+    stop = threading.Event()  # SIGTERM: finish the current case, then report
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
 
-    signal.signal(signal.SIGTERM, interrupt)
-
-    summary = explore(opts.cases, opts.seed, opts.spmd_every, progress)
+    summary = explore(opts.cases, opts.seed, opts.spmd_every, progress, stop)
     out = [f"seed {opts.seed}, {opts.cases} cases", summary.text()]
     if summary.worst_match is not None:
         out.append(f"the closest match:\n```python\n{summary.worst_match.script()}```")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,8 +98,10 @@ def explore(
     seed: int,
     spmd_every: int = 8,
     progress: Callable[[int, Summary], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> Summary:
-    """Run `count` cases drawn with hypothesis seed `seed`; never stops early."""
+    """Run `count` cases drawn with hypothesis seed `seed`; never stops early
+    on a failure, only when `stop` is set (or on Ctrl-C), keeping what ran."""
     summary = Summary()
     counter = itertools.count()
     start = time.perf_counter()
@@ -107,6 +110,8 @@ def explore(
     @_settings(count, (Phase.generate,))
     @given(cases(spmd_every=spmd_every))
     def run(case: Case) -> None:
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
         index = next(counter)
         if index and index % CLEAR_CACHES_EVERY == 0:
             jax.clear_caches()
