@@ -75,6 +75,7 @@ def test_the_oracle_fails_a_wrong_answer_and_passes_float32_noise():
         (partir.TacticError('ManualPartition: dim 0 of x (shape (3,)) has size 3, which mesh axis "a" of size 2 does not divide'), "refusal"),
         (ActionError('%x: unknown mesh axis "z" (the mesh has "a")'), "refusal"),
         (UnsupportedOpError("cannot emit stablehlo.sort (op #3 of @main) as JAX: no JAX translation for this op: ..."), "refusal"),
+        (UnsupportedOpError("partir cannot partition this program (refused before partitioning); stablehlo.sort at f.py:3:4 (in f): instead, ..."), "refusal"),
         (UnsupportedOpError("value %3 is used before it is defined"), "internal"),
         (VerifyException("a mesh axis is used twice in distribution ['a', 'a']"), "internal"),
         (TypeError("slice limit_indices must be less than or equal to operand shape"), "internal"),

@@ -17,7 +17,7 @@ used, and that case (at most 0.87 over the first ~3,000 cases, seeds 0-3);
 the deliberately wrong answer in tests/test_fuzz.py scores above 1,000.
 
 Outcomes: "match"; "wrong" (always a failure); "refusal" (an exception partir
-raises on purpose for input it does not support, see `REFUSALS`); "internal"
+raises on purpose for input it does not support, see `_is_refusal`); "internal"
 (any other exception: a bug); "invalid" (`jax.jit` itself rejects the program:
 a bug in the grammar, not in partir).
 """
@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 import partir
+from dialects.errors import PartirError
 from dialects.interpreter.spmd import run_spmd
 from lowering.jax_ir import UnsupportedOpError
 from rewrites.actions import ActionError
@@ -59,23 +60,26 @@ class Outcome:
         return f"{self.kind}: {self.key}\n{self.detail}".rstrip()
 
 
-_UNSUPPORTED_OP = re.compile(r"^cannot emit (\S+)")
+_UNSUPPORTED_OP = re.compile(r"^cannot emit (\S+)|refused before partitioning\); (\S+)")
 
 
 def _is_refusal(err: BaseException) -> str | None:
     """The refusal class of `err`, or None if it is not a clear refusal.
 
-    Clear refusals: a `TacticError` (a tactic that cannot apply: unknown axis,
-    no such dim, a selector that selects nothing, a dim the axis does not
-    divide), an `ActionError` (the same checks on a single tiling action), and
-    an `UnsupportedOpError` that names the op it cannot emit ("cannot emit
-    stablehlo.X ..."). Anything else -- a verifier failure on IR partir built,
-    a `LoweringError`, an emitted program JAX rejects, a KeyError -- is internal.
+    Clear refusals are partir's declared bad-input errors: a `PartirError`
+    (`dialects/errors.py`: e.g. a `TacticError` for an unknown axis, a dim an
+    axis does not divide, a selector that selects nothing) or an `ActionError`
+    (the same checks on one tiling action); an `UnsupportedOpError` counts only
+    when it names the op it refuses (before partitioning, or "cannot emit
+    stablehlo.X"). Anything else -- a verifier failure on IR partir built, a
+    `LoweringError`, an emitted program JAX rejects, a KeyError, an
+    `UnsupportedOpError` about a dangling value -- is internal.
     """
-    if isinstance(err, partir.TacticError | ActionError):
+    if isinstance(err, UnsupportedOpError):
+        m = _UNSUPPORTED_OP.search(str(err))
+        return f"unsupported {m.group(1) or m.group(2)}" if m else None
+    if isinstance(err, PartirError | ActionError):
         return type(err).__name__
-    if isinstance(err, UnsupportedOpError) and (m := _UNSUPPORTED_OP.match(str(err))):
-        return f"unsupported {m.group(1)}"
     return None
 
 
