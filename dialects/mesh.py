@@ -1,16 +1,25 @@
 """The mesh value: named device axes, built from a dict or a `jax.sharding.Mesh`.
 
 The one Python model of a mesh for every stage (exported as `partir.Mesh`);
-`MeshOp` (dialects/partir.py) is its IR form.
+`MeshOp` (dialects/partir.py) is its IR form (`MeshOp.mesh`, `Mesh.to_op()`).
+A `Mesh` reads as the ordered mapping {axis name: size} it is, so
+`mesh["batch"]` is an axis's size; what is computed from the axes (device
+counts of axis groups, device coordinates, a device's place in its group)
+is a method here, not recomputed where it is needed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
+from functools import cached_property
 from typing import Any
 
+Coords = dict[str, int]
+"""One device's position on each mesh axis."""
 
-class Mesh:
+
+class Mesh(Mapping[str, int]):
     """A logical device mesh: ordered axis names and sizes, e.g. {"batch": 4, "model": 2}.
 
     Tactics and loops name these axes; the lowering maps them onto a JAX mesh
@@ -29,11 +38,38 @@ class Mesh:
                 raise ValueError(f'mesh axis "{name}" needs a positive integer size, got {size!r}')
         self.axes: dict[str, int] = dict(axes)
 
+    @classmethod
+    def single_device(cls) -> Mesh:
+        """The mesh with no axes: one device. Not a partitioning target (so
+        `Mesh({})` is refused); it is what an unpartitioned program runs on
+        (`partir.mesh @mesh []`, as the report lowers plain StableHLO)."""
+        mesh = cls.__new__(cls)
+        mesh.axes = {}
+        return mesh
+
+    # --- the mapping {axis: size} ----------------------------------------------
+
+    def __getitem__(self, axis: str) -> int:
+        return self.axes[axis]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.axes)
+
+    def __len__(self) -> int:
+        return len(self.axes)
+
+    # --- sizes -----------------------------------------------------------------
+
     @property
     def size(self) -> int:
+        """The number of devices."""
+        return self.size_of(self.axes)
+
+    def size_of(self, axes: Iterable[str]) -> int:
+        """The number of devices in a group spanning `axes` (the product of their sizes)."""
         total = 1
-        for n in self.axes.values():
-            total *= n
+        for axis in axes:
+            total *= self.check_axis(axis, "Mesh.size_of")
         return total
 
     def check_axis(self, axis: str, who: str) -> int:
@@ -43,10 +79,41 @@ class Mesh:
             raise ValueError(f'{who}: unknown mesh axis "{axis}"; the mesh has {known}')
         return self.axes[axis]
 
+    # --- devices ---------------------------------------------------------------
+
+    @cached_property
+    def devices(self) -> tuple[Coords, ...]:
+        """Every device's coordinates, row-major over the axes (as
+        `jax.sharding.Mesh` lays devices out): device i is `devices[i]`."""
+        names = list(self.axes)
+        ranges = (range(self.axes[a]) for a in names)
+        return tuple(dict(zip(names, c, strict=True)) for c in itertools.product(*ranges))
+
+    def group_index(self, coords: Coords, axes: Iterable[str]) -> int:
+        """A device's position in its group along `axes`, major first (what
+        `lax.axis_index(axes)` returns on it)."""
+        index = 0
+        for axis in axes:
+            index = index * self.axes[axis] + coords[axis]
+        return index
+
+    def group(self, device: int, axes: Iterable[str]) -> list[int]:
+        """The devices that differ from `device` only along `axes`, in group order."""
+        axes = tuple(axes)
+        me = self.devices[device]
+        members = [
+            i
+            for i, c in enumerate(self.devices)
+            if all(c[a] == me[a] for a in self.axes if a not in axes)
+        ]
+        return sorted(members, key=lambda i: self.group_index(self.devices[i], axes))
+
+    # --- IR form and identity --------------------------------------------------
+
     def to_op(self):  # -> dialects.partir.MeshOp (imported late: partir.py imports this module)
         from dialects.partir import MeshOp
 
-        return MeshOp(self.axes)
+        return MeshOp(self)
 
     def __repr__(self) -> str:
         return f"Mesh({self.axes!r})"

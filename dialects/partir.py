@@ -19,7 +19,7 @@ device along the axis; the verifier enforces what makes both meanings agree.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 
 from xdsl.dialects.builtin import (
@@ -67,6 +67,8 @@ from xdsl.traits import (
     SymbolOpInterface,
 )
 from xdsl.utils.exceptions import VerifyException
+
+from dialects.mesh import Mesh
 
 # --------------------------------------------------------------------------
 # Types and attributes
@@ -193,8 +195,8 @@ class MeshOp(IRDLOperation):
 
     traits = traits_def(SymbolOpInterface(), HasParent(ModuleOp))
 
-    def __init__(self, axes: dict[str, int] | Sequence[tuple[str, int]], name: str = "mesh"):
-        items = list(axes.items()) if isinstance(axes, dict) else list(axes)
+    def __init__(self, axes: Mapping[str, int] | Sequence[tuple[str, int]], name: str = "mesh"):
+        items = list(axes.items()) if isinstance(axes, Mapping) else list(axes)
         super().__init__(
             properties={
                 "sym_name": StringAttr(name),
@@ -208,6 +210,12 @@ class MeshOp(IRDLOperation):
         """Axis name -> size, in declaration order."""
         sizes = self.axis_sizes.get_values()
         return {n.data: int(s) for n, s in zip(self.axis_names.data, sizes, strict=True)}
+
+    @property
+    def mesh(self) -> Mesh:
+        """The mesh value this op declares (`Mesh.single_device()` if it has no axes)."""
+        axes = self.axes
+        return Mesh(axes) if axes else Mesh.single_device()
 
     def verify_(self) -> None:
         names = [n.data for n in self.axis_names.data]

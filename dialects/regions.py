@@ -22,14 +22,22 @@ def binary_combiner(region: Region) -> Operation | None:
     return combine if set(combine.operands) == set(block.args) else None
 
 
+def combiner_name(region: Region) -> str | None:
+    """The name of the op a `binary_combiner` region applies (`stablehlo.add`, ...)."""
+    combine = binary_combiner(region)
+    return combine.name if combine is not None else None
+
+
 def returns_update(region: Region) -> bool:
-    """Whether `region` is `^bb0(%current, %update): return %update` (a scatter
-    that replaces)."""
+    """Whether `region` is `^bb0(%current..., %update...): return %update...`
+    (a scatter that replaces), for one or more scattered inputs."""
     block = region.block
     ops = list(block.ops)
+    count = len(block.args) // 2
     return (
-        len(block.args) == 2
+        count > 0
+        and len(block.args) == 2 * count
         and len(ops) == 1
         and ops[0].name == "stablehlo.return"
-        and list(ops[0].operands) == [block.args[1]]
+        and list(ops[0].operands) == list(block.args[count:])
     )

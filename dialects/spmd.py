@@ -49,6 +49,8 @@ from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 from dialects.distribution import Distribution
+from dialects.dtypes import tensor_bytes
+from dialects.mesh import Mesh
 from dialects.partir import MeshOp, find_mesh
 
 DIST = "dist"
@@ -119,22 +121,20 @@ class DTensorType(ParametrizedAttribute, TypeAttribute):
         if len(used) != len(set(used)):
             raise VerifyException(f"a mesh axis is used twice in distribution {used}")
 
-    def local_type(self, mesh: dict[str, int]) -> TensorType:
+    def local_type(self, mesh: Mesh) -> TensorType:
         """The type one device holds."""
         shape = list(self.global_type.get_shape())
+        for a in self.distribution.axes:
+            if a not in mesh:
+                raise VerifyException(f'unknown mesh axis "{a}" in {self}')
         for d, axes in enumerate(self.dim_axes):
             for a in axes:
-                if a not in mesh:
-                    raise VerifyException(f'unknown mesh axis "{a}" in {self}')
                 if shape[d] % mesh[a]:
                     raise VerifyException(
                         f'dim {d} of {self.global_type} is not divisible over "{a}" of size '
                         f"{mesh[a]}"
                     )
                 shape[d] //= mesh[a]
-        for a in self.partial_axes:
-            if a not in mesh:
-                raise VerifyException(f'unknown mesh axis "{a}" in {self}')
         return TensorType(self.global_type.element_type, shape)
 
     @classmethod
@@ -165,24 +165,23 @@ class DTensorType(ParametrizedAttribute, TypeAttribute):
                 _print_axis_set(printer, self.partial_axes)
 
 
-def mesh_axes(op: Operation) -> dict[str, int]:
+def mesh_of(op: Operation) -> Mesh:
+    """The mesh of the module enclosing `op` (SPMD ops are typed against it)."""
     mesh = find_mesh(op)
     if not isinstance(mesh, MeshOp):
         raise VerifyException(f"{op.name} needs a partir.mesh declaration in its module")
-    return mesh.axes
+    return mesh.mesh
 
 
 def _group_size(op: Operation, axes: Sequence[str]) -> int:
-    mesh = mesh_axes(op)
-    size = 1
+    mesh = mesh_of(op)
     for a in axes:
         if a not in mesh:
             known = ", ".join(f'"{k}"' for k in mesh)
             raise VerifyException(f'{op.name}: unknown mesh axis "{a}" (the mesh has {known})')
-        size *= mesh[a]
     if len(set(axes)) != len(axes) or not axes:
         raise VerifyException(f"{op.name}: needs distinct mesh axes, got {list(axes)}")
-    return size
+    return mesh.size_of(axes)
 
 
 def _shape(value: SSAValue | Attribute) -> list[int]:
@@ -192,13 +191,43 @@ def _shape(value: SSAValue | Attribute) -> list[int]:
 
 
 class CollectiveOp(IRDLOperation):
-    """Base: a communication (or local-slice) op over a group of mesh axes."""
+    """Base: a communication (or local-slice) op over a group of mesh axes.
+
+    A collective owns its meaning: `result_distribution` (how it changes its
+    operand's distribution), `kind`, `communicates` and `bytes_per_device` (its
+    accounting). Its NumPy meaning is an `@impl` of `SpmdFunctions`
+    (dialects/interpreter/spmd.py), its JAX form one entry of
+    `lowering.jax_collectives.EMITTERS`; tests/test_spmd_coverage.py checks
+    that every SPMD op has all of them.
+    """
 
     axes = prop_def(ArrayAttr[StringAttr])
 
     @property
     def axis_names(self) -> tuple[str, ...]:
         return tuple(a.data for a in self.axes.data)
+
+    @property
+    def kind(self) -> str:
+        """The collective's name without the dialect: "all_reduce", ..."""
+        return self.name.removeprefix("spmd.")
+
+    @property
+    def communicates(self) -> bool:
+        """Whether devices exchange data (a local slice does not)."""
+        return True
+
+    @property
+    def bytes_per_device(self) -> int:
+        """What one device moves: the larger of its part going in and coming
+        out, as XLA accounts it."""
+        operand, result = self.operands[0].type, self.results[0].type
+        assert isinstance(operand, TensorType) and isinstance(result, TensorType)
+        return max(tensor_bytes(operand), tensor_bytes(result))
+
+    def result_distribution(self, before: Distribution) -> Distribution:
+        """The distribution of the result, given the operand's."""
+        raise NotImplementedError(f"{self.name} does not say how it changes a distribution")
 
     def _check(self, src: SSAValue, res: SSAValue, grow: int | None, shrink: int | None) -> None:
         """Result shape = source shape with dim `grow` multiplied by the group
@@ -249,6 +278,10 @@ class AllReduceOp(CollectiveOp):
     def verify_(self) -> None:
         self._check(self.input, self.result, None, None)
 
+    def result_distribution(self, before: Distribution) -> Distribution:
+        """The partial sums over the axes are added."""
+        return before.summed(self.axis_names)
+
 
 class _DimCollectiveOp(CollectiveOp):
     """Base of the collectives that act along one dimension `dim`."""
@@ -276,6 +309,10 @@ class AllGatherOp(_DimCollectiveOp):
     def verify_(self) -> None:
         self._check(self.input, self.result, self.dim.value.data, None)
 
+    def result_distribution(self, before: Distribution) -> Distribution:
+        """The dim is no longer split over the axes (its minor splits)."""
+        return before.unsplit(self.dim.value.data, self.axis_names)
+
 
 @irdl_op_definition
 class ReduceScatterOp(_DimCollectiveOp):
@@ -285,6 +322,10 @@ class ReduceScatterOp(_DimCollectiveOp):
 
     def verify_(self) -> None:
         self._check(self.input, self.result, None, self.dim.value.data)
+
+    def result_distribution(self, before: Distribution) -> Distribution:
+        """The partials over the axes are added, and the dim split over them (minor)."""
+        return before.summed(self.axis_names).split_further(self.dim.value.data, self.axis_names)
 
 
 @irdl_op_definition
@@ -326,6 +367,11 @@ class AllToAllOp(CollectiveOp):
             raise VerifyException(f"{self.name}: split and concat dims are both {split}")
         self._check(self.input, self.result, concat, split)
 
+    def result_distribution(self, before: Distribution) -> Distribution:
+        """The axes move from the concat dim (its minor splits) to the split dim (minor)."""
+        concat, split = self.concat_dim.value.data, self.split_dim.value.data
+        return before.unsplit(concat, self.axis_names).split_further(split, self.axis_names)
+
 
 @irdl_op_definition
 class LocalSliceOp(_DimCollectiveOp):
@@ -334,8 +380,16 @@ class LocalSliceOp(_DimCollectiveOp):
 
     name = "spmd.local_slice"
 
+    @property
+    def communicates(self) -> bool:
+        return False
+
     def verify_(self) -> None:
         self._check(self.input, self.result, None, self.dim.value.data)
+
+    def result_distribution(self, before: Distribution) -> Distribution:
+        """The dim is split over the axes too (minor)."""
+        return before.split_further(self.dim.value.data, self.axis_names)
 
 
 class _BoundaryOp(IRDLOperation):
@@ -353,7 +407,7 @@ class _BoundaryOp(IRDLOperation):
         dtensor, local = self._dtensor_and_local()
         if not isinstance(dtensor, DTensorType) or not isinstance(local, TensorType):
             raise VerifyException(f"{self.name} converts between !spmd.dtensor and tensor")
-        want = dtensor.local_type(mesh_axes(self))
+        want = dtensor.local_type(mesh_of(self))
         if want != local:
             raise VerifyException(
                 f"{self.name}: the device part of {dtensor} is {want}, not {local}"
@@ -386,34 +440,9 @@ class FromLocalOp(_BoundaryOp):
         return self.result.type, self.input.type
 
 
-COLLECTIVES = (AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp)
-
 SPMD = Dialect(
     "spmd",
     [AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, LocalSliceOp, ToLocalOp, FromLocalOp],
     [DTensorType],
 )
 
-
-def after_collective(op: CollectiveOp, before: DTensorType) -> DTensorType:
-    """The distribution of a collective's result, given its operand's.
-
-    all_reduce drops partial axes; all_gather removes the axes from the end
-    of a dim's split; reduce_scatter and local_slice append them (minor);
-    all_to_all moves them from the concat dim to the split dim.
-    """
-    axes = op.axis_names
-    dims = [list(d) for d in before.dim_axes]
-    partial = [a for a in before.partial_axes if a not in axes]
-    if isinstance(op, AllGatherOp):
-        d = op.dim.value.data
-        dims[d] = dims[d][: len(dims[d]) - len(axes)]
-    elif isinstance(op, ReduceScatterOp | LocalSliceOp):
-        dims[op.dim.value.data] += list(axes)
-    elif isinstance(op, AllToAllOp):
-        concat, split = op.concat_dim.value.data, op.split_dim.value.data
-        dims[concat] = dims[concat][: len(dims[concat]) - len(axes)]
-        dims[split] += list(axes)
-    if not isinstance(op, AllReduceOp | ReduceScatterOp):
-        partial = list(before.partial_axes)
-    return DTensorType(before.global_type, dims, partial)

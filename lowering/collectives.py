@@ -1,34 +1,21 @@
-"""The collectives an SPMD program performs, with bytes moved per device."""
+"""The collectives an SPMD program performs, with bytes moved per device.
+
+Every figure comes from the op itself (`CollectiveOp.kind`, `.communicates`,
+`.bytes_per_device`), so a new collective op is counted without a table here.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.ir import Operation
+from xdsl.dialects.builtin import ModuleOp
 
-from dialects.spmd import AllGatherOp, AllReduceOp, AllToAllOp, ReduceScatterOp
-
-KINDS = {
-    AllReduceOp: "all_reduce",
-    AllGatherOp: "all_gather",
-    ReduceScatterOp: "reduce_scatter",
-    AllToAllOp: "all_to_all",
-}
-
-
-def tensor_bytes(ty: object) -> int:
-    assert isinstance(ty, TensorType)
-    width = ty.element_type.bitwidth if hasattr(ty.element_type, "bitwidth") else 32
-    count = 1
-    for n in ty.get_shape():
-        count *= n
-    return count * max(width, 8) // 8
+from dialects.spmd import CollectiveOp
 
 
 @dataclass(frozen=True)
 class Collective:
-    """One collective: kind, mesh axes, the local shapes and bytes per device
+    """One collective: kind, mesh axes, the local types and bytes per device
     (the larger of what goes in and what comes out, as XLA accounts it)."""
 
     kind: str
@@ -36,34 +23,20 @@ class Collective:
     operand: str
     result: str
     bytes_per_device: int
-    op: Operation
+    op: CollectiveOp
 
-    def row(self) -> dict[str, object]:
-        return {
-            "kind": self.kind,
-            "axes": list(self.axes),
-            "operand": self.operand,
-            "result": self.result,
-            "bytes_per_device": self.bytes_per_device,
-        }
+    @staticmethod
+    def of(op: CollectiveOp) -> Collective:
+        operand, result = op.operands[0].type, op.results[0].type
+        return Collective(
+            op.kind, op.axis_names, str(operand), str(result), op.bytes_per_device, op
+        )
 
 
 def collectives(module: ModuleOp) -> list[Collective]:
-    """Every communication op in `module`, in program order."""
-    found = []
-    for op in module.walk():
-        kind = KINDS.get(type(op))
-        if kind is None:
-            continue
-        operand, result = op.operands[0].type, op.results[0].type
-        found.append(
-            Collective(
-                kind,
-                op.axis_names,
-                str(operand),
-                str(result),  # type: ignore[attr-defined]
-                max(tensor_bytes(operand), tensor_bytes(result)),
-                op,
-            )
-        )
-    return found
+    """Every op in `module` that communicates, in program order."""
+    return [
+        Collective.of(op)
+        for op in module.walk()
+        if isinstance(op, CollectiveOp) and op.communicates
+    ]

@@ -17,17 +17,19 @@ undistribute never appears.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from xdsl.dialects.builtin import StringAttr, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from dialects.distribution import Distribution
+from dialects.mesh import Mesh
 from dialects.partir import ORIGIN, OriginAttr, part_type
 from dialects.spmd import (
     AllGatherOp,
     AllReduceOp,
     AllToAllOp,
+    CollectiveOp,
     LocalSliceOp,
     ReduceScatterOp,
 )
@@ -66,7 +68,7 @@ class Redistributor:
     `emit` inserts an op into the function being built and returns it.
     """
 
-    def __init__(self, mesh: dict[str, int], emit: Callable[[Operation], Operation]):
+    def __init__(self, mesh: Mesh, emit: Callable[[Operation], Operation]):
         self.mesh = mesh
         self._emit = emit
         self._cache: dict[tuple[SSAValue, Distribution, str], Placed] = {}
@@ -75,22 +77,21 @@ class Redistributor:
         action that made the value distributed (recorded on each collective:
         the origin of the axis it communicates over)."""
 
-    def emit(self, op: Operation) -> Operation:
+    def emit(self, op: CollectiveOp) -> CollectiveOp:
         needed_by, origins = self.cause
         if needed_by:
             op.attributes[NEEDED_BY] = StringAttr(needed_by)
         by_axis = dict(origins)
-        axes = getattr(op, "axis_names", ())
-        origin = next((by_axis[a] for a in axes if a in by_axis), None)
+        origin = next((by_axis[a] for a in op.axis_names if a in by_axis), None)
         if origin is not None:
             op.attributes[ORIGIN] = origin
-        return self._emit(op)
+        self._emit(op)
+        return op
 
-    def _size(self, axes: tuple[str, ...]) -> int:
-        n = 1
-        for a in axes:
-            n *= self.mesh[a]
-        return n
+    def _apply(self, placed: Placed, op: CollectiveOp) -> Placed:
+        """Emit `op` on `placed`; its result, distributed as the op says."""
+        self.emit(op)
+        return Placed(op.results[0], op.result_distribution(placed.dist), placed.origins)
 
     def _memo(self, placed: Placed, key: str, make: Callable[[], Placed]) -> Placed:
         k = (placed.local, placed.dist, key)
@@ -104,16 +105,14 @@ class Redistributor:
             return placed
 
         def make() -> Placed:
-            local, dist = placed.local, placed.dist
-            if dist.partial:
-                local = self.emit(AllReduceOp(local, dist.partial)).results[0]
-                dist = replace(dist, partial=())
-            for d, axes in enumerate(dist.dims):
+            whole = placed
+            if whole.dist.partial:
+                whole = self._apply(whole, AllReduceOp(whole.local, whole.dist.partial))
+            for d, axes in enumerate(whole.dist.dims):
                 if axes:
-                    ty = grow_type(local.type, d, self._size(axes))  # type: ignore[arg-type]
-                    local = self.emit(AllGatherOp(local, d, axes, ty)).results[0]
-                    dist = dist.with_dim(d, ())
-            return Placed(local, dist, placed.origins)
+                    ty = grow_type(whole.local.type, d, self.mesh.size_of(axes))  # type: ignore[arg-type]
+                    whole = self._apply(whole, AllGatherOp(whole.local, d, axes, ty))
+            return whole
 
         return self._memo(placed, "replicate", make)
 
@@ -123,8 +122,7 @@ class Redistributor:
             return placed
 
         def make() -> Placed:
-            op = self.emit(AllReduceOp(placed.local, placed.dist.partial))
-            return Placed(op.results[0], replace(placed.dist, partial=()), placed.origins)
+            return self._apply(placed, AllReduceOp(placed.local, placed.dist.partial))
 
         return self._memo(placed, "reduce", make)
 
@@ -139,27 +137,24 @@ class Redistributor:
         )
 
     def _move_to_part(self, placed: Placed, dim: int, axis: str) -> Placed:
+        """The collective that splits `dim` over `axis` (minor: the dim is not
+        split yet), then the part as `take_part` gives it (the axis leaves)."""
         local, dist = placed.local, placed.dist
         parts = self.mesh[axis]
         part = part_type(local.type, dim, parts) if not dist.dims[dim] else None  # type: ignore[arg-type]
-        if part is not None and axis in dist.partial:  # P -> S: reduce-scatter
-            op = self.emit(ReduceScatterOp(local, dim, (axis,), part))
-            remaining = tuple(a for a in dist.partial if a != axis)
-            return Placed(op.results[0], replace(dist, partial=remaining), placed.origins)
         source = dist.split_dim_of(axis)
-        if part is not None and source is not None and dist.dims[source][-1] == axis:
+        if part is not None and axis in dist.partial:  # P -> S: reduce-scatter
+            split = self._apply(placed, ReduceScatterOp(local, dim, (axis,), part))
+        elif part is not None and source is not None and dist.dims[source][-1] == axis:
             # S(i) -> S(j): all-to-all moves the axis from dim i to dim j.
             ty = grow_type(part, source, parts)
-            op = self.emit(AllToAllOp(local, dim, source, (axis,), ty))
-            return Placed(
-                op.results[0], dist.with_dim(source, dist.dims[source][:-1]), placed.origins
-            )
-        if part is not None and source is None and axis not in dist.partial:
-            op = self.emit(LocalSliceOp(local, dim, (axis,), part))  # B -> S: no communication
-            return Placed(op.results[0], dist, placed.origins)
-        # Anything else (the axis is a minor split, or the dim is split by
-        # another axis): make the value whole, then take the part locally.
-        whole = self.replicate(placed)
-        ty = part_type(whole.local.type, dim, parts)  # type: ignore[arg-type]
-        op = self.emit(LocalSliceOp(whole.local, dim, (axis,), ty))
-        return Placed(op.results[0], whole.dist, placed.origins)
+            split = self._apply(placed, AllToAllOp(local, dim, source, (axis,), ty))
+        elif part is not None and source is None:  # B -> S: no communication
+            split = self._apply(placed, LocalSliceOp(local, dim, (axis,), part))
+        else:
+            # Anything else (the axis is a minor split, or the dim is split by
+            # another axis): make the value whole, then take the part locally.
+            whole = self.replicate(placed)
+            ty = part_type(whole.local.type, dim, parts)  # type: ignore[arg-type]
+            split = self._apply(whole, LocalSliceOp(whole.local, dim, (axis,), ty))
+        return self.take_part(split, dim, axis)

@@ -2,7 +2,8 @@
 
 Inside `shard_map` the `to_local`/`from_local` boundaries are the identity,
 and each collective is the `lax` collective over the same mesh axes, typed so
-that JAX's `check_vma` accepts every replication claim it makes.
+that JAX's `check_vma` accepts every replication claim it makes. `EMITTERS`
+has one entry per SPMD op (`lowering.jax_ops` merges it into the op table).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from typing import TYPE_CHECKING
 
 from xdsl.ir import Operation
 
+from dialects import spmd
 from lowering.jax_ir import int_value, static_shape
 from lowering.jax_literals import axes_literal
 
 if TYPE_CHECKING:
-    from lowering.jax_body import BodyEmitter
+    from lowering.jax_body import BodyEmitter, Emitter
 
 
 def emit_boundary(em: BodyEmitter, op: Operation) -> None:
@@ -64,3 +66,15 @@ def emit_local_slice(em: BodyEmitter, op: Operation) -> str:
     size = static_shape(op, op.results[0])[dim]
     index = f"lax.axis_index({axes_literal(op.axis_names)})"
     return f"lax.dynamic_slice_in_dim({em.args(op)}, {index} * {size}, {size}, axis={dim})"
+
+
+EMITTERS: dict[type[Operation], Emitter] = {
+    spmd.ToLocalOp: emit_boundary,
+    spmd.FromLocalOp: emit_boundary,
+    spmd.AllReduceOp: emit_all_reduce,
+    spmd.AllGatherOp: emit_all_gather,
+    spmd.ReduceScatterOp: emit_reduce_scatter,
+    spmd.AllToAllOp: emit_all_to_all,
+    spmd.LocalSliceOp: emit_local_slice,
+}
+"""SPMD op class -> its emitter."""

@@ -19,7 +19,7 @@ from xdsl_jax.dialects.stablehlo.attributes import (
     ResultAccuracyMode,
 )
 
-from dialects.interpreter.dtypes import element_kind
+from dialects.dtypes import element_kind
 from lowering.jax_ir import by_name, element_dtype, int_value, unsupported
 
 if TYPE_CHECKING:

@@ -12,11 +12,10 @@ from typing import Any
 
 import numpy as np
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, IntegerAttr, ModuleOp, TensorType
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
-from xdsl.utils.exceptions import InterpretationError
 
-from dialects.interpreter.dtypes import numpy_dtype
+from dialects.dtypes import ElementTypeError, numpy_dtype
 from dialects.names import op_name
 
 
@@ -55,15 +54,6 @@ def by_name(table: dict[type[Operation], Any]) -> dict[str, Any]:
     return {cls.name: value for cls, value in table.items()}
 
 
-def ints(attr: Any) -> tuple[int, ...]:
-    """The integers of an `ArrayAttr[IntegerAttr]` or a `DenseArrayBase`."""
-    if isinstance(attr, DenseArrayBase):
-        return tuple(int(v) for v in attr.get_values())
-    if isinstance(attr, ArrayAttr):
-        return tuple(int(a.value.data) for a in attr.data)
-    raise TypeError(f"not an integer list: {attr}")
-
-
 def int_value(attr: IntegerAttr) -> int:
     return int(attr.value.data)
 
@@ -84,5 +74,5 @@ def element_dtype(op: Operation, ty: Attribute) -> np.dtype:
     element = ty.element_type if isinstance(ty, TensorType) else ty
     try:
         return numpy_dtype(element)
-    except InterpretationError as error:
+    except ElementTypeError as error:
         raise unsupported(op, f"no NumPy/JAX dtype for {element}") from error

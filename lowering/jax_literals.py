@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from xdsl.ir import Operation
-from xdsl.utils.exceptions import InterpretationError
 
-from dialects.interpreter.dtypes import dense_to_numpy, element_kind
+from dialects.distribution import Distribution
+from dialects.dtypes import ElementTypeError, dense_to_numpy, element_kind
 from lowering.jax_ir import UnsupportedOpError, tensor_type, unsupported
 
 if TYPE_CHECKING:
@@ -86,15 +86,9 @@ def axes_literal(axes: Sequence[str]) -> str:
     return repr(tuple(axes))
 
 
-def _spec_entry(axes: Sequence[str]) -> str:
-    if not axes:
-        return "None"
-    return repr(axes[0]) if len(axes) == 1 else repr(tuple(axes))
-
-
-def partition_spec(dims: Sequence[Sequence[str]]) -> str:
-    """`P('batch', None)` for a dtensor's per-dimension axes; `P()` for rank 0."""
-    return "P(" + ", ".join(_spec_entry(d) for d in dims) + ")"
+def partition_spec(dist: Distribution) -> str:
+    """`P('batch', None)`: the source of `dist`'s PartitionSpec; `P()` for rank 0."""
+    return "P(" + ", ".join(repr(entry) for entry in dist.spec()) + ")"
 
 
 def comment_text(text: str) -> str:
@@ -119,7 +113,7 @@ def emit_constant(em: BodyEmitter, op: Operation) -> str | None:
     dtype_name = em.dtype(op, ty)
     try:
         array = dense_to_numpy(op.value)
-    except InterpretationError as error:
+    except ElementTypeError as error:
         raise unsupported(op, str(error)) from None
     shape = tuple(int(d) for d in ty.get_shape())
     if _is_splat(array):

@@ -2,9 +2,9 @@
 
 Elementwise ops share one emitter keyed by their `lax` function
 (`lowering.jax_elementwise`); every other op has its own, from
-`lowering.jax_literals` (constants), `lowering.jax_structural`,
-`lowering.jax_reductions` and `lowering.jax_collectives`. An op missing here
-has no JAX translation.
+`lowering.jax_literals` (constants), `lowering.jax_structural` and
+`lowering.jax_reductions`; the SPMD ops' come as one table from
+`lowering.jax_collectives`. An op missing here has no JAX translation.
 """
 
 from __future__ import annotations
@@ -14,17 +14,9 @@ from typing import TYPE_CHECKING
 from xdsl.ir import Operation
 from xdsl_jax.dialects import stablehlo as shlo
 
-from dialects import spmd
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
 from dialects.stablehlo_ext import DynamicUpdateSliceOp
-from lowering.jax_collectives import (
-    emit_all_gather,
-    emit_all_reduce,
-    emit_all_to_all,
-    emit_boundary,
-    emit_local_slice,
-    emit_reduce_scatter,
-)
+from lowering.jax_collectives import EMITTERS as SPMD_EMITTERS
 from lowering.jax_control_flow import emit_while
 from lowering.jax_elementwise import (
     BINARY,
@@ -83,13 +75,7 @@ _SPECIFIC: dict[type[Operation], Emitter] = {
     DynamicUpdateSliceOp: emit_dynamic_update_slice,
     shlo.DotGeneralOp: emit_dot_general,
     shlo.ReduceOp: emit_reduce,
-    spmd.ToLocalOp: emit_boundary,
-    spmd.FromLocalOp: emit_boundary,
-    spmd.AllReduceOp: emit_all_reduce,
-    spmd.AllGatherOp: emit_all_gather,
-    spmd.ReduceScatterOp: emit_reduce_scatter,
-    spmd.AllToAllOp: emit_all_to_all,
-    spmd.LocalSliceOp: emit_local_slice,
+    **SPMD_EMITTERS,
 }
 
 EMITTERS: dict[str, Emitter] = {

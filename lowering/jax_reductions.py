@@ -13,9 +13,10 @@ from xdsl.ir import Block, Operation
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.dialects.stablehlo.attributes import Precision
 
+from dialects.attributes import ints
 from dialects.regions import binary_combiner
 from lowering.jax_elementwise import ON_BOOLEANS, function_of
-from lowering.jax_ir import by_name, ints, unsupported
+from lowering.jax_ir import by_name, unsupported
 from lowering.jax_literals import tuple_literal
 
 if TYPE_CHECKING:

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 from xdsl.ir import Operation
 
+from dialects.attributes import ints
 from dialects.regions import binary_combiner, returns_update
-from lowering.jax_ir import int_value, ints, static_shape, unsupported
+from lowering.jax_ir import int_value, static_shape, unsupported
 from lowering.jax_literals import tuple_literal
 
 if TYPE_CHECKING:

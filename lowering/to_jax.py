@@ -40,6 +40,7 @@ from xdsl.ir import Attribute
 from xdsl.utils.exceptions import VerifyException
 
 from dialects import spmd
+from dialects.mesh import Mesh
 from dialects.partir import MeshOp
 from lowering.jax_body import BodyEmitter, ModuleTables
 from lowering.jax_ir import UnsupportedOpError, element_dtype
@@ -60,10 +61,10 @@ SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(EMITTERS))
 # The module: specs, body, build/make_mesh
 
 
-def _mesh(module: ModuleOp) -> dict[str, int]:
+def _mesh(module: ModuleOp) -> Mesh:
     for op in module.body.block.ops:
         if isinstance(op, MeshOp):
-            return op.axes
+            return op.mesh
     raise ValueError("the SPMD module declares no partir.mesh")
 
 
@@ -107,12 +108,12 @@ def _specs(
     for i, (ty, name) in enumerate(zip(types, names, strict=True)):
         named = f" {comment_text(name)}" if name else ""
         note = f"  # {label}{i}{named}: {comment_text(str(ty.global_type))}"
-        lines.append(f"    {partition_spec(ty.dim_axes)},{note}")
+        lines.append(f"    {partition_spec(ty.distribution)},{note}")
     return [*lines, ")"]
 
 
 def _input_types(
-    entry: func.FuncOp, types: Sequence[spmd.DTensorType], mesh: dict[str, int]
+    entry: func.FuncOp, types: Sequence[spmd.DTensorType], mesh: Mesh
 ) -> list[str]:
     """`IN_TYPES`: (dtype, global shape, per-device shape) per input, which
     `_check_inputs` compares with what `_body` is traced with: a wrong but

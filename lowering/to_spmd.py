@@ -30,6 +30,7 @@ from xdsl.passes import ModulePass
 
 from dialects.distribution import Distribution
 from dialects.functions import entry_function
+from dialects.mesh import Mesh
 from dialects.names import op_name
 from dialects.partir import (
     LoopOp,
@@ -41,7 +42,7 @@ from dialects.partir import (
     YieldOp,
     find_mesh,
 )
-from dialects.spmd import DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp, after_collective
+from dialects.spmd import DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
 from lowering.distributions import Placed, Redistributor
 from rewrites.distribution import range_axis
 from rewrites.registry import FactorKind, rule_for
@@ -99,7 +100,7 @@ def slicing_origins(value: SSAValue) -> tuple[tuple[str, OriginAttr], ...]:
     return tuple(found.items())
 
 
-def input_dist(value: SSAValue, mesh: dict[str, int]) -> Distribution:
+def input_dist(value: SSAValue, mesh: Mesh) -> Distribution:
     assert isinstance(value.type, TensorType)
     dims: list[tuple[str, ...]] = [() for _ in value.type.get_shape()]
     shape = list(value.type.get_shape())
@@ -114,7 +115,7 @@ def input_dist(value: SSAValue, mesh: dict[str, int]) -> Distribution:
 class SpmdLowering:
     """Lowers one entry function; see the module docstring."""
 
-    def __init__(self, mesh: dict[str, int]):
+    def __init__(self, mesh: Mesh):
         self.mesh = mesh
         self.block = Block()
         self.env: dict[SSAValue, Placed] = {}
@@ -366,7 +367,8 @@ def annotate_collectives(block: Block) -> None:
             source = op.operands[0].owner
             before = source.attributes.get(DIST) if isinstance(source, Operation) else None
             if isinstance(before, DTensorType):
-                op.attributes[DIST] = after_collective(op, before)
+                after = op.result_distribution(before.distribution)
+                op.attributes[DIST] = DTensorType.of(before.global_type, after)
 
 
 def lower_to_spmd(module: ModuleOp) -> None:
@@ -375,7 +377,7 @@ def lower_to_spmd(module: ModuleOp) -> None:
     if mesh_op is None:
         raise LoweringError("the module declares no partir.mesh; partition it first")
     entry = entry_function(module)
-    lowered = SpmdLowering(mesh_op.axes).lower(entry)
+    lowered = SpmdLowering(mesh_op.mesh).lower(entry)
     module.body.block.insert_op_before(lowered, entry)
     module.body.block.erase_op(entry)
 

@@ -32,9 +32,10 @@ from xdsl.ir import Attribute, Operation
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.xdsl_extras.traits import Elementwise
 
+from dialects.attributes import ints
 from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
 from dialects.names import op_name
-from dialects.regions import binary_combiner
+from dialects.regions import combiner_name
 from dialects.stablehlo_ext import CompareOp, PadOp, ReduceOp
 
 Dims = tuple[tuple[int, ...], ...]
@@ -136,13 +137,6 @@ def shape(value_or_type: object) -> tuple[int, ...]:
     return tuple(ty.get_shape())
 
 
-def _ints(array_attr: object) -> list[int]:
-    """Values of a DenseArrayBase or an ArrayAttr of IntegerAttr."""
-    if hasattr(array_attr, "get_values"):
-        return [int(v) for v in array_attr.get_values()]  # type: ignore[union-attr]
-    return [int(a.value.data) for a in array_attr.data]  # type: ignore[union-attr]
-
-
 def _same_shape_dims(b: _Builder, dims_shape: Sequence[int]) -> Dims:
     # Size-1 dims get a factor too (never tileable: no axis divides 1), so
     # dimension correspondences can still be traced through the op.
@@ -168,7 +162,7 @@ def broadcast_in_dim_rule(op: shlo.BroadcastInDimOp) -> OpRule:
     (an expanded dim); result dims the operand lacks are result-only factors."""
     b = _Builder()
     src, out = shape(op.operand), shape(op.result)
-    mapped = _ints(op.broadcast_dimensions)
+    mapped = ints(op.broadcast_dimensions)
     result: list[tuple[int, ...]] = [(b.new(n),) for n in out]
     operand = tuple(result[r] if src[i] == out[r] else () for i, r in enumerate(mapped))
     return b.rule([operand], [tuple(result)])
@@ -177,7 +171,7 @@ def broadcast_in_dim_rule(op: shlo.BroadcastInDimOp) -> OpRule:
 def transpose_rule(op: shlo.TransposeOp) -> OpRule:
     b = _Builder()
     operand = _same_shape_dims(b, shape(op.operand))
-    perm = _ints(op.permutation)
+    perm = ints(op.permutation)
     return b.rule([operand], [tuple(operand[p] for p in perm)])
 
 
@@ -227,8 +221,8 @@ def dot_general_rule(op: shlo.DotGeneralOp) -> OpRule:
     b = _Builder()
     dn = op.dot_dimension_numbers
     lhs_s, rhs_s = shape(op.lhs), shape(op.rhs)
-    lb, rb = _ints(dn.lhs_batching_dimensions), _ints(dn.rhs_batching_dimensions)
-    lc, rc = _ints(dn.lhs_contracting_dimensions), _ints(dn.rhs_contracting_dimensions)
+    lb, rb = ints(dn.lhs_batching_dimensions), ints(dn.rhs_batching_dimensions)
+    lc, rc = ints(dn.lhs_contracting_dimensions), ints(dn.rhs_contracting_dimensions)
     lhs: list[tuple[int, ...]] = [()] * len(lhs_s)
     rhs: list[tuple[int, ...]] = [()] * len(rhs_s)
     result: list[tuple[int, ...]] = []
@@ -247,12 +241,6 @@ def dot_general_rule(op: shlo.DotGeneralOp) -> OpRule:
     return b.rule([tuple(lhs), tuple(rhs)], [tuple(result)])
 
 
-def _reduction_body_op(op: ReduceOp) -> str | None:
-    """The name of the body's combining op, if the body is just `op(a, b)`."""
-    combine = binary_combiner(op.body)
-    return combine.name if combine is not None else None
-
-
 def _is_zero_constant(value: object) -> bool:
     owner = getattr(value, "owner", None)
     if not isinstance(owner, shlo.ConstantOp):
@@ -269,8 +257,8 @@ def reduce_rule(op: ReduceOp) -> OpRule | None:
         return None
     b = _Builder()
     src = shape(op.inputs[0])
-    reduced = set(_ints(op.dimensions))
-    combiner = _reduction_body_op(op)
+    reduced = set(ints(op.dimensions))
+    combiner = combiner_name(op.body)
     additive = combiner == "stablehlo.add" and _is_zero_constant(op.init_values[0])
     operand: list[tuple[int, ...]] = []
     result: list[tuple[int, ...]] = []
@@ -311,7 +299,7 @@ def slice_rule(op: shlo.SliceOp) -> OpRule:
     would start at its own offset."""
     b = _Builder()
     src, out = shape(op.operand), shape(op.result)
-    starts, limits, strides = _ints(op.start_indices), _ints(op.limit_indices), _ints(op.strides)
+    starts, limits, strides = ints(op.start_indices), ints(op.limit_indices), ints(op.strides)
     keep = [starts[d] == 0 and limits[d] == src[d] and strides[d] == 1 for d in range(len(src))]
     operand, result = _pass_through_or_blocked(
         b, src, out, keep, "a slice cuts this dimension; each part would need its own window"
@@ -322,8 +310,8 @@ def slice_rule(op: shlo.SliceOp) -> OpRule:
 def pad_rule(op: PadOp) -> OpRule:
     b = _Builder()
     src, out = shape(op.operand), shape(op.result)
-    lows, highs = _ints(op.edge_padding_low), _ints(op.edge_padding_high)
-    interior = _ints(op.interior_padding)
+    lows, highs = ints(op.edge_padding_low), ints(op.edge_padding_high)
+    interior = ints(op.interior_padding)
     keep = [lows[d] == highs[d] == interior[d] == 0 for d in range(len(src))]
     operand, result = _pass_through_or_blocked(
         b, src, out, keep, "padding this dimension puts the pad values in one part only"
@@ -389,7 +377,7 @@ def _gather_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attri
 
     assert isinstance(op, shlo.GatherOp)
     rule = gather_rule(op)
-    sizes = _ints(op.slice_sizes)
+    sizes = list(ints(op.slice_sizes))
     d = rule.operand_dims(factor)[0]
     if d is not None and sizes[d] == shape(op.operand)[d]:
         sizes[d] //= parts
@@ -403,13 +391,13 @@ def gather_rule(op: shlo.GatherOp) -> OpRule:
     b = _Builder()
     dn = op.dimension_numbers
     src, idx, out = shape(op.operand), shape(op.start_indices), shape(op.result)
-    offset_dims = _ints(dn.offset_dims)
-    collapsed = set(_ints(dn.collapsed_slice_dims))
-    operand_batch = _ints(dn.operand_batching_dims)
-    indices_batch = _ints(dn.start_indices_batching_dims)
-    start_map = set(_ints(dn.start_index_map))
+    offset_dims = ints(dn.offset_dims)
+    collapsed = set(ints(dn.collapsed_slice_dims))
+    operand_batch = ints(dn.operand_batching_dims)
+    indices_batch = ints(dn.start_indices_batching_dims)
+    start_map = set(ints(dn.start_index_map))
     ivd = int(dn.index_vector_dim.value.data)
-    sizes = _ints(op.slice_sizes)
+    sizes = ints(op.slice_sizes)
     reason = "gathered along this dimension: which part holds a row depends on the indices"
 
     operand: list[tuple[int, ...]] = [()] * len(src)
@@ -447,11 +435,6 @@ def _is_zero(value: object) -> bool:
     return _is_zero_constant(value)
 
 
-def _scatter_combiner(op: shlo.ScatterOp) -> str | None:
-    combine = binary_combiner(op.update_computation)
-    return combine.name if combine is not None else None
-
-
 def scatter_rule(op: shlo.ScatterOp) -> OpRule | None:
     """Scatter-add into zeros (a gradient of a gather): the updates' scatter
     dims, with the index dims they pair with, are *sum* factors: the scatter
@@ -464,13 +447,13 @@ def scatter_rule(op: shlo.ScatterOp) -> OpRule | None:
     b = _Builder()
     dn = op.scatter_dimension_numbers
     src, idx, upd = shape(op.inputs[0]), shape(op.scatter_indices), shape(op.updates[0])
-    window_dims = _ints(dn.update_window_dims)
-    inserted = set(_ints(dn.inserted_window_dims))
-    operand_batch = _ints(dn.input_batching_dims)
-    indices_batch = _ints(dn.scatter_indices_batching_dims)
-    indexed = set(_ints(dn.scatter_dims_to_operand_dims))
+    window_dims = ints(dn.update_window_dims)
+    inserted = set(ints(dn.inserted_window_dims))
+    operand_batch = ints(dn.input_batching_dims)
+    indices_batch = ints(dn.scatter_indices_batching_dims)
+    indexed = set(ints(dn.scatter_dims_to_operand_dims))
     ivd = int(dn.index_vector_dim.value.data)
-    summable = _scatter_combiner(op) == "stablehlo.add" and _is_zero(op.inputs[0])
+    summable = combiner_name(op.update_computation) == "stablehlo.add" and _is_zero(op.inputs[0])
     reason = "where an update lands depends on the index values"
 
     operand: list[tuple[int, ...]] = [()] * len(src)

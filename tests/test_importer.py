@@ -117,7 +117,7 @@ def test_chlo_ops_import_as_chlo():
 
 def test_special_float_constants_survive_import():
     """-inf (max-reduction init) and NaN constants must not become integers."""
-    from dialects.interpreter.dtypes import dense_to_numpy
+    from dialects.dtypes import dense_to_numpy
 
     module = partir.import_jax(lambda x: (jnp.max(x), jnp.full(2, jnp.nan)), np.ones(3, np.float32))
     values = [dense_to_numpy(op.value) for op in module.walk() if op.name == "stablehlo.constant"]

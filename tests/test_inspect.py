@@ -141,8 +141,8 @@ def test_argument_shardings_are_the_emitted_in_specs(step):
     arguments = step.report.arguments
     assert len(arguments) == len(specs) == len(step.leaves)
     for arg, spec, leaf in zip(arguments, specs, step.leaves, strict=True):
-        assert arg.dim_axes == spec_axes(spec, np.ndim(leaf)), arg.partir_name
-        parts = [int(np.prod([MESH.axes[a] for a in axes])) for axes in arg.dim_axes]
+        assert arg.distribution.dims == spec_axes(spec, np.ndim(leaf)), arg.partir_name
+        parts = arg.distribution.parts(MESH)
         assert arg.local_shape == tuple(n // k for n, k in zip(np.shape(leaf), parts, strict=True))
 
 

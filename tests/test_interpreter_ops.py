@@ -24,9 +24,9 @@ from xdsl.utils.exceptions import InterpretationError
 import partir
 from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
 from dialects.context import make_context
+from dialects.dtypes import numpy_dtype
 from dialects.interpreter import run_function
 from dialects.interpreter.chlo import ChloFunctions
-from dialects.interpreter.dtypes import numpy_dtype
 from dialects.interpreter.stablehlo import StableHLOFunctions
 from dialects.parser import PartirParser
 from dialects.stablehlo_ext import StableHLO

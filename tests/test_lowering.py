@@ -18,6 +18,7 @@ import partir
 from dialects.context import make_context
 from dialects.interpreter.spmd import run_spmd
 from dialects.parser import PartirParser
+from dialects.spmd import CollectiveOp
 from examples import block_forward, block_train_step, mlp_train_step, transformer_stack
 from lowering.to_spmd import lower_to_spmd
 from tests.numerics import assert_close
@@ -39,10 +40,7 @@ def lower_and_check(program, args, tactics, mesh=MESH):
 
 def collectives(module) -> collections.Counter[tuple[str, tuple[str, ...]]]:
     return collections.Counter(
-        (op.name.removeprefix("spmd."), op.axis_names)
-        for op in module.walk()
-        if op.name in ("spmd.all_reduce", "spmd.all_gather", "spmd.reduce_scatter",
-                       "spmd.all_to_all", "spmd.local_slice")
+        (op.kind, op.axis_names) for op in module.walk() if isinstance(op, CollectiveOp)
     )
 
 

@@ -19,7 +19,7 @@ from xdsl.interpreters.func import FuncFunctions
 from xdsl.ir import Operation
 from xdsl.utils.exceptions import InterpretationError
 
-from dialects.interpreter.dtypes import numpy_dtype
+from dialects.dtypes import numpy_dtype
 from dialects.names import op_name
 
 

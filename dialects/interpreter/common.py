@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from xdsl.dialects.builtin import DYNAMIC_INDEX, ArrayAttr, IntegerAttr, TensorType
+from xdsl.dialects.builtin import DYNAMIC_INDEX, TensorType
 from xdsl.interpreter import Interpreter
 from xdsl.ir import Attribute, Operation, Region
 from xdsl.utils.exceptions import InterpretationError
@@ -18,7 +18,7 @@ from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.xdsl_extras.traits import Elementwise
 
 from dialects.chlo import ChloBinaryOp, ChloUnaryOp
-from dialects.interpreter.dtypes import element_kind, numpy_dtype
+from dialects.dtypes import element_kind, numpy_dtype
 from dialects.regions import binary_combiner
 
 # --------------------------------------------------------------------------
@@ -52,15 +52,6 @@ def elementwise_result(value: Any, ty: Attribute) -> np.ndarray:
     """
     assert isinstance(ty, TensorType)
     return typed(value, ty) if ty.get_shape() else np.asarray(value, dtype=element_dtype(ty))
-
-
-def ints(attr: ArrayAttr[IntegerAttr]) -> tuple[int, ...]:
-    return tuple(a.value.data for a in attr.data)
-
-
-def dense_array(attr: Any) -> tuple[int, ...]:
-    """The values of a `DenseArrayBase` (`array<i64: ...>`) property."""
-    return tuple(int(v) for v in attr.get_values())
 
 
 def widen(x: np.ndarray) -> np.ndarray:

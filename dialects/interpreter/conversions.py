@@ -22,6 +22,7 @@ from xdsl.utils.exceptions import InterpretationError
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.dialects.stablehlo.attributes import ComparisonDirection, ComparisonType
 
+from dialects.dtypes import element_kind
 from dialects.interpreter.common import (
     element_dtype,
     elementwise_result,
@@ -29,7 +30,6 @@ from dialects.interpreter.common import (
     typed,
     widen,
 )
-from dialects.interpreter.dtypes import element_kind
 from dialects.stablehlo_ext import CompareOp
 
 # --------------------------------------------------------------------------

@@ -22,16 +22,16 @@ from xdsl.interpreter import (
 from xdsl.ir import Region
 from xdsl_jax.dialects import stablehlo as shlo
 
+from dialects.attributes import ints
+from dialects.dtypes import dense_to_numpy
 from dialects.interpreter.common import (
-    dense_array,
     element_dtype,
-    ints,
     run_region,
     scalars,
     single_binary_op,
     typed,
 )
-from dialects.interpreter.dtypes import dense_to_numpy
+from dialects.regions import returns_update
 from dialects.stablehlo_ext import DynamicUpdateSliceOp, PadOp
 
 # --------------------------------------------------------------------------
@@ -143,13 +143,6 @@ def scatter_targets(
     return tuple(np.broadcast_to(t, tuple(update_shape)) for t in target), in_bounds
 
 
-def _returns_updates(region: Region, count: int) -> bool:
-    """Whether the scatter body is `return %update...` (an overwrite)."""
-    ops = list(region.block.ops)
-    updates = list(region.block.args[count:])
-    return len(ops) == 1 and list(ops[0].operands) == updates
-
-
 def scatter(
     interp: Interpreter,
     body: Region,
@@ -164,7 +157,7 @@ def scatter(
     where = tuple(t[in_bounds] for t in target)
     values = [u[in_bounds] for u in updates]
     single = single_binary_op(body) if len(inputs) == 1 else None
-    if _returns_updates(body, len(inputs)):
+    if returns_update(body):
         for result, value in zip(results, values, strict=True):
             result[where] = value
     elif single is shlo.AddOp and results[0].dtype != np.bool_:
@@ -210,7 +203,7 @@ class DataMovementFunctions(InterpreterFunctions):
         self, interp: Interpreter, op: shlo.BroadcastInDimOp, args: PythonValues
     ) -> PythonValues:
         ty = op.result.type
-        dims = dense_array(op.broadcast_dimensions)
+        dims = ints(op.broadcast_dimensions)
         return (typed(broadcast_in_dim(np.asarray(args[0]), dims, ty.get_shape()), ty),)
 
     @impl(shlo.DynamicBroadcastInDimOp)
@@ -218,7 +211,7 @@ class DataMovementFunctions(InterpreterFunctions):
         self, interp: Interpreter, op: shlo.DynamicBroadcastInDimOp, args: PythonValues
     ) -> PythonValues:
         shape = [int(d) for d in np.asarray(args[1])]
-        dims = dense_array(op.broadcast_dimensions)
+        dims = ints(op.broadcast_dimensions)
         return (typed(broadcast_in_dim(np.asarray(args[0]), dims, shape), op.result.type),)
 
     @impl(shlo.ConcatenateOp)
@@ -234,7 +227,7 @@ class DataMovementFunctions(InterpreterFunctions):
     ) -> PythonValues:
         """Start indices are clamped so that the slice lies inside the operand."""
         x = np.asarray(args[0])
-        window = _clamped_window(args[1:], x.shape, dense_array(op.slice_sizes))
+        window = _clamped_window(args[1:], x.shape, ints(op.slice_sizes))
         return (typed(x[window], op.result.type),)
 
     @impl(DynamicUpdateSliceOp)
@@ -255,7 +248,7 @@ class DataMovementFunctions(InterpreterFunctions):
             np.asarray(args[0]),
             np.asarray(args[1]),
             op.dimension_numbers,
-            dense_array(op.slice_sizes),
+            ints(op.slice_sizes),
             ty.get_shape(),
         )
         return (typed(value, ty),)
@@ -265,9 +258,9 @@ class DataMovementFunctions(InterpreterFunctions):
         value = pad(
             np.asarray(args[0]),
             np.asarray(args[1]),
-            dense_array(op.edge_padding_low),
-            dense_array(op.edge_padding_high),
-            dense_array(op.interior_padding),
+            ints(op.edge_padding_low),
+            ints(op.edge_padding_high),
+            ints(op.interior_padding),
         )
         return (typed(value, op.result.type),)
 
@@ -294,9 +287,9 @@ class DataMovementFunctions(InterpreterFunctions):
         window = tuple(
             slice(start, limit, stride)
             for start, limit, stride in zip(
-                dense_array(op.start_indices),
-                dense_array(op.limit_indices),
-                dense_array(op.strides),
+                ints(op.start_indices),
+                ints(op.limit_indices),
+                ints(op.strides),
                 strict=True,
             )
         )
@@ -306,7 +299,7 @@ class DataMovementFunctions(InterpreterFunctions):
     def run_transpose(
         self, interp: Interpreter, op: shlo.TransposeOp, args: PythonValues
     ) -> PythonValues:
-        return (typed(np.transpose(args[0], dense_array(op.permutation)), op.result.type),)
+        return (typed(np.transpose(args[0], ints(op.permutation)), op.result.type),)
 
     @impl(shlo.ConstantOp)
     def run_constant(

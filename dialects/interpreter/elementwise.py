@@ -22,8 +22,8 @@ from xdsl.ir import Operation
 from xdsl.utils.exceptions import InterpretationError
 from xdsl_jax.dialects import stablehlo as shlo
 
+from dialects.dtypes import element_kind
 from dialects.interpreter.common import elementwise_result, int_dtype, widen
-from dialects.interpreter.dtypes import element_kind
 
 # --------------------------------------------------------------------------
 # Elementwise unary ops

@@ -24,10 +24,10 @@ from xdsl.interpreter import (
 from xdsl.ir import Operation, Region
 from xdsl_jax.dialects import stablehlo as shlo
 
+from dialects.attributes import ints
+from dialects.dtypes import element_kind
 from dialects.interpreter.common import (
-    dense_array,
     element_dtype,
-    ints,
     run_region,
     runs_batched,
     scalars,
@@ -35,7 +35,6 @@ from dialects.interpreter.common import (
     typed,
     widen,
 )
-from dialects.interpreter.dtypes import element_kind
 from dialects.interpreter.elementwise import add, maximum, minimum, multiply
 from dialects.stablehlo_ext import ReduceOp
 
@@ -218,5 +217,5 @@ class ReductionFunctions(InterpreterFunctions):
         n = len(op.inputs)
         arrays = [np.asarray(a) for a in args]
         with np.errstate(all="ignore"):
-            values = reduce(interp, op.body, arrays[:n], arrays[n:], dense_array(op.dimensions))
+            values = reduce(interp, op.body, arrays[:n], arrays[n:], ints(op.dimensions))
             return tuple(typed(v, r.type) for v, r in zip(values, op.results, strict=True))

@@ -1,33 +1,38 @@
 """Runs an SPMD module by simulating every device of its mesh with NumPy.
 
 Each SSA value of the per-device body is a list of arrays, one per device
-(row-major over the mesh axes, as `jax.sharding.Mesh` lays devices out).
-StableHLO ops run device by device through the reference interpreter;
-collectives combine the devices of each group. Arguments are split into
-device parts by their distributed types, and results are put back together
-from them, checking that devices which the type says hold copies agree: a
-wrong replication claim is an error, never a silent answer.
+(row-major over the mesh axes, as `jax.sharding.Mesh` lays devices out:
+`Mesh.devices`). StableHLO ops run device by device through the reference
+interpreter; the SPMD ops run on all devices at once, through the `@impl`s of
+`SpmdFunctions`: a collective combines the devices of each group. Arguments are
+split into device parts by their distributions, and results are put back
+together from them, checking that devices which the type says hold copies
+agree: a wrong replication claim is an error, never a silent answer.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation, SSAValue
+from xdsl.interpreter import Interpreter, InterpreterFunctions, PythonValues, impl, register_impls
+from xdsl.ir import SSAValue
 from xdsl.utils.exceptions import InterpretationError
 
+from dialects.distribution import Distribution
 from dialects.functions import entry_function
 from dialects.interpreter import _as_argument, check_implemented, make_interpreter
+from dialects.mesh import Mesh
 from dialects.partir import MeshOp, find_mesh
 from dialects.spmd import (
+    SPMD,
     AllGatherOp,
     AllReduceOp,
     AllToAllOp,
+    CollectiveOp,
     DTensorType,
     FromLocalOp,
     LocalSliceOp,
@@ -35,67 +40,34 @@ from dialects.spmd import (
     ToLocalOp,
 )
 
-Coords = dict[str, int]
+PerDevice = list[np.ndarray]
+"""One value on every device, indexed by device number (`Mesh.devices`)."""
+
+GroupPart = Callable[[list[np.ndarray], int], np.ndarray]
+"""What one device computes from its group's arrays (in group order) and its place in the group."""
 
 
-class Mesh:
-    """Device coordinates of a mesh, row-major over its axes."""
-
-    def __init__(self, axes: dict[str, int]):
-        self.axes = axes
-        names = list(axes)
-        self.devices: list[Coords] = [
-            dict(zip(names, c, strict=True))
-            for c in itertools.product(*(range(axes[a]) for a in names))
-        ]
-
-    def group_index(self, coords: Coords, axes: Sequence[str]) -> int:
-        """This device's position in its group along `axes` (major first)."""
-        index = 0
-        for a in axes:
-            index = index * self.axes[a] + coords[a]
-        return index
-
-    def group(self, device: int, axes: Sequence[str]) -> list[int]:
-        """The devices that differ from `device` only along `axes`, in group order."""
-        me = self.devices[device]
-        members = [
-            i
-            for i, c in enumerate(self.devices)
-            if all(c[a] == me[a] for a in self.axes if a not in axes)
-        ]
-        return sorted(members, key=lambda i: self.group_index(self.devices[i], axes))
-
-
-def device_part(array: np.ndarray, dtensor: DTensorType, coords: Coords, mesh: Mesh) -> np.ndarray:
-    """The part of a global array one device holds under `dtensor`."""
+def device_part(array: np.ndarray, dist: Distribution, device: int, mesh: Mesh) -> np.ndarray:
+    """The part of a global array device number `device` holds under `dist`."""
     part = array
-    for d, axes in enumerate(dtensor.dim_axes):
-        if axes:
-            n = 1
-            for a in axes:
-                n *= mesh.axes[a]
-            part = np.split(part, n, axis=d)[mesh.group_index(coords, axes)]
+    for d, (n, k) in enumerate(zip(dist.parts(mesh), dist.block_index(mesh, device), strict=True)):
+        if n > 1:
+            part = np.split(part, n, axis=d)[k]
     return part
 
 
-def assemble(parts: list[np.ndarray], dtensor: DTensorType, mesh: Mesh, what: str) -> np.ndarray:
+def assemble(parts: PerDevice, dtensor: DTensorType, mesh: Mesh, what: str) -> np.ndarray:
     """The global array from device parts, checking replicas agree."""
-    if dtensor.partial_axes:
+    dist = dtensor.distribution
+    if dist.partial:
         raise InterpretationError(f"{what} is a pending partial sum; it has no value yet")
     shape = tuple(dtensor.global_type.get_shape())
+    sizes = [n // k for n, k in zip(shape, dist.parts(mesh), strict=True)]
     out = np.empty(shape, dtype=parts[0].dtype)
     filled = np.zeros(shape, dtype=bool)
     for device, coords in enumerate(mesh.devices):
-        index = []
-        for d, axes in enumerate(dtensor.dim_axes):
-            n = 1
-            for a in axes:
-                n *= mesh.axes[a]
-            size = shape[d] // n
-            k = mesh.group_index(coords, axes) if axes else 0
-            index.append(slice(k * size, (k + 1) * size))
-        region = tuple(index)
+        blocks = dist.block_index(mesh, device)
+        region = tuple(slice(k * n, (k + 1) * n) for k, n in zip(blocks, sizes, strict=True))
         part = parts[device]
         if filled[region].any() and not np.array_equal(out[region], part, equal_nan=True):
             raise InterpretationError(
@@ -107,37 +79,86 @@ def assemble(parts: list[np.ndarray], dtensor: DTensorType, mesh: Mesh, what: st
     return out
 
 
-def _collective(op: Operation, inputs: list[np.ndarray], mesh: Mesh) -> list[np.ndarray]:
-    axes = op.axis_names  # type: ignore[attr-defined]
-    out = []
-    for device, coords in enumerate(mesh.devices):
-        members = [inputs[i] for i in mesh.group(device, axes)]
-        me = mesh.group_index(coords, axes)
-        n = len(members)
-        if isinstance(op, AllReduceOp):
-            total = members[0]
-            for m in members[1:]:
-                total = total + m
-            out.append(np.asarray(total, dtype=members[0].dtype))
-        elif isinstance(op, AllGatherOp):
-            out.append(np.concatenate(members, axis=op.dim.value.data))
-        elif isinstance(op, ReduceScatterOp):
-            total = members[0]
-            for m in members[1:]:
-                total = total + m
-            out.append(np.split(np.asarray(total, members[0].dtype), n, axis=op.dim.value.data)[me])
-        elif isinstance(op, AllToAllOp):
-            split, concat = op.split_dim.value.data, op.concat_dim.value.data
-            chunks = [np.split(m, n, axis=split)[me] for m in members]
-            out.append(np.concatenate(chunks, axis=concat))
-        elif isinstance(op, LocalSliceOp):
-            out.append(np.split(inputs[device], n, axis=op.dim.value.data)[me])
-        else:
-            raise InterpretationError(f"no SPMD implementation for {op.name}")
-    return out
+def _sum(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Left to right, in the arrays' own dtype."""
+    total = arrays[0]
+    for a in arrays[1:]:
+        total = total + a
+    return np.asarray(total, dtype=arrays[0].dtype)
 
 
-COLLECTIVE_OPS = (AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, LocalSliceOp)
+@register_impls
+class SpmdFunctions(InterpreterFunctions):
+    """The SPMD ops on per-device values (`PerDevice`) of `mesh`."""
+
+    def __init__(self, mesh: Mesh):
+        self.mesh = mesh
+
+    def _by_group(self, op: CollectiveOp, inputs: PerDevice, part: GroupPart) -> PythonValues:
+        """Each device's result: `part` of its group's inputs along the op's axes."""
+        axes = op.axis_names
+        out = []
+        for device, coords in enumerate(self.mesh.devices):
+            members = [inputs[i] for i in self.mesh.group(device, axes)]
+            out.append(part(members, self.mesh.group_index(coords, axes)))
+        return (out,)
+
+    @impl(ToLocalOp)
+    def run_to_local(self, interp: Interpreter, op: ToLocalOp, args: PythonValues) -> PythonValues:
+        """The parts are what the devices hold already."""
+        return args
+
+    @impl(FromLocalOp)
+    def run_from_local(
+        self, interp: Interpreter, op: FromLocalOp, args: PythonValues
+    ) -> PythonValues:
+        return args
+
+    @impl(AllReduceOp)
+    def run_all_reduce(
+        self, interp: Interpreter, op: AllReduceOp, args: PythonValues
+    ) -> PythonValues:
+        return self._by_group(op, args[0], lambda members, me: _sum(members))
+
+    @impl(AllGatherOp)
+    def run_all_gather(
+        self, interp: Interpreter, op: AllGatherOp, args: PythonValues
+    ) -> PythonValues:
+        dim = op.dim.value.data
+        return self._by_group(op, args[0], lambda members, me: np.concatenate(members, axis=dim))
+
+    @impl(ReduceScatterOp)
+    def run_reduce_scatter(
+        self, interp: Interpreter, op: ReduceScatterOp, args: PythonValues
+    ) -> PythonValues:
+        dim = op.dim.value.data
+
+        def part(members: list[np.ndarray], me: int) -> np.ndarray:
+            return np.split(_sum(members), len(members), axis=dim)[me]
+
+        return self._by_group(op, args[0], part)
+
+    @impl(AllToAllOp)
+    def run_all_to_all(
+        self, interp: Interpreter, op: AllToAllOp, args: PythonValues
+    ) -> PythonValues:
+        split, concat = op.split_dim.value.data, op.concat_dim.value.data
+
+        def part(members: list[np.ndarray], me: int) -> np.ndarray:
+            chunks = [np.split(m, len(members), axis=split)[me] for m in members]
+            return np.concatenate(chunks, axis=concat)
+
+        return self._by_group(op, args[0], part)
+
+    @impl(LocalSliceOp)
+    def run_local_slice(
+        self, interp: Interpreter, op: LocalSliceOp, args: PythonValues
+    ) -> PythonValues:
+        """The device's own part of its own copy (members[me] is its input)."""
+        dim = op.dim.value.data
+        return self._by_group(
+            op, args[0], lambda members, me: np.split(members[me], len(members), axis=dim)[me]
+        )
 
 
 def run_spmd(module: ModuleOp, args: Sequence[Any]) -> list[np.ndarray]:
@@ -145,34 +166,37 @@ def run_spmd(module: ModuleOp, args: Sequence[Any]) -> list[np.ndarray]:
     mesh_op = find_mesh(module)
     if not isinstance(mesh_op, MeshOp):
         raise InterpretationError("the SPMD module declares no partir.mesh")
-    mesh = Mesh(mesh_op.axes)
+    mesh = mesh_op.mesh
     entry = entry_function(module)
     check_implemented(entry)
-    interp = make_interpreter(module)
+    per_device = make_interpreter(module)
+    spmd = Interpreter(module)
+    spmd.register_implementations(SpmdFunctions(mesh))
     inputs = entry.function_type.inputs.data
     if len(args) != len(inputs):
         raise InterpretationError(f"@main takes {len(inputs)} arguments, {len(args)} were given")
-    values: dict[SSAValue, list[Any]] = {}
+    values: dict[SSAValue, PerDevice] = {}
     for i, (arg, value, ty) in enumerate(zip(entry.body.block.args, args, inputs, strict=True)):
         if not isinstance(ty, DTensorType):
             raise InterpretationError(f"argument {i} has type {ty}, not a distributed type")
         array = _as_argument(i, value, ty.global_type)
-        values[arg] = [device_part(array, ty, c, mesh) for c in mesh.devices]
+        dist = ty.distribution
+        values[arg] = [device_part(array, dist, d, mesh) for d in range(len(mesh.devices))]
     for op in entry.body.block.ops:
         if isinstance(op, func.ReturnOp):
             return [
                 assemble(values[v], v.type, mesh, f"result {i}")  # type: ignore[arg-type]
                 for i, v in enumerate(op.arguments)
             ]
-        operands = [values[v] for v in op.operands]
-        if isinstance(op, ToLocalOp | FromLocalOp):
-            values[op.results[0]] = operands[0]
-        elif isinstance(op, COLLECTIVE_OPS):
-            values[op.results[0]] = _collective(op, operands[0], mesh)
+        operands = tuple(values[v] for v in op.operands)
+        if op.dialect_name() == SPMD.name:
+            results = spmd.run_op(op, operands)
         else:
-            per_device = [
-                interp.run_op(op, tuple(o[d] for o in operands)) for d in range(len(mesh.devices))
+            each = [
+                per_device.run_op(op, tuple(o[d] for o in operands))
+                for d in range(len(mesh.devices))
             ]
-            for k, result in enumerate(op.results):
-                values[result] = [np.asarray(r[k]) for r in per_device]
+            results = tuple([np.asarray(r[k]) for r in each] for k in range(len(op.results)))
+        for result, value in zip(op.results, results, strict=True):
+            values[result] = value
     raise InterpretationError("the entry function has no func.return")

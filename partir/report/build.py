@@ -9,12 +9,14 @@ from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
 from xdsl.ir import Attribute, SSAValue
 
 from dialects.context import make_context
+from dialects.dtypes import tensor_bytes
 from dialects.functions import entry_function
+from dialects.mesh import Mesh
 from dialects.names import op_name
 from dialects.parser import PartirParser
 from dialects.partir import ORIGIN, LoopOp, MeshOp, OriginAttr, find_mesh
 from dialects.spmd import DIST, SPMD, DTensorType
-from lowering.collectives import collectives, tensor_bytes
+from lowering.collectives import collectives
 from lowering.distributions import NEEDED_BY
 from lowering.to_spmd import lower_to_spmd
 from partir.passes import recorded_conflicts
@@ -52,7 +54,7 @@ def build_report(module: ModuleOp, core: ModuleOp | None = None) -> Report:
             spmd.body.block.insert_op_before(MeshOp({}), spmd.body.block.first_op)
         lower_to_spmd(spmd)
     mesh_op = find_mesh(entry_function(spmd))
-    mesh = mesh_op.axes if mesh_op is not None else {}
+    mesh = mesh_op.mesh if mesh_op is not None else Mesh.single_device()
     conflicts = recorded_conflicts(module)
     names = ssa_names(spmd)
     spmd_entry = entry_function(spmd)
@@ -80,22 +82,13 @@ def is_spmd(entry: func.FuncOp) -> bool:
     )
 
 
-def properties(dtensor: DTensorType, mesh: dict[str, int]) -> dict[str, str]:
-    """DistPar's property of each mesh axis for a distributed value."""
-    props = {}
-    for axis in mesh:
-        split = [d for d, axes in enumerate(dtensor.dim_axes) if axis in axes]
-        props[axis] = f"S({split[0]})" if split else "P" if axis in dtensor.partial_axes else "B"
-    return props
-
-
 def _value_info(
     name: str,
     op: str,
     partir_name: str | None,
     local: Attribute,
     dist: Attribute | None,
-    mesh: dict[str, int],
+    mesh: Mesh,
 ) -> ValueInfo | None:
     if isinstance(local, DTensorType):
         dist, local = local, local.local_type(mesh)
@@ -114,14 +107,13 @@ def _value_info(
     return replace(
         info,
         global_shape=tuple(dist.global_type.get_shape()),
-        dim_axes=dist.dim_axes,
-        partial_axes=dist.partial_axes,
-        properties=properties(dist, mesh),
+        distribution=dist.distribution,
+        mesh_axes=tuple(mesh),
     )
 
 
 def _values(
-    entry: func.FuncOp, names: dict[SSAValue, str], mesh: dict[str, int]
+    entry: func.FuncOp, names: dict[SSAValue, str], mesh: Mesh
 ) -> dict[SSAValue, ValueInfo]:
     """Arguments, then each top-level op's results, in program order."""
     arg_attrs = list(entry.arg_attrs.data) if entry.arg_attrs else []
@@ -142,7 +134,7 @@ def _values(
     return out
 
 
-def _results(entry: func.FuncOp, mesh: dict[str, int]) -> list[ValueInfo]:
+def _results(entry: func.FuncOp, mesh: Mesh) -> list[ValueInfo]:
     res_attrs = list(entry.res_attrs.data) if entry.res_attrs else []
     out = []
     for i, ty in enumerate(entry.function_type.outputs.data):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dialects.mesh import Mesh
 from partir.report.memory import MemoryEstimate, XlaMemory
 from partir.report.render import _conflict_json, _counts, _type_text, render_plain
 from partir.report.rows import CollectiveInfo, ReplicatedOp, Table, ValueInfo
@@ -16,7 +17,7 @@ class Report:
     """Everything `partir-inspect` shows about one module; see the module docstring."""
 
     stage: str
-    mesh: dict[str, int]
+    mesh: Mesh
     values: list[ValueInfo]
     results: list[ValueInfo]
     collectives: list[CollectiveInfo]

@@ -9,6 +9,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from dialects.functions import entry_function
+from dialects.mesh import Mesh
 from dialects.names import op_name
 from dialects.partir import LoopOp, MeshOp, find_mesh
 from partir.report.names import _partir_name, ssa_names
@@ -29,7 +30,7 @@ def replicated_ops(core: ModuleOp, conflicts: Sequence[Conflict]) -> list[Replic
     names = ssa_names(core)
     arg_names = _arg_names(entry)
     mesh_op = find_mesh(entry)
-    mesh = mesh_op.axes if mesh_op is not None else {}
+    mesh = mesh_op.mesh if mesh_op is not None else Mesh.single_device()
     out = []
     for n, op in enumerate(entry.body.block.ops):
         if isinstance(op, LoopOp | MeshOp | func.ReturnOp):
@@ -75,7 +76,7 @@ def _conflict_at(
     return next((c for c in conflicts if c.op == op.name and reaching & set(c.values)), None)
 
 
-def _why_blocked(rule: OpRule, tilings: list[tuple[int, Tiling]], mesh: dict[str, int]) -> str:
+def _why_blocked(rule: OpRule, tilings: list[tuple[int, Tiling]], mesh: Mesh) -> str:
     reasons = []
     for i, t in tilings:
         where = f'operand {i} is tiled on dim {t.dim} over "{t.axis}"'

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dialects.distribution import Distribution
 from partir.report.render import UNKNOWN, _conflict_json, _list
 from rewrites.conflicts import Conflict
 
@@ -21,28 +22,29 @@ class ValueInfo:
     local_shape: tuple[int, ...]
     bytes_per_device: int
     global_shape: tuple[int, ...] | None = None
-    dim_axes: tuple[tuple[str, ...], ...] | None = None
-    partial_axes: tuple[str, ...] | None = None
-    properties: dict[str, str] | None = None
-    """DistPar's property per mesh axis: "S(d)" split on dim d, "B" broadcast, "P" partial."""
+    distribution: Distribution | None = None
+    mesh_axes: tuple[str, ...] = ()
+    """The mesh's axes, which `properties` and `sharding` describe the value over."""
+
+    @property
+    def properties(self) -> dict[str, str] | None:
+        """DistPar's property per mesh axis: "S(d)" split on dim d, "B" broadcast, "P" partial."""
+        return None if self.distribution is None else self.distribution.properties(self.mesh_axes)
 
     @property
     def sharding(self) -> str:
-        if self.properties is None:
-            return UNKNOWN
-        if not self.properties:
-            return "replicated"
-        return ", ".join(f"{axis}={prop}" for axis, prop in self.properties.items())
+        return UNKNOWN if self.distribution is None else self.distribution.describe(self.mesh_axes)
 
     def to_json(self) -> dict[str, Any]:
+        dist = self.distribution
         return {
             "name": self.name,
             "op": self.op,
             "partir_name": self.partir_name,
             "dtype": self.dtype,
             "global_shape": _list(self.global_shape),
-            "dims": None if self.dim_axes is None else [list(d) for d in self.dim_axes],
-            "partial": _list(self.partial_axes),
+            "dims": None if dist is None else [list(d) for d in dist.dims],
+            "partial": None if dist is None else list(dist.partial),
             "properties": self.properties if self.properties is not None else UNKNOWN,
             "local_shape": list(self.local_shape),
             "bytes_per_device": self.bytes_per_device,

@@ -1,5 +1,8 @@
-"""NumPy dtypes for xDSL element types, and `dense<...>` constants as arrays.
+"""NumPy dtypes for xDSL element types, tensor sizes in bytes, and `dense<...>`
+constants as arrays.
 
+The reference interpreter, the JAX emitter and the report all read element
+types this way, so it lives beside the dialects, not inside any of them.
 bf16 and the 8-bit floats come from `ml_dtypes`, the package JAX itself uses,
 so the interpreter's arrays have exactly the dtypes JAX returns.
 """
@@ -12,9 +15,22 @@ import sys
 import ml_dtypes
 import numpy as np
 from xdsl.dialects import builtin
-from xdsl.dialects.builtin import ComplexType, DenseIntOrFPElementsAttr, IntegerType, Signedness
+from xdsl.dialects.builtin import (
+    ComplexType,
+    DenseIntOrFPElementsAttr,
+    IntegerType,
+    Signedness,
+    TensorType,
+)
 from xdsl.ir import Attribute
 from xdsl.utils.exceptions import InterpretationError
+
+
+class ElementTypeError(InterpretationError):
+    """An element type or constant with no NumPy dtype. It is an
+    `InterpretationError`, so the reference interpreter reports it as its own;
+    the JAX emitter turns it into its `UnsupportedOpError`."""
+
 
 _FLOATS: dict[type[Attribute], np.dtype] = {
     builtin.Float16Type: np.dtype(np.float16),
@@ -39,7 +55,7 @@ _INT_WIDTHS = (8, 16, 32, 64)
 def numpy_dtype(element_type: Attribute) -> np.dtype:
     """The NumPy dtype holding values of `element_type` (i1 is `bool`).
 
-    Signless integers are signed, as in StableHLO. Raises `InterpretationError`
+    Signless integers are signed, as in StableHLO. Raises `ElementTypeError`
     for a type the interpreter has no dtype for.
     """
     if isinstance(element_type, IntegerType):
@@ -57,7 +73,21 @@ def numpy_dtype(element_type: Attribute) -> np.dtype:
         dtype = _FLOATS.get(type(element_type))
         if dtype is not None:
             return dtype
-    raise InterpretationError(f"the interpreter has no NumPy dtype for element type {element_type}")
+    raise ElementTypeError(f"the interpreter has no NumPy dtype for element type {element_type}")
+
+
+def tensor_bytes(ty: TensorType) -> int:
+    """The bytes a value of the static tensor type `ty` occupies, as XLA
+    stores it (i1 takes a byte; a type with no NumPy dtype its bit width,
+    rounded up to a byte, or 4 bytes if it has none)."""
+    try:
+        width = numpy_dtype(ty.element_type).itemsize
+    except ElementTypeError:
+        width = max(getattr(ty.element_type, "bitwidth", 32), 8) // 8
+    count = 1
+    for n in ty.get_shape():
+        count *= n
+    return count * width
 
 
 def element_kind(dtype: np.dtype) -> str:
@@ -67,7 +97,7 @@ def element_kind(dtype: np.dtype) -> str:
         return dtype.kind
     if dtype in _FLOATS.values():
         return "f"
-    raise InterpretationError(f"the interpreter does not handle dtype {dtype}")
+    raise ElementTypeError(f"the interpreter does not handle dtype {dtype}")
 
 
 def dense_to_numpy(attr: Attribute) -> np.ndarray:
@@ -80,7 +110,7 @@ def dense_to_numpy(attr: Attribute) -> np.ndarray:
     """
     assert sys.byteorder == "little", "dense attribute bytes are little-endian"
     if not isinstance(attr, DenseIntOrFPElementsAttr):
-        raise InterpretationError(f"cannot read constant {attr}: not a dense int/float attribute")
+        raise ElementTypeError(f"cannot read constant {attr}: not a dense int/float attribute")
     shape = tuple(attr.get_shape())
     dtype = numpy_dtype(attr.get_element_type())
     raw = attr.data.data
@@ -93,6 +123,6 @@ def dense_to_numpy(attr: Attribute) -> np.ndarray:
         return flat.reshape(shape).copy()
     if flat.size == 1:
         return np.full(shape, flat[0], dtype=dtype)
-    raise InterpretationError(
+    raise ElementTypeError(
         f"constant of type {attr.type} holds {flat.size} elements, expected {count}"
     )
