@@ -20,6 +20,7 @@ _LAZY = {
     "Lowered": "partir.api",
     "PartitionedFunction": "partir.api",
     "jit": "partir.api",
+    "ValidationError": "partir.validation",
 }
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "PartitionedFunction",
     "Tactic",
     "TacticError",
+    "ValidationError",
     "ZeRO",
     "import_jax",
     "jit",

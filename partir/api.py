@@ -187,9 +187,15 @@ class PartitionedFunction:
     """What `partir.jit` returns: call it like the function, or `.lower` it."""
 
     def __init__(
-        self, fn: Callable[..., Any], mesh: Mesh | jax.sharding.Mesh, tactics: Sequence[Tactic]
+        self,
+        fn: Callable[..., Any],
+        mesh: Mesh | jax.sharding.Mesh,
+        tactics: Sequence[Tactic],
+        check: bool = False,
     ):
         self.fn = fn
+        self.check = check
+        self._lowered: dict[tuple[Any, ...], Lowered] = {}  # kept only to check
         self.jax_mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else None
         self.mesh = Mesh(mesh) if not isinstance(mesh, Mesh) else mesh
         self.tactics = list(tactics)
@@ -218,7 +224,14 @@ class PartitionedFunction:
         key = _signature(args)
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self._compiled[key] = self.lower(*args).compile()
+            lowered = self.lower(*args)
+            compiled = self._compiled[key] = lowered.compile()
+            if self.check:
+                self._lowered[key] = lowered
+        if self.check:
+            from partir.validation import checked_call
+
+            return checked_call(self.fn, args, self._lowered[key], compiled)
         return compiled(*args)
 
 
@@ -227,8 +240,13 @@ def jit(
     *,
     mesh: Mesh | jax.sharding.Mesh,
     tactics: Sequence[Tactic] = (),
+    check: bool = False,
 ) -> Any:
-    """Partition `fn` over `mesh` with `tactics`; usable as `@partir.jit(...)`."""
+    """Partition `fn` over `mesh` with `tactics`; usable as `@partir.jit(...)`.
+
+    With `check=True` every call also runs each stage on its arguments and
+    raises `partir.ValidationError` at the first whose numbers differ from
+    `jax.jit(fn)` (slow: for finding a partitioning bug, see `partir.validation`)."""
     if fn is None:
-        return lambda f: PartitionedFunction(f, mesh, tactics)
-    return PartitionedFunction(fn, mesh, tactics)
+        return lambda f: PartitionedFunction(f, mesh, tactics, check)
+    return PartitionedFunction(fn, mesh, tactics, check)

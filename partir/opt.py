@@ -100,6 +100,13 @@ class PartirOptMain(xDSLOptMain):
             help="print the IR after every pass (including the last) to stderr",
         )
         arg_parser.add_argument(
+            "--check-numerics",
+            action="store_true",
+            help="run the module before and after every pass on the reference interpreters "
+            "(seeded random inputs; after partir-emit-jax the emitted program, on JAX) and stop "
+            "at the first pass that changes the numbers",
+        )
+        arg_parser.add_argument(
             "--traceback",
             action="store_true",
             help="on an error, show the Python traceback instead of one message",
@@ -121,6 +128,10 @@ class PartirOptMain(xDSLOptMain):
                     print(str(module), file=sys.stderr)
 
             self.pipeline = type(self.pipeline)(passes, dump)
+        if self.args.check_numerics:
+            from partir.validation import checking_numerics
+
+            self.pipeline = checking_numerics(self.pipeline)
 
 
 def _failing_op(notes: Sequence[str]) -> str:

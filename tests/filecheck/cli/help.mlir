@@ -5,6 +5,7 @@
 
 // CHECK:      usage:
 // CHECK:      --print-ir-after-all
+// CHECK:      --check-numerics
 // CHECK:      --traceback
 // CHECK:      partir passes (options with defaults; any xdsl-opt pass also works):
 // CHECK-NEXT:   partir-declare-mesh{axes=}
