@@ -40,6 +40,7 @@ from xdsl.ir import Attribute
 from xdsl.utils.exceptions import VerifyException
 
 from dialects import spmd
+from dialects.functions import entry_function
 from dialects.mesh import Mesh
 from dialects.partir import MeshOp
 from lowering.jax_body import BodyEmitter, ModuleTables
@@ -66,16 +67,6 @@ def _mesh(module: ModuleOp) -> Mesh:
         if isinstance(op, MeshOp):
             return op.mesh
     raise ValueError("the SPMD module declares no partir.mesh")
-
-
-def _entry(module: ModuleOp) -> func.FuncOp:
-    funcs = [op for op in module.body.block.ops if isinstance(op, func.FuncOp)]
-    mains = [f for f in funcs if f.sym_name.data == "main"]
-    if len(mains) == 1:
-        return mains[0]
-    if len(funcs) == 1:
-        return funcs[0]
-    raise ValueError(f"expected one func.func @main in the SPMD module, found {len(funcs)} funcs")
 
 
 def _names(attrs: ArrayAttr[DictionaryAttr] | None, count: int) -> list[str | None]:
@@ -217,13 +208,22 @@ def output_shardings(mesh):
 def build(mesh):
     """The program as one jitted callable on `mesh`: global inputs -> tuple of outputs."""
     _check_mesh(mesh)
-    if USES_64BIT_TYPES and not jax.config.jax_enable_x64:
-        raise ValueError("this program uses 64-bit types: enable jax_enable_x64 first")
-    return jax.jit(
+    fn = jax.jit(
         jax.shard_map(
             _body, mesh=mesh, in_specs=IN_SPECS, out_specs=OUT_SPECS, check_vma=True
         )
     )
+    if not USES_64BIT_TYPES or jax.config.jax_enable_x64:
+        return fn
+
+    def with_64bit_types(*args):
+        """JAX lowered this program with 64-bit types inside (e.g. jax.random's
+        counters) although x64 mode is off: trace and run it with them on, as
+        jax.jit ran the original (without, jnp.uint64 would silently be 32 bits)."""
+        with jax.enable_x64(True):
+            return fn(*args)
+
+    return with_64bit_types
 '''
 
 _WIDE = {np.dtype(t) for t in (np.float64, np.int64, np.uint64, np.complex128)}
@@ -235,7 +235,7 @@ def emit_jax(module: ModuleOp, *, name: str = "partir_program") -> str:
     Raises `UnsupportedOpError` for an op or type with no faithful translation.
     """
     mesh = _mesh(module)
-    entry = _entry(module)
+    entry = entry_function(module)
     arg_types = [
         _dtensor(entry, t, f"argument {i}") for i, t in enumerate(entry.function_type.inputs)
     ]

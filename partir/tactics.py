@@ -1,30 +1,64 @@
 """Tactics: named, composable decisions about which values to tile.
 
 A tactic looks at the program's named arguments and results (pytree paths,
-see `partir.selectors` for the glob syntax) and plans tiling actions. It plans
-without touching the IR, so every tactic of a schedule is checked (unknown
-axis, a name that selects nothing, a dimension the axis does not divide)
-before any rewrite happens. `partir.partition` then applies the plans in order,
-each followed by propagation (PartIR's schedule: later tactics refine, they
-never undo).
+see `partir.selectors` for the glob syntax) and plans tiling actions. `plan` is
+pure: it returns a `Plan` and touches neither the IR nor the tactic, so every
+tactic of a schedule is checked (unknown axis, a name that selects nothing, a
+dimension the axis does not divide) before any rewrite happens.
+`partir.partition` then applies the plans in order, each followed by
+propagation (PartIR's schedule: later tactics refine, they never undo).
+
+Each tactic is also a `partir-opt` pass (`partir.passes` generates it from the
+dataclass): its fields are the pass's options, with the same names and
+meaning; `CLI_NAME` names the pass and `from_options` builds the tactic from them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Attribute
 
+from dialects.errors import PartirTypeError, PartirValueError
+from dialects.escaping import quoted
 from dialects.functions import NAME_ATTR
 from partir.mesh import Mesh
-from partir.selectors import select, slash_path
+from partir.selectors import display_path, select, slash_path
 
 
-class TacticError(ValueError):
+class TacticError(PartirValueError):
     """A tactic that cannot apply to this program on this mesh."""
+
+
+def check_tactics(tactics: object) -> list[Tactic]:
+    """`tactics` as a list of `Tactic`s, or a `PartirTypeError` saying what
+    was given instead (a bare tactic, an axis name, ...)."""
+    if isinstance(tactics, Tactic):
+        raise PartirTypeError(
+            f"tactics= takes a list of tactics, got the single tactic {tactics!r}; "
+            f"write tactics=[{tactics!r}]"
+        )
+    if isinstance(tactics, str | bytes | Mapping) or not isinstance(tactics, Iterable):
+        raise PartirTypeError(
+            f"tactics= takes a list of tactics, got {tactics!r} ({type(tactics).__name__}); "
+            'e.g. tactics=[partir.BatchParallel("batch")]'
+        )
+    listed = list(tactics)
+    for i, tactic in enumerate(listed):
+        if not isinstance(tactic, Tactic):
+            example = (
+                f"partir.BatchParallel({tactic!r})" if isinstance(tactic, str) else
+                'partir.BatchParallel("batch")'
+            )
+            raise PartirTypeError(
+                f"tactics[{i}] is {tactic!r} ({type(tactic).__name__}), not a partir tactic; "
+                f"use a tactic object such as {example}"
+            )
+    return listed
 
 
 @dataclass(frozen=True)
@@ -91,7 +125,7 @@ class ProgramView:
         pats = [patterns] if isinstance(patterns, str) else list(patterns)
         found = [leaves[i] for i in select(pats, [leaf.name for leaf in leaves])]
         if required and not found:
-            shown = ", ".join(slash_path(leaf.name) for leaf in leaves[:12])
+            shown = ", ".join(display_path(leaf.name) for leaf in leaves[:12])
             more = f", ... ({len(leaves)} in all)" if len(leaves) > 12 else ""
             kind = "result" if results else "argument"
             raise TacticError(
@@ -110,7 +144,28 @@ class PlannedTile:
     axis: str
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What one tactic decided: the tiles to take, in order, and the leaves its
+    default selectors passed over (e.g. ZeRO's scalars, left replicated)."""
+
+    tactic: str
+    tiles: tuple[PlannedTile, ...]
+    skipped: tuple[str, ...] = ()
+
+    def __iter__(self) -> Iterator[PlannedTile]:
+        return iter(self.tiles)
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+
 def _axis_size(mesh: Mesh, axis: str, who: str) -> int:
+    if not isinstance(axis, str):
+        raise PartirTypeError(
+            f"{who}: a mesh axis is named by a string, got {axis!r} ({type(axis).__name__}); "
+            f"the mesh has {', '.join(quoted(a) for a in mesh.axes)}"
+        )
     try:
         return mesh.check_axis(axis, who)
     except ValueError as err:
@@ -118,6 +173,11 @@ def _axis_size(mesh: Mesh, axis: str, who: str) -> int:
 
 
 def _plan(leaf: Leaf, dim: int, axis: str, mesh: Mesh, who: str) -> PlannedTile:
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise PartirTypeError(
+            f"{who}: the dim of {leaf.name} is {dim!r} ({type(dim).__name__}); "
+            f"dims are ints, e.g. {{0: {axis!r}}}"
+        )
     parts = _axis_size(mesh, axis, who)
     rank = len(leaf.shape)
     if not -rank <= dim < rank:
@@ -131,34 +191,87 @@ def _plan(leaf: Leaf, dim: int, axis: str, mesh: Mesh, who: str) -> PlannedTile:
     return PlannedTile(leaf, dim, axis)
 
 
+def _check_distinct_axes(tiles: list[PlannedTile], who: str) -> None:
+    """A value is split over each mesh axis at most once."""
+    dims: dict[str, int] = {}
+    for tile in tiles:
+        if tile.axis in dims and dims[tile.axis] != tile.dim:
+            raise TacticError(
+                f"{who}: {tile.leaf.name} would be split over mesh axis {quoted(tile.axis)} "
+                f"on dims {dims[tile.axis]} and {tile.dim}; a value is split over an axis "
+                "at most once: use another axis for one of the dims"
+            )
+        dims[tile.axis] = tile.dim
+
+
 class Tactic:
     """Base class: `plan` returns the tiling actions, validated, without rewriting."""
+
+    CLI_NAME: ClassVar[str]
+    """The `partir-opt` pass running this tactic (its options are the fields)."""
 
     @property
     def name(self) -> str:
         return type(self).__name__
 
-    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         raise NotImplementedError
+
+    @classmethod
+    def from_options(cls, **options: Any) -> Tactic:
+        """The tactic a pass's options describe; an option left unset (None)
+        takes the field's default."""
+        return cls(**{k: v for k, v in options.items() if v is not None})
 
 
 @dataclass(frozen=True)
 class ManualPartition(Tactic):
-    """Tile exactly what you name: `ManualPartition({"params/**/w1": {1: "model"}})`.
+    """Tile exactly what you name, selector:dim=axis (`spec="x:0=batch","params/w1:1=model"`).
 
-    Keys are selectors over argument names (or result names, `result/...`);
+    In Python, `ManualPartition({"x": {0: "batch"}, "params/**/w1": {1: "model"}})`:
+    keys are selectors over argument names (or result names, `result/...`);
     values map a dim (negative counts from the end) to a mesh axis.
     """
 
     spec: Mapping[str, Mapping[int, str]]
 
-    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+    CLI_NAME = "partir-manual-partition"
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
+        if not isinstance(self.spec, Mapping):
+            raise PartirTypeError(
+                f"{self.name} takes {{selector: {{dim: axis}}}}, got {self.spec!r}; "
+                'e.g. ManualPartition({"x": {0: "batch"}})'
+            )
         planned = []
         for pattern, dims in self.spec.items():
+            if not isinstance(pattern, str) or not isinstance(dims, Mapping):
+                raise PartirTypeError(
+                    f"{self.name}: entry {pattern!r}: {dims!r} is not selector: {{dim: axis}}; "
+                    'e.g. ManualPartition({"x": {0: "batch"}})'
+                )
             on_results = slash_path(pattern).split("/")[0] == "result"
             for leaf in program.find(pattern, who=self.name, results=on_results):
-                planned += [_plan(leaf, d, a, mesh, self.name) for d, a in dims.items()]
-        return planned
+                tiles = [_plan(leaf, d, a, mesh, self.name) for d, a in dims.items()]
+                _check_distinct_axes(tiles, self.name)
+                planned += tiles
+        return Plan(self.name, tuple(planned))
+
+    @classmethod
+    def from_options(cls, **options: Any) -> Tactic:
+        """`spec` as `selector:dim=axis` entries (the CLI's form):
+        `("x:0=batch", "params/w1:1=model")`."""
+        table: dict[str, dict[int, str]] = {}
+        for item in options.get("spec") or ():
+            selector, _, tiling = item.rpartition(":")
+            dim, _, axis = tiling.partition("=")
+            if not selector or not axis or not dim.lstrip("-").isdigit():
+                raise TacticError(
+                    f'{cls.CLI_NAME}: cannot read "{item}"; write selector:dim=axis, '
+                    'e.g. spec="x:0=batch","params/w1:1=model"'
+                )
+            table.setdefault(selector, {})[int(dim)] = axis
+        return cls(table)
 
 
 PARAMETER_ROOTS = ("params", "opt_state", "optimizer_state", "state", "variables")
@@ -178,7 +291,9 @@ class BatchParallel(Tactic):
     inputs: str | Sequence[str] | None = None
     dim: int = 0
 
-    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+    CLI_NAME = "partir-batch-parallel"
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         if self.inputs is not None:
             leaves = program.find(self.inputs, who=self.name)
         else:
@@ -189,7 +304,8 @@ class BatchParallel(Tactic):
             ]
             if not leaves:
                 raise TacticError(f"{self.name}: found no data arguments; name them with inputs=")
-        return [_plan(leaf, self.dim, self.axis, mesh, self.name) for leaf in leaves]
+        tiles = (_plan(leaf, self.dim, self.axis, mesh, self.name) for leaf in leaves)
+        return Plan(self.name, tuple(tiles))
 
 
 def _named(
@@ -261,7 +377,9 @@ class Megatron(Tactic):
     column_bias: Sequence[str] = MEGATRON_COLUMN_BIAS
     row: Sequence[str] = MEGATRON_ROW
 
-    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+    CLI_NAME = "partir-megatron"
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         picks = (
             [(leaf, -1) for leaf in program.find(self.column, who=self.name, required=False)]
             + [(leaf, -1) for leaf in program.find(self.column_bias, who=self.name, required=False)]
@@ -278,7 +396,7 @@ class Megatron(Tactic):
             if leaf.index not in seen:
                 seen.add(leaf.index)
                 planned.append(_plan(leaf, dim, self.axis, mesh, self.name))
-        return planned
+        return Plan(self.name, tuple(planned))
 
 
 @dataclass(frozen=True)
@@ -302,10 +420,17 @@ class ZeRO(Tactic):
     params: str | Sequence[str] | None = None
     opt_state: str | Sequence[str] | None = None
     updates: str | Sequence[str] | None = None
-    skipped: list[str] = field(default_factory=list, compare=False, hash=False)
+
+    CLI_NAME = "partir-zero"
 
     def _leaves(
-        self, program: ProgramView, mesh: Mesh, given, default: str, results: bool
+        self,
+        program: ProgramView,
+        mesh: Mesh,
+        given: str | Sequence[str] | None,
+        default: str,
+        results: bool,
+        skipped: list[str],
     ) -> list[PlannedTile]:
         parts = _axis_size(mesh, self.axis, self.name)
         if given is not None:
@@ -318,21 +443,31 @@ class ZeRO(Tactic):
             if leaf.shape and leaf.shape[0] % parts == 0:
                 planned.append(PlannedTile(leaf, 0, self.axis))
             else:
-                self.skipped.append(leaf.name)
+                skipped.append(leaf.name)
         return planned
 
-    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         if self.stage not in (1, 2, 3):
             raise TacticError(f"{self.name}: stage must be 1, 2 or 3, got {self.stage}")
-        self.skipped.clear()
-        planned = self._leaves(program, mesh, self.opt_state, "opt_state/**", results=False)
+        skipped: list[str] = []
+        planned = self._leaves(
+            program, mesh, self.opt_state, "opt_state/**", results=False, skipped=skipped
+        )
         if self.stage >= 2:
-            planned += self._leaves(program, mesh, self.updates, "result/**", results=True)
+            planned += self._leaves(
+                program, mesh, self.updates, "result/**", results=True, skipped=skipped
+            )
         if self.stage >= 3:
-            planned += self._leaves(program, mesh, self.params, "params/**", results=False)
+            planned += self._leaves(
+                program, mesh, self.params, "params/**", results=False, skipped=skipped
+            )
         if not planned:
             raise TacticError(
                 f"{self.name}: nothing to shard (no optimizer state, updates "
                 "or parameters with a dim 0 the axis divides)"
             )
-        return planned
+        return Plan(self.name, tuple(planned), tuple(skipped))
+
+
+TACTICS: tuple[type[Tactic], ...] = (BatchParallel, Megatron, ZeRO, ManualPartition)
+"""Every tactic; each is also a `partir-opt` pass (`partir.passes.tactic_pass`)."""

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import TensorType
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType, i64
 from xdsl.ir import Block, BlockArgument, Region, SSAValue
 
+from dialects.escaping import quoted
 from dialects.partir import (
+    ACTIONS,
     ORIGIN,
     LoopOp,
     MeshOp,
@@ -46,6 +48,16 @@ class TileAction:
         return self.label or describe_value(self.value)
 
 
+def take_action_numbers(module: ModuleOp, count: int) -> int:
+    """Reserve `count` action numbers; returns the first. The module keeps the
+    running count (`partir.actions`), so numbers stay in schedule order across
+    passes even when an action's loops have all been fused away."""
+    current = module.attributes.get(ACTIONS)
+    first = (current.value.data if isinstance(current, IntegerAttr) else 0) + 1
+    module.attributes[ACTIONS] = IntegerAttr(first + count - 1, i64)
+    return first
+
+
 def describe_value(value: SSAValue) -> str:
     if value.name_hint:
         return f"%{value.name_hint}"
@@ -58,9 +70,9 @@ def check_action(action: TileAction, mesh: MeshOp) -> None:
     """Raise `ActionError` naming the value if the action cannot apply."""
     axes = mesh.axes
     if action.axis not in axes:
-        known = ", ".join(f'"{a}"' for a in axes)
+        known = ", ".join(quoted(a) for a in axes)
         raise ActionError(
-            f'{action.name}: unknown mesh axis "{action.axis}" (the mesh has {known})'
+            f'{action.name}: unknown mesh axis {quoted(action.axis)} (the mesh has {known})'
         )
     ty = action.value.type
     if not isinstance(ty, TensorType) or ty.get_num_dims() == 0:
@@ -72,7 +84,7 @@ def check_action(action: TileAction, mesh: MeshOp) -> None:
     if size % parts:
         raise ActionError(
             f"{action.name}: dim {action.dim} of {ty} has size {size}, which mesh axis "
-            f'"{action.axis}" of size {parts} does not divide; pick another dim or axis'
+            f'{quoted(action.axis)} of size {parts} does not divide; pick another dim or axis'
         )
 
 

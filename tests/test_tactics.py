@@ -74,8 +74,9 @@ def test_zero_stages_select_more_and_more():
     counts = [len(partir.ZeRO("data", stage).plan(view, mesh)) for stage in (1, 2, 3)]
     assert counts[0] < counts[1] < counts[2]
     zero = partir.ZeRO("data", 1)
-    zero.plan(view, mesh)
-    assert "opt_state['count']" in zero.skipped  # a scalar stays replicated
+    plan = zero.plan(view, mesh)
+    assert "opt_state['count']" in plan.skipped  # a scalar stays replicated
+    assert zero.plan(view, mesh) == plan  # plan is pure: same tactic, same plan
 
 
 def _expect_error_before_rewrites(tactics, match: str, mesh=None):
@@ -115,7 +116,7 @@ def test_megatron_without_matching_names_says_how_to_fix_it():
 
 
 def test_mesh_rejects_bad_axes():
-    with pytest.raises(ValueError, match='mesh axis "a" needs a positive integer size, got 0'):
+    with pytest.raises(ValueError, match="mesh axis 'a' needs a positive size, got 0"):
         partir.Mesh({"a": 0})
     with pytest.raises(TypeError, match="non-empty"):
         partir.Mesh({})
