@@ -23,9 +23,8 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# partir/ joins once its annotations are fixed (issue 8).
 typecheck: $(STAMP)
-	$(BIN)/mypy dialects rewrites lowering
+	$(BIN)/mypy partir dialects rewrites lowering
 
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q -n 2

@@ -570,14 +570,17 @@ def checked_call(fn: Callable[..., Any], args: Sequence[Any], lowered: Any, comp
     reference = Reference.of(run_original, flat, result_names(modules[0]))
     checker = StageChecker(reference, "check=True")
     for stage, module in zip(lowered.stages, modules, strict=True):
+        got: Sequence[Any] | None = None
         if stage.name == "import":
             try:
                 got = run_stage(module, flat)
             except InterpretationError as err:
                 raise reference_error("check=True", err) from err
-            checker.check(stage.name, _what_made(stage.name), lambda got=got: got)
-        else:
-            checker.check(stage.name, _what_made(stage.name), lambda m=module: run_stage(m, flat))
+
+        def run(m: ModuleOp = module, got: Sequence[Any] | None = got) -> Sequence[Any]:
+            return got if got is not None else run_stage(m, flat)
+
+        checker.check(stage.name, _what_made(stage.name), run)
     result: list[Any] = []
 
     def emitted() -> list[Any]:
