@@ -443,6 +443,24 @@ def _transpose() -> Generator:
     return Generator("stablehlo.transpose", cases(), examples=60)
 
 
+def _reverse() -> Generator:
+    """Some dims reversed (perhaps none, perhaps the one a tiling could split)."""
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts = draw(PARTS)
+        rank = draw(st.integers(1, 3))
+        kept = draw(st.integers(0, rank - 1))
+        src = draw(shapes(parts, rank, rank, divisible=kept))
+        others = [d for d in range(rank) if d != kept]
+        dims = sorted(draw(st.sets(st.sampled_from(others)))) if others else []
+        t = tensor_type(src, F32)
+        line = op_line("stablehlo.reverse", ["%arg0"], [t], t, f"dimensions = {array_attr(dims)}")
+        return Case(parts, (REAL(draw(rngs), src),), (line,), t, _expect_blocked(dims, dims))
+
+    return Generator("stablehlo.reverse", cases(), examples=60)
+
+
 def reshape_case(parts: int, src: Sequence[int], out: Sequence[int],
                  rng: np.random.Generator) -> Case:
     args = (REAL(rng, src),)
@@ -860,6 +878,7 @@ def _generators() -> dict[str, Generator]:
     table["stablehlo.bitcast_convert"] = _convert("stablehlo.bitcast_convert", BITCASTS)
     table["stablehlo.broadcast_in_dim"] = _broadcast_in_dim()
     table["stablehlo.transpose"] = _transpose()
+    table["stablehlo.reverse"] = _reverse()
     table["stablehlo.reshape"] = _reshape()
     table["stablehlo.dot_general"] = _dot_general()
     for kind in REDUCTIONS:
@@ -1068,3 +1087,17 @@ def test_a_slice_blocks_the_dims_it_cuts() -> None:
     assert rule.factors[cut].kind is FactorKind.BLOCKED
     assert "slice" in (rule.why_not_tileable(cut, 2) or "")
     assert rule.tileable_factors(2) == [whole]
+
+
+def test_a_reverse_blocks_the_dims_it_reverses() -> None:
+    src = (4, 6)
+    t = tensor_type(src, F32)
+    line = op_line("stablehlo.reverse", ["%arg0"], [t], t, f"dimensions = {array_attr([0])}")
+    case = Case(2, (REAL(np.random.default_rng(0), src),), (line,), t)
+    _, rule = sole_op_rule(case)
+    (flipped,), (kept,) = rule.operands[0]
+    assert rule.results[0] == rule.operands[0]
+    assert rule.factors[flipped].kind is FactorKind.BLOCKED
+    assert "mirror" in (rule.why_not_tileable(flipped, 2) or "")
+    assert rule.tileable_factors(2) == [kept]
+    assert forced_loop_differs(case, flipped), "each part would be reversed in place"
