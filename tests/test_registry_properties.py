@@ -249,6 +249,16 @@ def shapes(draw: st.DrawFn, parts: int, min_rank: int = 1, max_rank: int = 3,
     return tuple(dims)
 
 
+@st.composite
+def kept_dim_shapes(draw: st.DrawFn) -> tuple[int, int, tuple[int, ...]]:
+    """(parts, kept, shape): a shape of rank 1 to 3 whose dim `kept`, which an
+    op leaves whole, is a multiple of `parts` (so something is tileable)."""
+    parts = draw(PARTS)
+    rank = draw(st.integers(1, 3))
+    kept = draw(st.integers(0, rank - 1))
+    return parts, kept, draw(shapes(parts, rank, rank, divisible=kept))
+
+
 # --- generators: one strategy of cases per op (or per form of an op) --------------
 
 
@@ -448,10 +458,8 @@ def _reverse() -> Generator:
 
     @st.composite
     def cases(draw: st.DrawFn) -> Case:
-        parts = draw(PARTS)
-        rank = draw(st.integers(1, 3))
-        kept = draw(st.integers(0, rank - 1))
-        src = draw(shapes(parts, rank, rank, divisible=kept))
+        parts, kept, src = draw(kept_dim_shapes())
+        rank = len(src)
         others = [d for d in range(rank) if d != kept]
         dims = sorted(draw(st.sets(st.sampled_from(others)))) if others else []
         t = tensor_type(src, F32)
@@ -617,10 +625,8 @@ def _slice() -> Generator:
 
     @st.composite
     def cases(draw: st.DrawFn) -> Case:
-        parts = draw(PARTS)
-        rank = draw(st.integers(1, 3))
-        whole_dim = draw(st.integers(0, rank - 1))
-        src = draw(shapes(parts, rank, rank, divisible=whole_dim))
+        parts, whole_dim, src = draw(kept_dim_shapes())
+        rank = len(src)
         starts, limits, strides = [], [], []
         for d, n in enumerate(src):
             start, limit, stride = 0, n, 1
@@ -647,10 +653,8 @@ def _pad(domain: Domain, xfail: str | None = None) -> Generator:
 
     @st.composite
     def cases(draw: st.DrawFn) -> Case:
-        parts = draw(PARTS)
-        rank = draw(st.integers(1, 3))
-        plain_dim = draw(st.integers(0, rank - 1))
-        src = draw(shapes(parts, rank, rank, divisible=plain_dim))
+        parts, plain_dim, src = draw(kept_dim_shapes())
+        rank = len(src)
         pads = [(0, 0, 0) if d == plain_dim or draw(st.booleans()) else
                 draw(st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)))
                 for d in range(rank)]
