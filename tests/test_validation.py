@@ -140,7 +140,7 @@ def test_a_wrong_emitted_collective_is_caught_at_the_emitted_stage(monkeypatch):
 # partir-opt --check-numerics
 
 MLP_PIPELINE = (
-    'partir-declare-mesh{axes="batch=4,model=2"},partir-batch-parallel{axis=batch},'
+    'partir-declare-mesh{axes="batch=4","model=2"},partir-batch-parallel{axis=batch},'
     "partir-megatron{axis=model},partir-lower-spmd"
 )
 
