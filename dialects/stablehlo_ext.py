@@ -15,6 +15,9 @@ what JAX emits but xdsl-jax 0.6 cannot represent:
 - `stablehlo.pad`: xdsl-jax types the padding value as `tensor<i32>`, so every
   float pad JAX emits (`jnp.pad`) fails to verify. `PadOp` takes any 0-d tensor
   of the operand's element type, as the spec says.
+- `stablehlo.slice`: xdsl-jax does not verify the bounds, so a slice reading
+  past its operand (a global bound left on a per-device part) verified, and
+  only JAX rejected the emitted program. `SliceOp` checks them, as the spec does.
 - `stablehlo.dynamic_update_slice`: missing from xdsl-jax, and in every
   `lax.scan` JAX emits (each step writes its output row). `DynamicUpdateSliceOp`.
 """
@@ -196,6 +199,53 @@ class PadOp(IRDLOperation):
 
 
 @irdl_op_definition
+class SliceOp(IRDLOperation):
+    """`stablehlo.slice` with the spec's bound checks (xdsl-jax's fields and syntax)."""
+
+    name = "stablehlo.slice"
+
+    operand = operand_def(AnyTensorType)
+    start_indices = prop_def(DenseArrayBase.constr(i64))
+    limit_indices = prop_def(DenseArrayBase.constr(i64))
+    strides = prop_def(DenseArrayBase.constr(i64))
+    result = result_def(AnyTensorType)
+
+    assembly_format = _xj.SliceOp.assembly_format
+    custom_directives = _xj.SliceOp.custom_directives
+    traits = traits_def(*_xj.SliceOp.traits)
+
+    def verify_(self) -> None:
+        operand_t, result_t = self.operand.type, self.result.type
+        assert isinstance(operand_t, TensorType) and isinstance(result_t, TensorType)
+        src = operand_t.get_shape()
+        starts = self.start_indices.get_values()
+        limits = self.limit_indices.get_values()
+        strides = self.strides.get_values()
+        if not len(starts) == len(limits) == len(strides) == len(src):
+            raise VerifyException(
+                f"stablehlo.slice: one start, limit and stride per dim of {operand_t}"
+            )
+        for d, (n, start, limit, stride) in enumerate(
+            zip(src, starts, limits, strides, strict=True)
+        ):
+            if not 0 <= start <= limit <= n or stride <= 0:
+                raise VerifyException(
+                    f"stablehlo.slice: dim {d} of {operand_t} has size {n}, but the slice "
+                    f"reads [{start}:{limit}:{stride}] (needs 0 <= start <= limit <= {n}, "
+                    "stride > 0)"
+                )
+        want = [
+            -(-(limit - start) // stride)
+            for start, limit, stride in zip(starts, limits, strides, strict=True)
+        ]
+        if list(result_t.get_shape()) != want:
+            raise VerifyException(
+                f"stablehlo.slice: slicing {operand_t} gives shape {want}, "
+                f"but the result is {result_t}"
+            )
+
+
+@irdl_op_definition
 class DynamicUpdateSliceOp(IRDLOperation):
     """`stablehlo.dynamic_update_slice %operand, %update, %i, %j`: the operand
     with `update` written at the (clamped) run-time start indices."""
@@ -227,7 +277,12 @@ class DynamicUpdateSliceOp(IRDLOperation):
 
 
 def _stablehlo_dialect() -> Dialect:
-    replaced = {CompareOp.name: CompareOp, ReduceOp.name: ReduceOp, PadOp.name: PadOp}
+    replaced = {
+        CompareOp.name: CompareOp,
+        ReduceOp.name: ReduceOp,
+        PadOp.name: PadOp,
+        SliceOp.name: SliceOp,
+    }
     ops = [replaced.get(op.name, op) for op in _xj.StableHLO.operations]
     ops.append(DynamicUpdateSliceOp)
     return Dialect("stablehlo", ops, list(_xj.StableHLO.attributes))

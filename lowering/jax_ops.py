@@ -16,6 +16,7 @@ from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
 from dialects.stablehlo_ext import DynamicUpdateSliceOp
+from dialects.stablehlo_ext import SliceOp as ExtSliceOp
 from lowering.jax_collectives import EMITTERS as SPMD_EMITTERS
 from lowering.jax_control_flow import emit_while
 from lowering.jax_elementwise import (
@@ -66,7 +67,7 @@ _SPECIFIC: dict[type[Operation], Emitter] = {
     shlo.ReshapeOp: emit_reshape,
     shlo.TransposeOp: emit_transpose,
     shlo.ConcatenateOp: emit_concatenate,
-    shlo.SliceOp: emit_slice,
+    ExtSliceOp: emit_slice,
     shlo.DynamicSliceOp: emit_dynamic_slice,
     shlo.PadOp: emit_pad,
     shlo.GatherOp: emit_gather,

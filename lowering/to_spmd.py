@@ -44,22 +44,11 @@ from dialects.partir import (
 )
 from dialects.spmd import DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
 from lowering.distributions import Placed, Redistributor
-from rewrites.distribution import range_axis
-from rewrites.registry import FactorKind, rule_for
+from rewrites.projection import LoopRelations, range_axis
 
 
 class LoweringError(ValueError):
     """Core IR the SPMD lowering cannot handle, with the op that caused it."""
-
-
-@dataclass(frozen=True)
-class Iteration:
-    """How a value inside loops relates to the loops' axes (for its `dist`
-    annotation only): ('S', d) it is the part along dim d; ('P',) a summand;
-    ('B',) the same in every iteration."""
-
-    kind: str
-    dim: int = -1
 
 
 def input_slices(value: SSAValue) -> list[tuple[int, str]]:
@@ -119,10 +108,10 @@ class SpmdLowering:
         self.mesh = mesh
         self.block = Block()
         self.env: dict[SSAValue, Placed] = {}
-        self.iteration: dict[SSAValue, dict[str, Iteration]] = {}
+        self.relations = LoopRelations()
         self.redistribute = Redistributor(mesh, self._emit)
-        self.computed: list[tuple[Operation, Operation, list[str]]] = []
-        """(core op, its SPMD clone, enclosing loop axes), for the annotations."""
+        self.computed: list[tuple[Operation, Operation]] = []
+        """(core op, its SPMD clone), for the annotations."""
 
     def _emit(self, op: Operation) -> Operation:
         self.block.add_op(op)
@@ -136,6 +125,7 @@ class SpmdLowering:
             dtensor = DTensorType.of(arg.type, dist)  # type: ignore[arg-type]
             arg_types.append(dtensor)
         self.block = Block(arg_types=arg_types)
+        self.relations = LoopRelations.of(entry.body.block)
         for arg, new_arg, dtensor in zip(args, self.block.args, arg_types, strict=True):
             new_arg.name_hint = arg.name_hint
             to_local = self._emit(ToLocalOp(new_arg, dtensor.local_type(self.mesh)))
@@ -146,7 +136,7 @@ class SpmdLowering:
         for op in entry.body.block.ops:
             if isinstance(op, func.ReturnOp):
                 return self._finish(entry, op)
-            self._lower_op(op, [])
+            self._lower_op(op)
         raise LoweringError("the entry function has no func.return")
 
     def _finish(self, entry: func.FuncOp, ret: func.ReturnOp) -> func.FuncOp:
@@ -176,15 +166,15 @@ class SpmdLowering:
 
     # --- ops -------------------------------------------------------------------
 
-    def _lower_op(self, op: Operation, loops: list[str]) -> None:
+    def _lower_op(self, op: Operation) -> None:
         if isinstance(op, SliceOp):
             self._lower_slice(op)
         elif isinstance(op, LoopOp):
-            self._lower_loop(op, loops)
+            self._lower_loop(op)
         elif isinstance(op, YieldOp | MeshOp):
             pass
         else:
-            self._lower_compute(op, loops)
+            self._lower_compute(op)
 
     def _lower_slice(self, op: SliceOp) -> None:
         axis = range_axis(op.index)
@@ -197,13 +187,10 @@ class SpmdLowering:
         self.redistribute.cause = (f'partir.slice {op.dim_index} over "{axis}"', origins)
         placed = self.redistribute.take_part(source, op.dim_index, axis)
         self.env[op.result] = placed
-        outer = self.iteration.get(op.src, {})
-        self.iteration[op.result] = {**outer, axis: Iteration("S", op.dim_index)}
 
-    def _lower_loop(self, op: LoopOp, loops: list[str]) -> None:
-        inner = [*loops, op.axis_name]
+    def _lower_loop(self, op: LoopOp) -> None:
         for body_op in op.body.block.ops:
-            self._lower_op(body_op, inner)
+            self._lower_op(body_op)
         yielded = self.env[op.yielded]
         axis = op.axis_name
         if isinstance(op.action, TileAttr):
@@ -213,11 +200,8 @@ class SpmdLowering:
             assert isinstance(op.action, SumAttr)
             dist = replace(yielded.dist, partial=tuple(sorted((*yielded.dist.partial, axis))))
         self.env[op.result] = Placed(yielded.local, dist, yielded.with_origin(axis, op.origin))
-        iteration = dict(self.iteration.get(op.yielded, {}))
-        iteration.pop(axis, None)
-        self.iteration[op.result] = iteration
 
-    def _lower_compute(self, op: Operation, loops: list[str]) -> None:
+    def _lower_compute(self, op: Operation) -> None:
         if len(op.successors):
             raise LoweringError(f"{op.name}: ops with successors are not supported")
         operands = []
@@ -230,15 +214,13 @@ class SpmdLowering:
         for i, v in enumerate(operands):
             new.operands[i] = v
         self._emit(new)
-        iteration = self._infer_iteration(op, loops)
         for old, result in zip(op.results, new.results, strict=True):
             result.name_hint = old.name_hint
             if isinstance(old.type, TensorType):
                 rank = old.type.get_num_dims()
                 self.env[old] = Placed(result, Distribution.replicated(rank))
-                self.iteration[old] = iteration
                 if len(op.results) == 1:
-                    self.computed.append((op, new, loops))
+                    self.computed.append((op, new))
             else:
                 self.env[old] = Placed(result, Distribution(()))
 
@@ -246,118 +228,19 @@ class SpmdLowering:
 
     def _annotate_computed(self) -> None:
         """Annotate each computed op with its result's global type and
-        distribution: relations to the loops around it come from its operands
-        (forward, during lowering) or, failing that, from its users (here,
-        in reverse program order, so users are settled before producers)."""
-        changed = True
-        while changed:
-            changed = False
-            for op, _, loops in reversed(self.computed):
-                known = self.iteration[op.results[0]]
-                for axis in loops:
-                    if axis not in known:
-                        found = self._relation_from_users(op.results[0], axis)
-                        if found is not None:
-                            known[axis] = found
-                            changed = True
-            for op, _, loops in self.computed:
-                known = self.iteration[op.results[0]]
-                if len(known) < len(loops):
-                    for axis, found in self._infer_iteration(op, loops).items():
-                        if axis not in known:
-                            known[axis] = found
-                            changed = True
-        for op, new, loops in self.computed:
-            annotation = self._annotation(op.results[0].type, self.iteration[op.results[0]], loops)
-            if annotation is not None:
-                new.attributes[DIST] = annotation
+        distribution over the loops around it (`rewrites.projection`); a value
+        whose relation to some loop is unknown is left unannotated."""
+        for op, new in self.computed:
+            relation = self.relations(op.results[0])
+            local = op.results[0].type
+            if relation.known and isinstance(local, TensorType):
+                global_type = self._global_type(local, relation.dist)
+                new.attributes[DIST] = DTensorType.of(global_type, relation.dist)
 
-    def _relation_from_users(self, value: SSAValue, axis: str) -> Iteration | None:
-        for use in value.uses:
-            user = use.operation
-            if isinstance(user, YieldOp):
-                loop = user.parent_op()
-                assert isinstance(loop, LoopOp)
-                if loop.axis_name == axis:
-                    if isinstance(loop.action, TileAttr):
-                        return Iteration("S", loop.action.dim.data)
-                    return Iteration("P")
-                found = self.iteration.get(loop.result, {}).get(axis)
-            elif isinstance(user, SliceOp):
-                found = self.iteration.get(user.result, {}).get(axis)
-            else:
-                found = self._relation_through(user, use.index, axis)
-            if found is not None:
-                return found
-        return None
-
-    def _relation_through(self, user: Operation, index: int, axis: str) -> Iteration | None:
-        """Operand `index`'s relation to `axis`, given the user's result's."""
-        if len(user.results) != 1:
-            return None
-        after = self.iteration.get(user.results[0], {}).get(axis)
-        rule = rule_for(user)
-        if after is None or rule is None:
-            return None
-        if after.kind == "B":
-            return Iteration("B")
-        if after.kind == "S":
-            factor = rule.result_factor(0, after.dim)
-        else:
-            sums = [f for f, fac in enumerate(rule.factors) if fac.kind is FactorKind.SUM]
-            factor = sums[0] if len(sums) == 1 else None
-        if factor is None:
-            return None
-        dim = rule.operand_dims(factor)[index]
-        return Iteration("S", dim) if dim is not None else Iteration("B")
-
-    def _infer_iteration(self, op: Operation, loops: list[str]) -> dict[str, Iteration]:
-        """For each loop axis around `op`, how its result relates to it, read
-        off the operands' relation and the op's factor rule (None if unknown)."""
-        if not loops:
-            return {}
-        rule = rule_for(op)
-        out: dict[str, Iteration] = {}
-        for axis in loops:
-            kinds = [self.iteration.get(v, {}).get(axis) for v in op.operands]
-            split = [(i, k) for i, k in enumerate(kinds) if k is not None and k.kind != "B"]
-            if not split or rule is None:
-                continue
-            factors = set()
-            for i, k in split:
-                if k.kind != "S" or k.dim >= len(rule.operands[i]):
-                    factors.add(None)
-                else:
-                    factors.add(rule.operand_factor(i, k.dim))
-            if len(factors) != 1 or None in factors:
-                continue
-            (factor,) = factors
-            dim = rule.result_dim(factor) if len(rule.results) == 1 else None
-            if dim is not None:
-                out[axis] = Iteration("S", dim)
-            elif rule.factors[factor].kind is FactorKind.SUM:
-                out[axis] = Iteration("P")
-        return out
-
-    def _annotation(
-        self, local_type: TensorType, iteration: dict[str, Iteration], loops: list[str]
-    ):
-        """The value's global type and distribution, when every loop around it
-        says how (values of unknown relation are left unannotated)."""
-        if any(axis not in iteration for axis in loops):
-            return None
-        shape = list(local_type.get_shape())
-        dims: list[tuple[str, ...]] = [() for _ in shape]
-        partial: list[str] = []
-        for axis in reversed(loops):  # innermost loop is the minor split
-            it = iteration[axis]
-            if it.kind == "S":
-                dims[it.dim] = (axis, *dims[it.dim])
-                shape[it.dim] *= self.mesh[axis]
-            elif it.kind == "P":
-                partial.append(axis)  # "B": the same on every device along the axis
-        global_type = TensorType(local_type.element_type, shape)
-        return DTensorType.of(global_type, Distribution(tuple(dims), tuple(sorted(partial))))
+    def _global_type(self, local: TensorType, dist: Distribution) -> TensorType:
+        parts = dist.parts(self.mesh)
+        shape = [n * k for n, k in zip(local.get_shape(), parts, strict=True)]
+        return TensorType(local.element_type, shape)
 
 
 def annotate_collectives(block: Block) -> None:

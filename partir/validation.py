@@ -42,7 +42,7 @@ from dialects.interpreter import run_function
 from dialects.interpreter.spmd import run_spmd
 from dialects.partir import find_mesh
 from dialects.spmd import DTensorType
-from dialects.stablehlo_ext import DynamicUpdateSliceOp
+from dialects.stablehlo_ext import DynamicUpdateSliceOp, SliceOp
 from partir.report.build import is_spmd, parse_module
 from partir.tactics import ProgramView
 
@@ -389,7 +389,7 @@ _VALUE_PRESERVING = (
     shlo.BroadcastInDimOp,
     shlo.ReshapeOp,
     shlo.TransposeOp,
-    shlo.SliceOp,
+    SliceOp,
     shlo.ConcatenateOp,
     shlo.ConvertOp,
 )

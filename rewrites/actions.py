@@ -24,7 +24,7 @@ from dialects.partir import (
     YieldOp,
 )
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin
-from rewrites.distribution import range_axis, visible_tilings
+from rewrites.projection import range_axis, tilings
 
 
 class ActionError(ValueError):
@@ -78,7 +78,7 @@ def check_action(action: TileAction, mesh: MeshOp) -> None:
 
 def existing_tiling(value: SSAValue, axis: str) -> int | None:
     """The dim `value` is already tiled on over `axis`, if it is."""
-    for tiling in visible_tilings(value):
+    for tiling in tilings(value):
         if tiling.axis == axis:
             return tiling.dim
     for use in value.uses:

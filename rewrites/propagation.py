@@ -44,12 +44,15 @@ from xdsl.rewriter import InsertPoint
 from dialects.partir import ORIGIN, LoopOp, MeshOp, SliceOp, TileAttr, YieldOp, find_mesh, part_type
 from rewrites.actions import describe_value
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin
-from rewrites.distribution import (
+from rewrites.projection import (
     Tiling,
     enclosing_axes,
+    follow,
+    nested_loops,
+    nests_loop_over,
     range_axis,
     range_size,
-    visible_tilings,
+    tilings,
 )
 from rewrites.registry import OpRule, rule_for
 from rewrites.tiling import loop_action, part_op, slice_operands, tile_op
@@ -90,7 +93,7 @@ def _operand_tilings(op: Operation, mesh: dict[str, int]) -> list[tuple[int, Til
         (i, t)
         for i, v in enumerate(op.operands)
         if type(v.owner) in _TILED_PRODUCERS
-        for t in visible_tilings(v)
+        for t in tilings(v)
         if t.axis not in busy
     ]
 
@@ -99,15 +102,13 @@ _TILED_PRODUCERS = (LoopOp, SliceOp)
 
 
 def _candidates(
-    op: Operation, rule: OpRule, tilings: list[tuple[int, Tiling]], mesh: dict[str, int]
+    rule: OpRule, operand_tilings: list[tuple[int, Tiling]], mesh: dict[str, int]
 ) -> list[_Candidate]:
     """Operand tilings this op could follow, earliest action first."""
     found = []
-    for i, tiling in tilings:
-        if tiling.dim >= len(rule.operands[i]):
-            continue
-        factor = rule.operand_factor(i, tiling.dim)
-        if factor is not None and rule.why_not_tileable(factor, mesh[tiling.axis]) is None:
+    for i, tiling in operand_tilings:
+        factor = follow(rule, i, tiling.dim, mesh[tiling.axis])
+        if isinstance(factor, int):
             found.append(_Candidate(tiling, i, factor))
     found.sort(key=lambda c: (c.tiling.order, c.operand))
     return found
@@ -154,7 +155,7 @@ class PushForward(RewritePattern):
         rule = self.rules(op)
         if rule is None:
             return
-        candidates = _candidates(op, rule, tilings, self.mesh)
+        candidates = _candidates(rule, tilings, self.mesh)
         if not candidates:
             return
         chosen = candidates[0]
@@ -196,19 +197,13 @@ class PushForward(RewritePattern):
         old_yield = block.last_op
         assert isinstance(old_yield, YieldOp)
         part = old_yield.values[0]
-        new_ops: list[Operation] = []
-        operands: list[SSAValue] = []
-        made: dict[tuple[SSAValue, int], SSAValue] = {}
-        for value, dim in zip(op.operands, rule.operand_dims(chosen.factor), strict=True):
-            if value is loop.result:
-                operands.append(part)
-            elif dim is None:
-                operands.append(value)
-            elif (value, dim) in made:
-                operands.append(made[value, dim])
-            else:
-                new_ops.append(SliceOp(value, dim, block.args[0]))
-                operands.append(made.setdefault((value, dim), new_ops[-1].results[0]))
+        new_ops, operands = slice_operands(
+            rule,
+            chosen.factor,
+            list(op.operands),
+            block.args[0],
+            {(loop.result, chosen.tiling.dim): part},
+        )
         body_op = part_op(op, rule, chosen.factor, self.mesh[chosen.tiling.axis], operands)
         rewriter.insert(
             [*new_ops, body_op, YieldOp(body_op.results[0])], InsertPoint.before(old_yield)
@@ -293,7 +288,10 @@ def _only_slices(loop: LoopOp) -> bool:
 
 
 class FuseSliceOfTile(RewritePattern):
-    """`slice d (loop a [tile d] (\\r -> e))[s]` -> `e{s/r}`."""
+    """`slice d (loop a [tile d] (\\r -> e))[s]` -> `e{s/r}`.
+
+    Not when `e` holds a loop over an axis the slice is already inside (the
+    axis would be nested twice)."""
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         if not isinstance(op, SliceOp):
@@ -304,6 +302,8 @@ class FuseSliceOfTile(RewritePattern):
         if loop.action.dim.data != op.dim_index or loop.axis_name != range_axis(op.index):
             return
         if loop.result.uses.get_length() == 1:
+            if nests_loop_over(loop, enclosing_axes(op)):
+                return
             block = loop.body.block
             yielded = loop.yielded
             moved = list(block.ops)
@@ -356,10 +356,30 @@ class PullSliceIntoProducer(RewritePattern):
             wake_users(rewriter, list(producer.operands))
 
 
+def _nests_unfusable(loop: LoopOp, op: SliceOp, around: set[str]) -> bool:
+    """Whether moving `loop` inside `op`'s loops would nest an axis twice for
+    good: a loop over one of `around` in its body, other than the yielded tile
+    loop the moved slice `op` fuses with (`FuseSliceOfTile`)."""
+    fuses = loop.yielded.owner
+    for inner in nested_loops(loop, around):
+        if not (
+            inner is fuses
+            and isinstance(inner.action, TileAttr)
+            and inner.action.dim.data == op.dim_index
+            and inner.axis_name == range_axis(op.index)
+            and inner.result.uses.get_length() == 1
+        ):
+            return True
+    return False
+
+
 class PushSliceIntoLoop(RewritePattern):
     """`slice d (loop b (\\q -> e))[s]` -> `loop b (\\q -> slice d e[s])` for b != s's axis.
 
-    The loop moves to the slice (its only user) and computes only that part.
+    The loop moves to the slice (its only user) and computes only that part;
+    not when its body holds a loop over an axis the slice is inside (the axis
+    would be nested twice), unless that loop is the one yielded and the moved
+    slice fuses with it.
     """
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
@@ -371,7 +391,10 @@ class PushSliceIntoLoop(RewritePattern):
             return
         if isinstance(loop.action, TileAttr) and loop.action.dim.data == op.dim_index:
             return
-        if loop.result.uses.get_length() != 1 or loop.axis_name in enclosing_axes(op):
+        if loop.result.uses.get_length() != 1:
+            return
+        around = enclosing_axes(op)
+        if loop.axis_name in around or _nests_unfusable(loop, op, around):
             return
         region = rewriter.move_region_contents_to_new_regions(loop.body)
         block = region.block
@@ -421,21 +444,16 @@ class Propagation(RewritePattern):
             self.forward.match_and_rewrite(op, rewriter)
 
 
-@dataclass
-class PropagationResult:
-    conflicts: list[Conflict] = field(default_factory=list)
-
-
-def propagate(module: ModuleOp, log: ConflictLog | None = None) -> PropagationResult:
-    """Run forward, backward and fusion rewrites to a fixpoint over `module`."""
+def propagate(module: ModuleOp, log: ConflictLog | None = None) -> None:
+    """Run forward, backward and fusion rewrites to a fixpoint over `module`
+    (conflicts go to `log`)."""
     log = log if log is not None else ConflictLog()
     mesh = find_mesh(module)
     if mesh is None:
-        return PropagationResult(list(log.conflicts))
+        return
     applier = GreedyRewritePatternApplier([Propagation(mesh.axes, log)])
     with paused_gc():
         PatternRewriteWalker(applier).rewrite_module(module)
-    return PropagationResult(list(log.conflicts))
 
 
 @contextmanager

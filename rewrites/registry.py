@@ -36,7 +36,7 @@ from dialects.attributes import ints
 from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
 from dialects.names import op_name
 from dialects.regions import combiner_name
-from dialects.stablehlo_ext import CompareOp, PadOp, ReduceOp
+from dialects.stablehlo_ext import CompareOp, PadOp, ReduceOp, SliceOp
 
 Dims = tuple[tuple[int, ...], ...]
 """Per tensor dimension, the factor ids it runs over, major to minor."""
@@ -294,9 +294,21 @@ def _pass_through_or_blocked(
     return tuple(operand), tuple(result)
 
 
-def slice_rule(op: shlo.SliceOp) -> OpRule:
-    """Dims kept whole pass through; a cut dim is blocked: each part's window
-    would start at its own offset."""
+def _slice_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
+    """A kept dim's limit is the part's size (the bounds are sizes, not a view)."""
+    from xdsl.dialects.builtin import DenseArrayBase, i64
+
+    assert isinstance(op, SliceOp)
+    d = slice_rule(op).operand_dims(factor)[0]
+    assert d is not None
+    limits = list(ints(op.limit_indices))
+    limits[d] = shape(op.operand)[d] // parts
+    return {"limit_indices": DenseArrayBase.from_list(i64, limits)}
+
+
+def slice_rule(op: SliceOp) -> OpRule:
+    """Dims kept whole pass through (each part's limit is its own size); a cut
+    dim is blocked: each part's window would start at its own offset."""
     b = _Builder()
     src, out = shape(op.operand), shape(op.result)
     starts, limits, strides = ints(op.start_indices), ints(op.limit_indices), ints(op.strides)
@@ -304,7 +316,7 @@ def slice_rule(op: shlo.SliceOp) -> OpRule:
     operand, result = _pass_through_or_blocked(
         b, src, out, keep, "a slice cuts this dimension; each part would need its own window"
     )
-    return b.rule([operand], [result])
+    return b.rule([operand], [result], _slice_localizer)
 
 
 def pad_rule(op: PadOp) -> OpRule:

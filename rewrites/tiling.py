@@ -8,7 +8,7 @@ loops only through these functions, so what is tested is what runs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
@@ -50,13 +50,18 @@ def part_op(
 
 
 def slice_operands(
-    rule: OpRule, factor: int, operands: Sequence[SSAValue], index: SSAValue
+    rule: OpRule,
+    factor: int,
+    operands: Sequence[SSAValue],
+    index: SSAValue,
+    parts: Mapping[tuple[SSAValue, int], SSAValue] | None = None,
 ) -> tuple[list[Operation], list[SSAValue]]:
     """Slices of the operands that run over `factor` (the sideways step); an
-    operand used twice (`x * x`) is sliced once."""
+    operand used twice (`x * x`) is sliced once, and one whose part is already
+    at hand (`parts`, by operand and dim) is not sliced."""
     new_ops: list[Operation] = []
     values: list[SSAValue] = []
-    made: dict[tuple[SSAValue, int], SSAValue] = {}
+    made: dict[tuple[SSAValue, int], SSAValue] = dict(parts or {})
     for operand, dim in zip(operands, rule.operand_dims(factor), strict=True):
         if dim is None:
             values.append(operand)

@@ -10,7 +10,7 @@ import jax
 import partir
 from dialects.interpreter import run_function
 from dialects.partir import LoopOp, SumAttr
-from rewrites.distribution import loop_axes
+from rewrites.projection import loop_axes
 from tests.numerics import assert_close
 
 MESH = partir.Mesh({"batch": 4, "model": 2})

@@ -25,7 +25,7 @@ from dialects.names import op_name
 
 def make_interpreter(module: ModuleOp) -> Interpreter:
     """An interpreter with every dialect's semantics registered. (Imported
-    here, not at the top: tools that only need `dtypes` stay light.)"""
+    here, not at the top: importing this package for its helpers stays light.)"""
     from dialects.interpreter.chlo import ChloFunctions
     from dialects.interpreter.core import PartirFunctions
     from dialects.interpreter.stablehlo import StableHLOFunctions

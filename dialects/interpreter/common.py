@@ -1,6 +1,6 @@
 """Helpers shared by the StableHLO interpreter families (see `stablehlo`).
 
-Tensor types and attributes as NumPy dtypes and tuples, double-precision
+Tensor types as NumPy dtypes, typed results, double-precision
 widening, and running a region (once on whole arrays when it is elementwise).
 """
 

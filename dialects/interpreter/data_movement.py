@@ -20,6 +20,7 @@ from xdsl.interpreter import (
     register_impls,
 )
 from xdsl.ir import Region
+from xdsl.utils.exceptions import InterpretationError
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.attributes import ints
@@ -32,7 +33,7 @@ from dialects.interpreter.common import (
     typed,
 )
 from dialects.regions import returns_update
-from dialects.stablehlo_ext import DynamicUpdateSliceOp, PadOp
+from dialects.stablehlo_ext import DynamicUpdateSliceOp, PadOp, SliceOp
 
 # --------------------------------------------------------------------------
 # Data movement
@@ -282,18 +283,25 @@ class DataMovementFunctions(InterpreterFunctions):
             results = scatter(interp, body, arrays[:n], arrays[n], arrays[n + 1 :], dn)
         return tuple(typed(v, r.type) for v, r in zip(results, op.results, strict=True))
 
-    @impl(shlo.SliceOp)
-    def run_slice(self, interp: Interpreter, op: shlo.SliceOp, args: PythonValues) -> PythonValues:
-        window = tuple(
-            slice(start, limit, stride)
-            for start, limit, stride in zip(
-                ints(op.start_indices),
-                ints(op.limit_indices),
-                ints(op.strides),
-                strict=True,
-            )
+    @impl(SliceOp)
+    def run_slice(self, interp: Interpreter, op: SliceOp, args: PythonValues) -> PythonValues:
+        """Bounds outside the operand are an error, never clamped (NumPy would)."""
+        x = np.asarray(args[0])
+        bounds = zip(
+            ints(op.start_indices),
+            ints(op.limit_indices),
+            ints(op.strides),
+            strict=True,
         )
-        return (typed(np.asarray(args[0])[window], op.result.type),)
+        window = []
+        for d, (start, limit, stride) in enumerate(bounds):
+            if not 0 <= start <= limit <= x.shape[d] or stride <= 0:
+                raise InterpretationError(
+                    f"stablehlo.slice reads [{start}:{limit}:{stride}] of dim {d}, "
+                    f"which has size {x.shape[d]}"
+                )
+            window.append(slice(start, limit, stride))
+        return (typed(x[tuple(window)], op.result.type),)
 
     @impl(shlo.TransposeOp)
     def run_transpose(

@@ -15,7 +15,7 @@ from dialects.partir import LoopOp, MeshOp, find_mesh
 from partir.report.names import _partir_name, ssa_names
 from partir.report.rows import ReplicatedOp
 from rewrites.conflicts import Conflict
-from rewrites.distribution import Tiling, visible_tilings
+from rewrites.projection import Tiling, follow, tilings
 from rewrites.registry import OpRule, opaque_reason, rule_for
 
 OPAQUE = "opaque"
@@ -40,12 +40,12 @@ def replicated_ops(core: ModuleOp, conflicts: Sequence[Conflict]) -> list[Replic
         if rule is None:
             out.append(ReplicatedOp(name, op_name(op), OPAQUE, opaque_reason(op)))
             continue
-        tilings = [(i, t) for i, v in enumerate(op.operands) for t in visible_tilings(v)]
-        conflict = _conflict_at(op, tilings, arg_names, conflicts)
+        reaching = [(i, t) for i, v in enumerate(op.operands) for t in tilings(v)]
+        conflict = _conflict_at(op, reaching, arg_names, conflicts)
         if conflict is not None:
             out.append(ReplicatedOp(name, op.name, CONFLICT, str(conflict), conflict))
-        elif tilings:
-            out.append(ReplicatedOp(name, op.name, BLOCKED, _why_blocked(rule, tilings, mesh)))
+        elif reaching:
+            out.append(ReplicatedOp(name, op.name, BLOCKED, _why_blocked(rule, reaching, mesh)))
         else:
             out.append(ReplicatedOp(name, op.name, UNTILED, "no tiled operand reached it"))
     return out
@@ -63,28 +63,25 @@ def _arg_names(entry: func.FuncOp) -> dict[SSAValue, str]:
 
 def _conflict_at(
     op: Operation,
-    tilings: list[tuple[int, Tiling]],
+    reaching: list[tuple[int, Tiling]],
     arg_names: dict[SSAValue, str],
     conflicts: Sequence[Conflict],
 ) -> Conflict | None:
     """The conflict record naming `op`: same op kind, and one of the values it
     names reaches an operand (as an argument or through a tiling's action)."""
-    reaching = {
-        arg_names[v] for v in op.operands if isinstance(v, BlockArgument) and v in arg_names
-    }
-    reaching |= {t.origin.value.data for _, t in tilings if t.origin is not None}
-    return next((c for c in conflicts if c.op == op.name and reaching & set(c.values)), None)
+    names = {arg_names[v] for v in op.operands if isinstance(v, BlockArgument) and v in arg_names}
+    names |= {t.origin.value.data for _, t in reaching if t.origin is not None}
+    return next((c for c in conflicts if c.op == op.name and names & set(c.values)), None)
 
 
-def _why_blocked(rule: OpRule, tilings: list[tuple[int, Tiling]], mesh: Mesh) -> str:
+def _why_blocked(rule: OpRule, reaching: list[tuple[int, Tiling]], mesh: Mesh) -> str:
+    """Why the op did not follow its operands' tilings: propagation's own answer
+    (`projection.follow`) for each."""
     reasons = []
-    for i, t in tilings:
+    for i, t in reaching:
         where = f'operand {i} is tiled on dim {t.dim} over "{t.axis}"'
-        factor = rule.operand_factor(i, t.dim) if t.dim < len(rule.operands[i]) else None
-        why = (
-            "the dimension runs over no factor of the op"
-            if factor is None
-            else rule.why_not_tileable(factor, mesh.get(t.axis, 1))
-        )
-        reasons.append(f"{where}: {why or 'tileable, but propagation has not moved it'}")
+        why = follow(rule, i, t.dim, mesh.get(t.axis, 1))
+        if isinstance(why, int):
+            why = "tileable, but propagation has not moved it"
+        reasons.append(f"{where}: {why}")
     return "; ".join(dict.fromkeys(reasons))

@@ -1,0 +1,496 @@
+"""The factor projection: how a value relates to loops and to an op's factors.
+
+Shardy's "sharding projection", for partir's loops. Three questions, one answer:
+
+- **A value's tilings** (`tilings`): the loops that *produced* it split it.
+  After a few rewrites a value is often a slice of a loop result inside another
+  loop (`slice 0 %y[%r]` with `%y = loop "batch" [tile<0>] (... loop "model"
+  [tile<1>] ...)` is, for its users, tiled on dim 1 over "model"). Propagation
+  decides with this view, and the report explains with it.
+- **A value's relation to the loops *around* it** (`LoopRelations`): for each
+  enclosing loop axis, whether the value is the part along a dim (split), a
+  summand (partial), the same in every iteration (replicated: it does not depend
+  on the loop's range), or unknown. It is a `Distribution` over the loop axes,
+  which is how the SPMD lowering annotates each per-device value.
+- **Projection onto an op's factors** (`project`, `result_distribution`,
+  `operand_distribution`, `follow`): each operand dim's axes go to the factor
+  it runs over in the op's rule (`rewrites/registry.py`), and back from the
+  factors to any operand or result. A `sum` factor's axes come back as partial.
+
+An op rule added to the registry flows through all three without any change
+here: the projection reads only `OpRule`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import Block, Operation, SSAValue
+
+from dialects.distribution import Distribution
+from dialects.partir import LoopOp, OriginAttr, RangeType, SliceOp, SumAttr, TileAttr, YieldOp
+from rewrites.registry import FactorKind, OpRule, rule_for
+
+# --- loops around an op --------------------------------------------------------
+
+
+def range_axis(index: SSAValue) -> str | None:
+    """The mesh axis of the loop whose range `index` is."""
+    owner = index.owner
+    if isinstance(owner, Block) and isinstance(owner.parent_op(), LoopOp):
+        return owner.parent_op().axis_name  # type: ignore[union-attr]
+    return None
+
+
+def range_size(index: SSAValue) -> int:
+    assert isinstance(index.type, RangeType)
+    return index.type.size.data
+
+
+def loop_axes(op: Operation) -> list[str]:
+    """Axes of the loops `op` is nested in, innermost first."""
+    axes: list[str] = []
+    parent = op.parent_op()
+    while parent is not None:
+        if isinstance(parent, LoopOp):
+            axes.append(parent.axis_name)
+        parent = parent.parent_op()
+    return axes
+
+
+def enclosing_axes(op: Operation) -> set[str]:
+    """Axes of the loops `op` is nested in."""
+    return set(loop_axes(op))
+
+
+def nested_loops(op: Operation, axes: set[str]) -> list[LoopOp]:
+    """The loops over one of `axes` nested in `op`'s regions."""
+    if not axes:
+        return []
+    return [
+        inner
+        for region in op.regions
+        for inner in region.walk()
+        if type(inner) is LoopOp and inner.axis_name in axes  # type: ignore[attr-defined]
+    ]
+
+
+def nests_loop_over(op: Operation, axes: set[str]) -> bool:
+    """Whether a loop over one of `axes` is nested in `op`'s regions: moving
+    `op` into a loop over such an axis would nest the axis twice."""
+    return bool(nested_loops(op, axes))
+
+
+# --- a value's tilings (by the loops that produced it) ----------------------------
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """`value` is the concatenation along `dim` of parts over mesh `axis`."""
+
+    axis: str
+    dim: int
+    origin: OriginAttr | None
+    loop: LoopOp
+
+    @property
+    def order(self) -> int:
+        """Schedule position of the action behind it (unknown ones come last)."""
+        return self.origin.action.data if self.origin is not None else 1 << 30
+
+
+def tilings(value: SSAValue) -> list[Tiling]:
+    """Tilings of `value` by the loops that produced it, outermost loop first.
+
+    A tile loop contributes its own axis plus whatever its body's value
+    carries; a sum loop passes its body's tilings through (a sum of
+    concatenations is a concatenation of sums); a slice over an axis the
+    value is tiled on peels that tiling off. (Not memoised: rewriting an op
+    inside a loop replaces the loop's yielded value in place.)
+    """
+    owner = value.owner
+    kind = type(owner)
+    if kind is LoopOp:
+        inner = tilings(owner.yielded)  # type: ignore[union-attr]
+        action = owner.action  # type: ignore[union-attr]
+        if type(action) is TileAttr:
+            tiling = Tiling(owner.axis_name, action.dim.data, owner.origin, owner)  # type: ignore[union-attr]
+            return [tiling, *inner]
+        return inner
+    if kind is SliceOp:
+        axis = range_axis(owner.index)  # type: ignore[union-attr]
+        outer = tilings(owner.src)  # type: ignore[union-attr]
+        dim = owner.dim_index  # type: ignore[union-attr]
+        if any(t.axis == axis and t.dim == dim for t in outer):
+            return [t for t in outer if t.axis != axis]
+    return []
+
+
+# --- projection onto an op's factors ------------------------------------------------
+
+
+def dim_factor(rule: OpRule, operand: int, dim: int) -> int | None:
+    """The factor a split of `operand`'s `dim` splits (the dim's major one)."""
+    dims = rule.operands[operand]
+    return dims[dim][0] if dim < len(dims) and dims[dim] else None
+
+
+def follow(rule: OpRule, operand: int, dim: int, parts: int) -> int | str:
+    """The factor an op follows when `operand` is split on `dim` into `parts`,
+    or why it cannot (the reason the op stays whole)."""
+    factor = dim_factor(rule, operand, dim)
+    if factor is None:
+        return "the dimension runs over no factor of the op"
+    why = rule.why_not_tileable(factor, parts)
+    return factor if why is None else why
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Per factor of one op, the mesh axes splitting it (major first);
+    `conflicts`: axes that operands split along different factors, or in
+    different orders (dropped from every factor)."""
+
+    factors: tuple[tuple[str, ...], ...]
+    conflicts: frozenset[str] = frozenset()
+
+
+def project(rule: OpRule, operands: Sequence[Distribution | None]) -> Projection:
+    """Project the operands' distributions onto the op's factors.
+
+    Each dim's split axes go to the factor it runs over (its major one); a dim
+    with no factor, or an operand given as None, contributes nothing. Partial
+    axes have no factor and are left to the caller.
+    """
+    found: list[tuple[str, ...]] = [() for _ in rule.factors]
+    factor_of: dict[str, int] = {}
+    conflicts: set[str] = set()
+    for i, dist in enumerate(operands):
+        if dist is None:
+            continue
+        for d, axes in enumerate(dist.dims):
+            factor = dim_factor(rule, i, d) if axes else None
+            if factor is None:
+                conflicts.update(axes)  # split along a dim the op does not keep
+                continue
+            merged = _merge(found[factor], axes)
+            if merged is None:
+                conflicts.update((*found[factor], *axes))
+                continue
+            found[factor] = merged
+            for axis in axes:
+                if factor_of.setdefault(axis, factor) != factor:
+                    conflicts.add(axis)
+    return Projection(
+        tuple(tuple(a for a in axes if a not in conflicts) for axes in found),
+        frozenset(conflicts),
+    )
+
+
+def _merge(have: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, ...] | None:
+    """One factor's axes from two operands: the longer, if the shorter is a
+    prefix of it (a missing minor axis is a replicated one); else None."""
+    short, long = sorted((have, more), key=len)
+    return long if long[: len(short)] == short else None
+
+
+def result_distribution(
+    rule: OpRule, projection: Projection, result: int = 0
+) -> tuple[Distribution, frozenset[str]]:
+    """The result's distribution from the factors' axes, and the axes it cannot
+    carry (a blocked factor, or one that is not the major factor of a result dim).
+    A sum factor's axes become partial."""
+    dims: list[tuple[str, ...]] = []
+    placed: set[int] = set()
+    for factors in rule.results[result]:
+        major = factors[0] if factors else None
+        if major is not None and rule.factors[major].kind is FactorKind.PARALLEL:
+            dims.append(projection.factors[major])
+            placed.add(major)
+        else:
+            dims.append(())
+    partial: list[str] = []
+    lost: set[str] = set(projection.conflicts)
+    for f, axes in enumerate(projection.factors):
+        if not axes or f in placed:
+            continue
+        if rule.factors[f].kind is FactorKind.SUM:
+            partial.extend(axes)
+        else:
+            lost.update(axes)
+    return Distribution(tuple(dims), tuple(sorted(partial))), frozenset(lost)
+
+
+def operand_distribution(rule: OpRule, projection: Projection, operand: int) -> Distribution:
+    """The distribution an operand needs for the factors' axes (back-projection)."""
+    dims = [projection.factors[factors[0]] if factors else () for factors in rule.operands[operand]]
+    return Distribution(tuple(dims))
+
+
+# --- a value's relation to the loops around it --------------------------------------
+
+
+@dataclass(frozen=True)
+class Split:
+    """The value is the part along `dim` of the loop's concatenation."""
+
+    dim: int
+
+
+@dataclass(frozen=True)
+class Partial:
+    """The value is a summand of the loop's sum."""
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """The value is the same in every iteration."""
+
+
+AxisRelation = Split | Partial | Replicated
+"""One value's relation to one loop around it."""
+
+
+@dataclass(frozen=True)
+class LoopRelation:
+    """How a value relates to the loops around its definition: `dist` over the
+    known loop axes (split on a dim: the value is the part along it; partial: a
+    summand of the sum loop; named nowhere: the same in every iteration), and the
+    `unknown` axes."""
+
+    dist: Distribution
+    unknown: frozenset[str] = frozenset()
+
+    @property
+    def known(self) -> bool:
+        return not self.unknown
+
+    def forget(self, axes: Iterable[str]) -> LoopRelation:
+        """The relation with `axes` made unknown."""
+        gone = frozenset(axes)
+        if not gone:
+            return self
+        dims = tuple(tuple(a for a in d if a not in gone) for d in self.dist.dims)
+        partial = tuple(a for a in self.dist.partial if a not in gone)
+        return LoopRelation(Distribution(dims, partial), self.unknown | gone)
+
+    def on(self, axis: str) -> AxisRelation | None:
+        """The relation to the loop over `axis` (None: unknown)."""
+        if axis in self.unknown:
+            return None
+        if axis in self.dist.partial:
+            return Partial()
+        dim = self.dist.split_dim_of(axis)
+        return Split(dim) if dim is not None else Replicated()
+
+    def with_axis(self, axis: str, relation: AxisRelation) -> LoopRelation:
+        """The relation with `axis`'s replaced (a split is minor to the dim's others)."""
+        known = self.forget([axis])
+        dist = known.dist
+        if isinstance(relation, Partial):
+            dist = Distribution(dist.dims, tuple(sorted((*dist.partial, axis))))
+        elif isinstance(relation, Split):
+            dist = dist.split_further(relation.dim, (axis,))
+        return LoopRelation(dist, known.unknown - {axis})
+
+
+def loop_relation(action: TileAttr | SumAttr) -> Split | Partial:
+    """What a loop's body yields: the part along the tiled dim, or a summand."""
+    return Split(action.dim.data) if isinstance(action, TileAttr) else Partial()
+
+
+def _rank(value: SSAValue) -> int:
+    ty = value.type
+    return ty.get_num_dims() if isinstance(ty, TensorType) else 0
+
+
+@dataclass
+class LoopRelations:
+    """Every value's `LoopRelation` in a function of core IR.
+
+    Forward first: a value that does not depend on a loop's range is the same
+    in every iteration (*free*: its users may still describe it better);
+    `slice d v[r]` is the part along d, minor to v's own splits; an op with a
+    rule follows its operands through `project`; a loop's result keeps its
+    body's relations to the outer loops. Then what the lowering relies on:
+    a value sliced by a loop's range is whole over that loop, and a value a
+    loop yields is that loop's part (tile) or summand (sum). Then backward:
+    a free or unknown relation is read off a user through the user's rule
+    (`partir.slice` over another axis and a loop's yield pass it through).
+    A free relation nobody refines stays "the same in every iteration".
+    """
+
+    relations: dict[SSAValue, LoopRelation] = field(default_factory=dict)
+    _values: list[SSAValue] = field(default_factory=list)
+    _open: dict[SSAValue, set[str]] = field(default_factory=dict)
+    """Per value, the free or unknown axes that a user may still settle."""
+    _rules: dict[Operation, OpRule | None] = field(default_factory=dict)
+
+    def __call__(self, value: SSAValue) -> LoopRelation:
+        found = self.relations.get(value)
+        return found if found is not None else LoopRelation(Distribution.replicated(_rank(value)))
+
+    @staticmethod
+    def of(block: Block) -> LoopRelations:
+        relations = LoopRelations()
+        relations._forward(block, ())
+        relations._pin()
+        relations._backward()
+        return relations
+
+    # forward ---------------------------------------------------------------------
+
+    def _forward(self, block: Block, axes: tuple[str, ...]) -> None:
+        for op in block.ops:
+            if type(op) is LoopOp:
+                self._forward(op.body.block, (*axes, op.axis_name))  # type: ignore[attr-defined]
+            if type(op) is YieldOp:
+                continue
+            for result, relation in zip(op.results, self._derive(op), strict=True):
+                self.relations[result] = relation
+                self._values.append(result)
+                self._open[result] = {
+                    a for a in axes if a in relation.unknown or a not in relation.dist.axes
+                }
+
+    def _derive(self, op: Operation) -> list[LoopRelation]:
+        """The relations of `op`'s results, from its operands'."""
+        if type(op) is SliceOp:
+            return [self._slice(op)]  # type: ignore[arg-type]
+        if type(op) is LoopOp:
+            return [self._loop(op)]  # type: ignore[arg-type]
+        return self._compute(op)
+
+    def _slice(self, op: SliceOp) -> LoopRelation:
+        source = self(op.src)
+        axis = range_axis(op.index)
+        if axis is None or axis in source.unknown or axis in source.dist.axes:
+            return source.forget([axis] if axis else [])
+        return source.with_axis(axis, Split(op.dim_index))
+
+    def _loop(self, op: LoopOp) -> LoopRelation:
+        body = self(op.yielded)
+        axis = op.axis_name
+        if isinstance(op.action, TileAttr):
+            axes = body.dist.dims[op.action.dim.data]
+            # Concatenating over `axis` keeps an outer split of the same dim only
+            # when that split is major to `axis`'s.
+            minor = axes[axes.index(axis) + 1 :] if axis in axes else ()
+            body = body.forget(minor)
+        dims = tuple(tuple(a for a in d if a != axis) for d in body.dist.dims)
+        partial = tuple(a for a in body.dist.partial if a != axis)
+        return LoopRelation(Distribution(dims, partial), body.unknown - {axis})
+
+    def _rule(self, op: Operation) -> OpRule | None:
+        if op not in self._rules:
+            self._rules[op] = rule_for(op) if len(op.results) == 1 else None
+        return self._rules[op]
+
+    def _compute(self, op: Operation) -> list[LoopRelation]:
+        operands = [self(v) for v in op.operands]
+        unknown = frozenset().union(*(r.unknown for r in operands))
+        rule = self._rule(op) if any(r.dist.axes for r in operands) else None
+        if rule is None:
+            axes = {a for r in operands for a in r.dist.axes}
+            return [
+                LoopRelation(Distribution.replicated(_rank(result)), unknown | axes)
+                for result in op.results
+            ]
+        partial = {a for r in operands for a in r.dist.partial}
+        dist, lost = result_distribution(rule, project(rule, [r.dist for r in operands]))
+        return [LoopRelation(dist).forget(lost | partial | unknown)]
+
+    # what the lowering relies on ---------------------------------------------------
+
+    def _pin(self) -> None:
+        for value in self._values:
+            for use in value.uses:
+                user = use.operation
+                if type(user) is SliceOp:
+                    axis = range_axis(user.index)  # type: ignore[attr-defined]
+                    if axis is None:
+                        continue
+                    if axis in self(value).dist.axes:  # depends on the range slicing it
+                        self.relations[value] = self(value).forget([axis])
+                    self._open[value].discard(axis)
+                elif type(user) is YieldOp:
+                    loop = user.parent_op()
+                    assert isinstance(loop, LoopOp)
+                    relation = loop_relation(loop.action)
+                    if self(value).on(loop.axis_name) != relation:
+                        self.relations[value] = self(value).with_axis(loop.axis_name, relation)
+                    self._open[value].discard(loop.axis_name)
+
+    # backward --------------------------------------------------------------------
+
+    def _backward(self) -> None:
+        changed = True
+        while changed:
+            changed = self._refine_forward()
+            for value in reversed(self._values):
+                for axis in sorted(self._open[value]):
+                    found = self._from_users(value, axis)
+                    if found is not None:
+                        self.relations[value] = self(value).with_axis(axis, found)
+                        self._open[value].discard(axis)
+                        changed = True
+
+    def _refine_forward(self) -> bool:
+        """Settle open axes that operands settled since (program order)."""
+        changed = False
+        for value in self._values:
+            if not self._open[value]:
+                continue
+            op = value.owner
+            assert isinstance(op, Operation)
+            fresh = self._derive(op)[value.index]  # type: ignore[attr-defined]
+            for axis in sorted(self._open[value]):
+                found = fresh.on(axis)
+                if isinstance(found, Split | Partial):
+                    self.relations[value] = self(value).with_axis(axis, found)
+                    self._open[value].discard(axis)
+                    changed = True
+        return changed
+
+    def _from_users(self, value: SSAValue, axis: str) -> AxisRelation | None:
+        """`value`'s relation to `axis` as its first informed user sees it."""
+        for use in value.uses:
+            user = use.operation
+            if type(user) is YieldOp:
+                loop = user.parent_op()
+                assert isinstance(loop, LoopOp)
+                seen = self._settled(loop.result, axis)
+            elif type(user) is SliceOp:
+                seen = self._settled(user.results[0], axis)
+            else:
+                seen = self._through(user, use.index, axis)
+            if seen is not None:
+                return seen
+        return None
+
+    def _settled(self, value: SSAValue, axis: str) -> AxisRelation | None:
+        if axis in self._open.get(value, ()):
+            return None
+        return self(value).on(axis)
+
+    def _through(self, user: Operation, index: int, axis: str) -> AxisRelation | None:
+        """Operand `index`'s relation to `axis`, given the user's result's."""
+        if len(user.results) != 1:
+            return None
+        after = self._settled(user.results[0], axis)
+        rule = self._rule(user)
+        if after is None or rule is None:
+            return None
+        if isinstance(after, Replicated):
+            return after
+        if isinstance(after, Split):
+            factor = rule.result_factor(0, after.dim)
+        else:
+            sums = [f for f, fac in enumerate(rule.factors) if fac.kind is FactorKind.SUM]
+            factor = sums[0] if len(sums) == 1 else None
+        if factor is None:
+            return None
+        dim = rule.operand_dims(factor)[index]
+        return Split(dim) if dim is not None else Replicated()
