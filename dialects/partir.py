@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
+from typing import ClassVar
 
 from xdsl.dialects.builtin import (
     I64,
@@ -173,6 +174,75 @@ class OriginAttr(ParametrizedAttribute):
 
 ORIGIN = "origin"
 """The loop attribute holding its `OriginAttr`."""
+
+
+@irdl_attr_definition
+class ConflictAttr(ParametrizedAttribute):
+    """`#partir.conflict<op = "stablehlo.add", axis = "batch", values = ["x", "y"],
+    winner = "...", loser = "...", detail = "...">`: at `op`, `values` wanted `axis`
+    in incompatible ways and the earlier action won. Propagation records each
+    one in the module's `CONFLICTS` list (`rewrites.conflicts` reads and writes it),
+    so whichever pass ran it, later passes, the CLI and the report see them."""
+
+    name = "partir.conflict"
+    op: StringAttr
+    axis: StringAttr
+    values: ArrayAttr[StringAttr]
+    winner: StringAttr
+    loser: StringAttr
+    detail: StringAttr
+
+    KEYS: ClassVar[tuple[str, ...]] = ("op", "axis", "values", "winner", "loser", "detail")
+
+    def __init__(
+        self, op: str, axis: str, values: Sequence[str], winner: str, loser: str, detail: str
+    ):
+        super().__init__(
+            StringAttr(op),
+            StringAttr(axis),
+            ArrayAttr(StringAttr(v) for v in values),
+            StringAttr(winner),
+            StringAttr(loser),
+            StringAttr(detail),
+        )
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        params: list[Attribute] = []
+        with parser.in_angle_brackets():
+            for i, key in enumerate(cls.KEYS):
+                if i:
+                    parser.parse_punctuation(",")
+                parser.parse_keyword(key)
+                parser.parse_punctuation("=")
+                if key == "values":
+                    names = parser.parse_comma_separated_list(
+                        parser.Delimiter.SQUARE, parser.parse_str_literal
+                    )
+                    params.append(ArrayAttr(StringAttr(n) for n in names))
+                else:
+                    params.append(StringAttr(parser.parse_str_literal()))
+        return params
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            for i, (key, param) in enumerate(zip(self.KEYS, self.parameters, strict=True)):
+                printer.print_string(f"{', ' if i else ''}{key} = ")
+                if isinstance(param, ArrayAttr):
+                    with printer.in_square_brackets():
+                        printer.print_list(param, lambda v: printer.print_string_literal(v.data))
+                else:
+                    assert isinstance(param, StringAttr)
+                    printer.print_string_literal(param.data)
+
+
+CONFLICTS = "partir.conflicts"
+"""The module attribute listing propagation's `ConflictAttr`s, in the order found."""
+
+ACTIONS = "partir.actions"
+"""The module attribute counting the tiling actions taken so far (an i64
+`IntegerAttr`; `rewrites.actions.take_action_numbers` owns it), so numbers stay
+in schedule order across passes."""
 
 # --------------------------------------------------------------------------
 # The mesh
@@ -580,5 +650,5 @@ class SliceOp(IRDLOperation):
 Partir = Dialect(
     "partir",
     [MeshOp, LoopOp, SliceOp, YieldOp],
-    [RangeType, TileAttr, SumAttr, OriginAttr],
+    [RangeType, TileAttr, SumAttr, OriginAttr, ConflictAttr],
 )

@@ -37,6 +37,7 @@ from xdsl.ir import Attribute
 from xdsl.utils.exceptions import VerifyException
 
 from dialects import spmd
+from dialects.functions import entry_function
 from dialects.mesh import Mesh
 from dialects.partir import MeshOp
 from lowering.jax_body import BodyEmitter
@@ -62,16 +63,6 @@ def _mesh(module: ModuleOp) -> Mesh:
         if isinstance(op, MeshOp):
             return op.mesh
     raise ValueError("the SPMD module declares no partir.mesh")
-
-
-def _entry(module: ModuleOp) -> func.FuncOp:
-    funcs = [op for op in module.body.block.ops if isinstance(op, func.FuncOp)]
-    mains = [f for f in funcs if f.sym_name.data == "main"]
-    if len(mains) == 1:
-        return mains[0]
-    if len(funcs) == 1:
-        return funcs[0]
-    raise ValueError(f"expected one func.func @main in the SPMD module, found {len(funcs)} funcs")
 
 
 def _names(attrs: ArrayAttr[DictionaryAttr] | None, count: int) -> list[str | None]:
@@ -229,7 +220,7 @@ def emit_jax(module: ModuleOp, *, name: str = "partir_program") -> str:
     Raises `UnsupportedOpError` for an op or type with no faithful translation.
     """
     mesh = _mesh(module)
-    entry = _entry(module)
+    entry = entry_function(module)
     arg_types = [
         _dtensor(entry, t, f"argument {i}") for i, t in enumerate(entry.function_type.inputs)
     ]

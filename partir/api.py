@@ -28,21 +28,19 @@ from typing import Any
 import jax
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass, PassPipeline
+from xdsl.passes import PassPipeline
 
 from dialects.context import make_context
-from dialects.functions import entry_function
 from lowering.collectives import Collective, collectives
 from lowering.loader import load_source
-from lowering.to_jax import emit_jax
 from lowering.to_spmd import LowerToSpmdPass
-from partir.importer import import_jax
+from partir.importer import import_program
 from partir.mesh import Mesh
-from partir.partition import Stage, declare_mesh
-from partir.passes import ApplyTacticPass, EmitJaxPass, recorded_conflicts
-from partir.report import Report, build_report, parse_module
-from partir.tactics import ProgramView, Tactic
-from rewrites.conflicts import Conflict
+from partir.partition import Stage, find_stage, partition
+from partir.passes import EmitJaxPass
+from partir.report import Report, build_report
+from partir.tactics import Tactic
+from rewrites.conflicts import Conflict, recorded_conflicts
 
 _CONTEXT = make_context()
 
@@ -102,12 +100,10 @@ class Lowered:
     def collectives(self) -> list[Collective]:
         return collectives(self.module)
 
-    def stage(self, name: str) -> str:
-        """The IR text of a stage: "import", a tactic's name, or "spmd"."""
-        for stage in self.stages:
-            if stage.name == name:
-                return stage.text
-        raise KeyError(f"no stage {name!r}; the stages are {[s.name for s in self.stages]}")
+    def stage(self, key: str | int) -> str:
+        """The IR text of a stage: "import", a tactic's name ("ZeRO#2" for the
+        second ZeRO), "spmd", or an index into `stages`; printed when read."""
+        return find_stage(self.stages, key).text
 
     @property
     def source_path(self) -> Path:
@@ -125,7 +121,7 @@ class Lowered:
         read from the SPMD module, with the last core stage for the ops it
         left outside every loop. For XLA's figures beside the estimate:
         `.report().with_xla(XlaMemory.of(lowered.compile(), args))`."""
-        return build_report(self.module, core=parse_module(self.stages[-2].text, "core"))
+        return build_report(self.module, core=self.stages[-2].module)
 
     def compile(self) -> Compiled:
         jax_mesh = devices_for(self.mesh, self.jax_mesh)
@@ -142,29 +138,25 @@ def lower(
     jax_mesh: jax.sharding.Mesh | None = None,
     name: str | None = None,
 ) -> Lowered:
-    """Import `fn` at `args`, then run the pass pipeline `partir-opt` would run:
-    one `ApplyTacticPass` per tactic, `partir-lower-spmd`, `partir-emit-jax`."""
-    module = import_jax(fn, *args)
-    view = ProgramView.of(entry_function(module))
-    for tactic in tactics:  # check every tactic before any rewrite
-        tactic.plan(view, mesh)
-    declare_mesh(module, mesh)
-    stages = [Stage("import", str(module))]
-
-    def record(done: ModulePass | None, module: ModuleOp, _next: ModulePass | None) -> None:
-        if isinstance(done, ApplyTacticPass):
-            stages.append(Stage(done.tactic.name, str(module)))  # type: ignore[union-attr]
-        elif isinstance(done, LowerToSpmdPass):
-            stages.append(Stage("spmd", str(module)))
-
-    passes = (*(ApplyTacticPass(t) for t in tactics), LowerToSpmdPass(), EmitJaxPass())
-    PassPipeline(passes, record).apply(_CONTEXT, module)
+    """Import `fn` at `args`, `partition` it (the tactic passes), then run
+    `partir-lower-spmd` and `partir-emit-jax`, as `partir-opt` would."""
+    imported = import_program(fn, *args)
+    module = imported.module
+    done = partition(module, mesh, tactics, keep_stages=True)
     label = name or getattr(fn, "__name__", "program")
     label = "".join(c if c.isalnum() else "_" for c in label) or "program"
-    source = emit_jax(module, name=label)
-    out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
+    emit = EmitJaxPass(program=label)
+    PassPipeline((LowerToSpmdPass(), emit)).apply(_CONTEXT, module)
+    stages = [*done.stages, Stage("spmd", module)]  # the last pass: no snapshot needed
     return Lowered(
-        stages, module, source, recorded_conflicts(module), out_tree, mesh, jax_mesh, label
+        stages,
+        module,
+        emit.source,
+        recorded_conflicts(module),
+        imported.out_tree,
+        mesh,
+        jax_mesh,
+        label,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -24,7 +25,16 @@ from partir.mlir_bridge import AttributeCache, MlirToXdsl
 from rewrites.inline_calls import InlineCallsPass
 
 
-def import_jax(fn: Callable[..., Any], *args: Any) -> ModuleOp:
+@dataclass(frozen=True)
+class Imported:
+    """An imported program and the pytree structure of its results (which
+    `partir.jit` rebuilds the outputs with; JAX's lowering already knows it)."""
+
+    module: ModuleOp
+    out_tree: Any
+
+
+def import_program(fn: Callable[..., Any], *args: Any) -> Imported:
     """Lower `fn` at `args` with JAX and import it as partir's input IR.
 
     Errors from JAX (a function that does not trace or lower) propagate
@@ -36,7 +46,12 @@ def import_jax(fn: Callable[..., Any], *args: Any) -> ModuleOp:
     entry = entry_function(module)
     name_arguments(entry, argument_paths(fn, args))
     name_results(entry, result_paths(lowered.out_info))
-    return module
+    return Imported(module, jax.tree_util.tree_structure(lowered.out_info))
+
+
+def import_jax(fn: Callable[..., Any], *args: Any) -> ModuleOp:
+    """The module of `import_program(fn, *args)`."""
+    return import_program(fn, *args).module
 
 
 _CONTEXT = make_context()

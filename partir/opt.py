@@ -19,7 +19,7 @@ import re
 import sys
 import textwrap
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import IO
 
 from xdsl.dialects.builtin import ModuleOp
@@ -31,7 +31,7 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 from dialects.context import DIALECTS
 from dialects.parser import PartirParser
 from lowering.to_jax import emit_jax
-from partir.passes import PASSES
+from partir.passes import PASSES, EmitJaxPass
 
 DESCRIPTION = "partir-opt: partition StableHLO programs over a device mesh (xdsl-opt driver)"
 
@@ -39,9 +39,14 @@ DESCRIPTION = "partir-opt: partition StableHLO programs over a device mesh (xdsl
 def _option_text(pass_class: type[ModulePass]) -> str:
     opts = []
     for f in fields(pass_class):  # type: ignore[arg-type]
-        if f.name in ("name", "tactic"):
+        if not f.init:
             continue
-        default = f.default if f.default is not None else "none"
+        if f.default is MISSING:
+            default = "required"
+        elif f.default is None:
+            default = "none"
+        else:
+            default = f.default
         opts.append(f"{f.name.replace('_', '-')}={default}")
     return "{" + " ".join(opts) + "}" if opts else ""
 
@@ -86,7 +91,8 @@ class PartirOptMain(xDSLOptMain):
         super().register_all_targets()
 
         def jax_target(module: ModuleOp, output: IO[str]) -> None:
-            output.write(emit_jax(module))
+            last = self.pipeline.passes[-1] if self.pipeline.passes else None
+            output.write(last.source if isinstance(last, EmitJaxPass) else emit_jax(module))
 
         self.available_targets["jax"] = jax_target
 

@@ -1,50 +1,97 @@
-"""Applying a schedule of tactics: plan all, then tile and propagate, in order."""
+"""The schedule driver: plan every tactic once, then run their passes in order.
+
+`partition` is the one driver: `partir.jit` calls it, and `partir-opt` runs
+the same `ApplyPlanPass` inside each tactic pass. Every tactic is planned
+(and so checked) before the first rewrite; the plans then run as an xDSL
+`PassPipeline`, each tile followed by propagation.
+
+Stages are the IR as it was after each step, keyed by name ("import", a
+tactic's name, "ZeRO#2" for the second tactic of one class) or by index. A
+stage holds a snapshot of the module (cloning is ~3x cheaper than printing)
+and prints it only when its text is read.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass, PassPipeline
 
 from dialects.functions import entry_function
-from dialects.partir import MeshOp
 from partir.mesh import Mesh
-from partir.tactics import ProgramView, Tactic
-from rewrites.actions import TileAction
-from rewrites.conflicts import Conflict
+from partir.tactics import Plan, ProgramView, Tactic
+from rewrites.conflicts import Conflict, recorded_conflicts
+
+if TYPE_CHECKING:
+    from rewrites.actions import TileAction
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Stage:
-    """The IR after one step of the schedule, as text."""
+    """The IR after one step of the schedule. `module` is a snapshot nothing
+    rewrites afterwards; `text` prints it on first read."""
 
     name: str
-    text: str
+    module: ModuleOp
+
+    @cached_property
+    def text(self) -> str:
+        return str(self.module)
+
+    @staticmethod
+    def snapshot(name: str, module: ModuleOp) -> Stage:
+        from rewrites.propagation import paused_gc
+
+        with paused_gc():
+            return Stage(name, module.clone())
+
+
+def stage_names(tactics: Sequence[Tactic]) -> list[str]:
+    """A stage name per tactic: its name, with `#k` from the second of one name
+    on (`["ZeRO", "Megatron", "ZeRO#2"]`)."""
+    seen: dict[str, int] = {}
+    names = []
+    for tactic in tactics:
+        seen[tactic.name] = seen.get(tactic.name, 0) + 1
+        count = seen[tactic.name]
+        names.append(tactic.name if count == 1 else f"{tactic.name}#{count}")
+    return names
+
+
+def find_stage(stages: Sequence[Stage], key: str | int) -> Stage:
+    """The stage named `key`, or at index `key`."""
+    if isinstance(key, int):
+        if -len(stages) <= key < len(stages):
+            return stages[key]
+        raise IndexError(f"no stage {key}; there are {len(stages)} stages")
+    for stage in stages:
+        if stage.name == key:
+            return stage
+    raise KeyError(f"no stage {key!r}; the stages are {[s.name for s in stages]}")
 
 
 @dataclass
 class Partitioned:
     module: ModuleOp
+    plans: list[Plan] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)
     actions: list[TileAction] = field(default_factory=list)
 
+    def stage(self, key: str | int) -> str:
+        """The IR text of a stage, by name or index (see `find_stage`)."""
+        return find_stage(self.stages, key).text
 
-def declare_mesh(module: ModuleOp, mesh: Mesh) -> MeshOp:
-    """Add the mesh to the module, or check the one it declares matches."""
-    existing = next((op for op in module.body.block.ops if isinstance(op, MeshOp)), None)
-    if existing is not None:
-        if existing.axes != mesh.axes:
-            raise ValueError(f"the module declares mesh {existing.axes}, but {mesh.axes} was given")
-        return existing
-    op = mesh.to_op()
-    first = module.body.block.first_op
-    if first is None:
-        module.body.block.add_op(op)
-    else:
-        module.body.block.insert_op_before(op, first)
-    return op
+
+def plan_schedule(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic]) -> list[Plan]:
+    """Each tactic's plan against the module's entry function (raises
+    `TacticError` naming the tactic before anything is rewritten)."""
+    view = ProgramView.of(entry_function(module))
+    return [tactic.plan(view, mesh) for tactic in tactics]
 
 
 def partition(
@@ -57,24 +104,30 @@ def partition(
 ) -> Partitioned:
     """Apply `tactics` to `module` (in place), each followed by propagation.
 
-    Every tactic is planned (and so checked) before the first rewrite; then
-    each runs as `passes.apply_tactic`, the pass `partir-opt` runs too. With
-    `verify`, the dialect verifier runs after each tactic.
+    With `keep_stages`, `stages` holds "import" and one stage per tactic (see
+    `stage_names`); with `verify`, the dialect verifier runs after each tactic.
     """
-    from partir.passes import apply_tactic, recorded_conflicts
+    from dialects.context import make_context
+    from partir.passes import ApplyPlanPass, declare_mesh  # on use: `import partir` stays light
 
-    view = ProgramView.of(entry_function(module))
-    for tactic in tactics:
-        tactic.plan(view, mesh)
+    plans = plan_schedule(module, mesh, tactics)
     declare_mesh(module, mesh)
-    result = Partitioned(module)
-    if keep_stages:
-        result.stages.append(Stage("import", str(module)))
-    for tactic in tactics:
-        result.actions += apply_tactic(module, tactic)
+    result = Partitioned(module, plans)
+    passes = tuple(ApplyPlanPass(plan) for plan in plans)
+    names = iter(stage_names(tactics))  # the pipeline runs the passes in order
+
+    def after(done: ModulePass | None, module: ModuleOp, _next: ModulePass | None) -> None:
+        if done is None:
+            if keep_stages:
+                result.stages.append(Stage.snapshot("import", module))
+            return
+        assert isinstance(done, ApplyPlanPass)
+        result.actions += done.actions
         if verify:
             module.verify()
         if keep_stages:
-            result.stages.append(Stage(tactic.name, str(module)))
+            result.stages.append(Stage.snapshot(next(names), module))
+
+    PassPipeline(passes, after).apply(make_context(), module)
     result.conflicts = recorded_conflicts(module)
     return result

@@ -1,20 +1,25 @@
 """Every partir pass, by name: the one registry `partir-opt` and `partir.jit` share.
 
-A tactic pass plans its actions from the program's argument names, tiles,
-and propagates, numbering its actions after any already in the module, so a
-pipeline of passes is the same schedule as `partir.partition`. Conflicts
-found on the way are recorded on the module (`partir.conflicts`) where the
-report and the CLI can read them.
+A tactic is a pass: `tactic_pass` generates one from each dataclass of
+`partir.tactics.TACTICS`, whose fields are the pass's options with the same
+names and meaning (selectors as xDSL's `tuple[str, ...]` options). The pass
+plans its tactic against the module and runs `ApplyPlanPass`, which is what
+`partir.partition` runs with the plans it made up front: tile, then propagate,
+numbering actions after any already in the module. Propagation records the
+conflicts it finds on the module (`rewrites.conflicts`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
@@ -24,26 +29,11 @@ from dialects.partir import MeshOp, OriginAttr, find_mesh
 from lowering.to_jax import emit_jax
 from lowering.to_spmd import LowerToSpmdPass
 from partir.mesh import Mesh
-from partir.tactics import (
-    BatchParallel,
-    ManualPartition,
-    Megatron,
-    PlannedTile,
-    ProgramView,
-    Tactic,
-    TacticError,
-    ZeRO,
-)
-from rewrites.actions import TileAction, apply_tile_action
-from rewrites.conflicts import Conflict, ConflictLog
+from partir.tactics import TACTICS, Plan, PlannedTile, ProgramView, Tactic, TacticError
+from rewrites.actions import TileAction, apply_tile_action, take_action_numbers
+from rewrites.conflicts import ConflictLog, record_conflicts
 from rewrites.inline_calls import InlineCallsPass
 from rewrites.propagation import PropagatePass, paused_gc, propagate
-
-CONFLICTS_ATTR = "partir.conflicts"
-
-
-def _split(text: str | None) -> list[str] | None:
-    return [p.strip() for p in text.split(",") if p.strip()] if text else None
 
 
 def module_mesh(module: ModuleOp, who: str) -> MeshOp:
@@ -56,17 +46,20 @@ def module_mesh(module: ModuleOp, who: str) -> MeshOp:
     return mesh
 
 
-ACTIONS_ATTR = "partir.actions"
-
-
-def take_action_numbers(module: ModuleOp, count: int) -> int:
-    """Reserve `count` action numbers; returns the first. The module keeps the
-    running count, so numbers stay in schedule order across passes even when
-    an action's loops have all been fused away."""
-    current = module.attributes.get(ACTIONS_ATTR)
-    first = (current.value.data if isinstance(current, IntegerAttr) else 0) + 1
-    module.attributes[ACTIONS_ATTR] = IntegerAttr(first + count - 1, i64)
-    return first
+def declare_mesh(module: ModuleOp, mesh: Mesh) -> MeshOp:
+    """Add the mesh to the module, or check the one it declares matches."""
+    existing = next((op for op in module.body.block.ops if isinstance(op, MeshOp)), None)
+    if existing is not None:
+        if existing.axes != mesh.axes:
+            raise ValueError(f"the module declares mesh {existing.axes}, but {mesh.axes} was given")
+        return existing
+    op = mesh.to_op()
+    first = module.body.block.first_op
+    if first is None:
+        module.body.block.add_op(op)
+    else:
+        module.body.block.insert_op_before(op, first)
+    return op
 
 
 def _leaf_value(entry: func.FuncOp, tile: PlannedTile) -> SSAValue:
@@ -77,157 +70,95 @@ def _leaf_value(entry: func.FuncOp, tile: PlannedTile) -> SSAValue:
     return ret.arguments[tile.leaf.index]
 
 
-def record_conflicts(module: ModuleOp, conflicts: list[Conflict]) -> None:
-    old = module.attributes.get(CONFLICTS_ATTR)
-    entries = list(old.data) if isinstance(old, ArrayAttr) else []
-    for c in conflicts:
-        entry = DictionaryAttr(
-            {
-                "op": StringAttr(c.op),
-                "axis": StringAttr(c.axis),
-                "values": ArrayAttr([StringAttr(v) for v in c.values]),
-                "winner": StringAttr(c.winner),
-                "loser": StringAttr(c.loser),
-                "detail": StringAttr(c.detail),
-            }
-        )
-        if entry not in entries:
-            entries.append(entry)
-    if entries:
-        module.attributes[CONFLICTS_ATTR] = ArrayAttr(entries)
-
-
-def recorded_conflicts(module: ModuleOp) -> list[Conflict]:
-    attr = module.attributes.get(CONFLICTS_ATTR)
-    if not isinstance(attr, ArrayAttr):
-        return []
-    out = []
-    for entry in attr.data:
-        d = entry.data  # type: ignore[attr-defined]
-        out.append(
-            Conflict(
-                d["op"].data,
-                tuple(v.data for v in d["values"].data),
-                d["axis"].data,
-                d["winner"].data,
-                d["loser"].data,
-                d["detail"].data,
-            )
-        )
-    return out
-
-
-def apply_tactic(module: ModuleOp, tactic: Tactic) -> list[TileAction]:
-    """Plan `tactic`, tile what it names, propagate; returns the actions."""
+def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
+    """Tile what `plan` names, in order, then propagate; returns the actions."""
     with paused_gc():
-        return _apply_tactic(module, tactic)
-
-
-def _apply_tactic(module: ModuleOp, tactic: Tactic) -> list[TileAction]:
-    mesh_op = module_mesh(module, tactic.name)
-    entry = entry_function(module)
-    planned = tactic.plan(ProgramView.of(entry), Mesh(mesh_op.axes))
-    first = take_action_numbers(module, len(planned))
-    log = ConflictLog()
-    actions = []
-    for number, tile in enumerate(planned, start=first):
-        origin = OriginAttr(number, tactic.name, tile.leaf.name)
-        action = TileAction(_leaf_value(entry, tile), tile.dim, tile.axis, origin, tile.leaf.name)
-        apply_tile_action(action, mesh_op, log)
-        actions.append(action)
-    propagate(module, log)
-    record_conflicts(module, log.conflicts)
+        mesh_op = module_mesh(module, plan.tactic)
+        entry = entry_function(module)
+        first = take_action_numbers(module, len(plan))
+        log = ConflictLog()
+        actions = []
+        for number, tile in enumerate(plan, start=first):
+            origin = OriginAttr(number, plan.tactic, tile.leaf.name)
+            action = TileAction(
+                _leaf_value(entry, tile), tile.dim, tile.axis, origin, tile.leaf.name
+            )
+            apply_tile_action(action, mesh_op, log)
+            actions.append(action)
+        propagate(module, log)
     return actions
 
 
 @dataclass(frozen=True)
-class ApplyTacticPass(ModulePass):
-    """Apply one tactic object and propagate (what `partir.jit` runs per tactic)."""
+class ApplyPlanPass(ModulePass):
+    """Apply one tactic's plan and propagate (what `partir.partition` runs per
+    tactic, with the plans it made and checked up front; not a CLI pass)."""
 
-    name = "partir-apply-tactic"
-    tactic: Tactic | None = None
+    name = "partir-apply-plan"
+    plan: Plan | None = None
+    actions: list[TileAction] = field(default_factory=list, init=False, compare=False)
+    """The actions taken, filled in by `apply`."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        assert self.tactic is not None
-        apply_tactic(op, self.tactic)
+        assert self.plan is not None
+        self.actions[:] = apply_plan(op, self.plan)
 
 
-class _TacticPass(ModulePass):
-    """Base of the tactic passes: build the tactic from options, apply it."""
+@dataclass(frozen=True)
+class TacticPass(ModulePass):
+    """Base of the generated tactic passes: plan the tactic, apply the plan."""
+
+    TACTIC: typing.ClassVar[type[Tactic]]
 
     def tactic(self) -> Tactic:
-        raise NotImplementedError
+        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        return self.TACTIC.from_options(**options)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        mesh = Mesh(module_mesh(op, self.TACTIC.__name__).axes)
         try:
-            apply_tactic(op, self.tactic())
+            plan = self.tactic().plan(ProgramView.of(entry_function(op)), mesh)
         except TacticError as err:
             raise PassFailedException(str(err)) from err
+        ApplyPlanPass(plan).apply(ctx, op)
 
 
-@dataclass(frozen=True)
-class BatchParallelPass(_TacticPass):
-    """Tile dim 0 of the data arguments over `axis`, then propagate."""
-
-    name = "partir-batch-parallel"
-    axis: str = "batch"
-    inputs: str | None = None  # comma-separated selectors; default: non-parameter arguments
-
-    def tactic(self) -> Tactic:
-        return BatchParallel(self.axis, inputs=_split(self.inputs))
+_SCALARS = (str, int, bool, float)
 
 
-@dataclass(frozen=True)
-class MegatronPass(_TacticPass):
-    """Megatron tensor parallelism over `axis` (column/row selectors optional)."""
-
-    name = "partir-megatron"
-    axis: str = "model"
-    column: str | None = None
-    column_bias: str | None = None
-    row: str | None = None
-
-    def tactic(self) -> Tactic:
-        default = Megatron(self.axis)
-        return Megatron(
-            self.axis,
-            column=_split(self.column) or default.column,
-            column_bias=_split(self.column_bias) or default.column_bias,
-            row=_split(self.row) or default.row,
-        )
+def _option(tactic_field: dataclasses.Field[Any], hint: Any) -> tuple[str, Any, Any]:
+    """A tactic field as a pass option: scalars keep their type and default;
+    selectors and specs become `tuple[str, ...]` (unset: the tactic's default)."""
+    has_default = tactic_field.default is not dataclasses.MISSING
+    if hint in _SCALARS:
+        default = tactic_field.default if has_default else dataclasses.MISSING
+        return tactic_field.name, hint, field(default=default)
+    if has_default:
+        return tactic_field.name, tuple[str, ...] | None, field(default=None)
+    return tactic_field.name, tuple[str, ...], field()
 
 
-@dataclass(frozen=True)
-class ZeROPass(_TacticPass):
-    """ZeRO stage 1/2/3 over the data `axis`: shard state on dim 0."""
+def tactic_pass(tactic: type[Tactic]) -> type[TacticPass]:
+    """The `partir-opt` pass of `tactic`: one option per dataclass field."""
+    hints = typing.get_type_hints(tactic)
+    options = [_option(f, hints[f.name]) for f in dataclasses.fields(tactic)]  # type: ignore[arg-type]
+    doc = (tactic.__doc__ or tactic.__name__).strip().splitlines()[0]
+    return dataclasses.make_dataclass(
+        f"{tactic.__name__}Pass",
+        options,
+        bases=(TacticPass,),
+        frozen=True,
+        namespace={
+            "name": tactic.CLI_NAME,
+            "TACTIC": tactic,
+            "__doc__": doc,
+            "__module__": __name__,
+        },
+    )
 
-    name = "partir-zero"
-    axis: str = "batch"
-    stage: int = 3
 
-    def tactic(self) -> Tactic:
-        return ZeRO(self.axis, self.stage)
-
-
-@dataclass(frozen=True)
-class ManualPartitionPass(_TacticPass):
-    """Tile named values: spec="x:0=batch;params/w1:1=model" (selector:dim=axis)."""
-
-    name = "partir-manual-partition"
-    spec: str = ""
-
-    def tactic(self) -> Tactic:
-        table: dict[str, dict[int, str]] = {}
-        for item in filter(None, (p.strip() for p in self.spec.split(";"))):
-            selector, _, tiling = item.rpartition(":")
-            dim, _, axis = tiling.partition("=")
-            if not selector or not axis or not dim.lstrip("-").isdigit():
-                raise PassFailedException(
-                    f'{self.name}: cannot read "{item}"; write selector:dim=axis, '
-                    'e.g. spec="x:0=batch;params/w1:1=model"'
-                )
-            table.setdefault(selector, {})[int(dim)] = axis
-        return ManualPartition(table)
+TACTIC_PASSES: dict[type[Tactic], type[TacticPass]] = {t: tactic_pass(t) for t in TACTICS}
+"""Each tactic's generated pass."""
 
 
 @dataclass(frozen=True)
@@ -281,8 +212,6 @@ class DeclareMeshPass(ModulePass):
     axes: str = ""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        from partir.partition import declare_mesh
-
         sizes: dict[str, int] = {}
         for item in filter(None, (p.strip() for p in self.axes.split(","))):
             name, _, size = item.partition("=")
@@ -299,15 +228,25 @@ class DeclareMeshPass(ModulePass):
 
 @dataclass(frozen=True)
 class EmitJaxPass(ModulePass):
-    """Check that the SPMD module can be emitted as a jax.shard_map Python module.
+    """Emit the SPMD module as a jax.shard_map Python module (its `source`).
 
     As the last pass of `partir-opt`, the output is that Python module.
     """
 
     name = "partir-emit-jax"
+    program: str = "partir_program"
+    """The emitted function's name."""
+    emitted: list[str] = field(default_factory=list, init=False, compare=False, repr=False)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        emit_jax(op)  # raises UnsupportedOpError naming the op
+        self.emitted[:] = [emit_jax(op, name=self.program)]  # raises UnsupportedOpError
+
+    @property
+    def source(self) -> str:
+        """The source the last `apply` emitted."""
+        if not self.emitted:
+            raise ValueError(f"{self.name} has not run yet")
+        return self.emitted[0]
 
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
@@ -316,10 +255,7 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
         DeclareMeshPass,
         InlineCallsPass,
         TilePass,
-        BatchParallelPass,
-        MegatronPass,
-        ZeROPass,
-        ManualPartitionPass,
+        *TACTIC_PASSES.values(),
         PropagatePass,
         LowerToSpmdPass,
         EmitJaxPass,

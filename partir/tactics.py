@@ -1,18 +1,23 @@
 """Tactics: named, composable decisions about which values to tile.
 
 A tactic looks at the program's named arguments and results (pytree paths,
-see `partir.selectors` for the glob syntax) and plans tiling actions. It plans
-without touching the IR, so every tactic of a schedule is checked (unknown
-axis, a name that selects nothing, a dimension the axis does not divide)
-before any rewrite happens. `partir.partition` then applies the plans in order,
-each followed by propagation (PartIR's schedule: later tactics refine, they
-never undo).
+see `partir.selectors` for the glob syntax) and plans tiling actions. `plan` is
+pure: it returns a `Plan` and touches neither the IR nor the tactic, so every
+tactic of a schedule is checked (unknown axis, a name that selects nothing, a
+dimension the axis does not divide) before any rewrite happens.
+`partir.partition` then applies the plans in order, each followed by
+propagation (PartIR's schedule: later tactics refine, they never undo).
+
+Each tactic is also a `partir-opt` pass (`partir.passes` generates it from the
+dataclass): its fields are the pass's options, with the same names and
+meaning; `CLI_NAME` names the pass and `from_options` builds the tactic from them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
@@ -110,6 +115,22 @@ class PlannedTile:
     axis: str
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What one tactic decided: the tiles to take, in order, and the leaves its
+    default selectors passed over (e.g. ZeRO's scalars, left replicated)."""
+
+    tactic: str
+    tiles: tuple[PlannedTile, ...]
+    skipped: tuple[str, ...] = ()
+
+    def __iter__(self) -> Iterator[PlannedTile]:
+        return iter(self.tiles)
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+
 def _axis_size(mesh: Mesh, axis: str, who: str) -> int:
     try:
         return mesh.check_axis(axis, who)
@@ -134,31 +155,59 @@ def _plan(leaf: Leaf, dim: int, axis: str, mesh: Mesh, who: str) -> PlannedTile:
 class Tactic:
     """Base class: `plan` returns the tiling actions, validated, without rewriting."""
 
+    CLI_NAME: ClassVar[str]
+    """The `partir-opt` pass running this tactic (its options are the fields)."""
+
     @property
     def name(self) -> str:
         return type(self).__name__
 
-    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         raise NotImplementedError
+
+    @classmethod
+    def from_options(cls, **options: Any) -> Tactic:
+        """The tactic a pass's options describe; an option left unset (None)
+        takes the field's default."""
+        return cls(**{k: v for k, v in options.items() if v is not None})
 
 
 @dataclass(frozen=True)
 class ManualPartition(Tactic):
-    """Tile exactly what you name: `ManualPartition({"params/**/w1": {1: "model"}})`.
+    """Tile exactly what you name, selector:dim=axis (`spec="x:0=batch","params/w1:1=model"`).
 
-    Keys are selectors over argument names (or result names, `result/...`);
+    In Python, `ManualPartition({"x": {0: "batch"}, "params/**/w1": {1: "model"}})`:
+    keys are selectors over argument names (or result names, `result/...`);
     values map a dim (negative counts from the end) to a mesh axis.
     """
 
     spec: Mapping[str, Mapping[int, str]]
 
-    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+    CLI_NAME = "partir-manual-partition"
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         planned = []
         for pattern, dims in self.spec.items():
             on_results = slash_path(pattern).split("/")[0] == "result"
             for leaf in program.find(pattern, who=self.name, results=on_results):
                 planned += [_plan(leaf, d, a, mesh, self.name) for d, a in dims.items()]
-        return planned
+        return Plan(self.name, tuple(planned))
+
+    @classmethod
+    def from_options(cls, **options: Any) -> Tactic:
+        """`spec` as `selector:dim=axis` entries (the CLI's form):
+        `("x:0=batch", "params/w1:1=model")`."""
+        table: dict[str, dict[int, str]] = {}
+        for item in options.get("spec") or ():
+            selector, _, tiling = item.rpartition(":")
+            dim, _, axis = tiling.partition("=")
+            if not selector or not axis or not dim.lstrip("-").isdigit():
+                raise TacticError(
+                    f'{cls.CLI_NAME}: cannot read "{item}"; write selector:dim=axis, '
+                    'e.g. spec="x:0=batch","params/w1:1=model"'
+                )
+            table.setdefault(selector, {})[int(dim)] = axis
+        return cls(table)
 
 
 PARAMETER_ROOTS = ("params", "opt_state", "optimizer_state", "state", "variables")
@@ -178,7 +227,9 @@ class BatchParallel(Tactic):
     inputs: str | Sequence[str] | None = None
     dim: int = 0
 
-    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+    CLI_NAME = "partir-batch-parallel"
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         if self.inputs is not None:
             leaves = program.find(self.inputs, who=self.name)
         else:
@@ -189,7 +240,8 @@ class BatchParallel(Tactic):
             ]
             if not leaves:
                 raise TacticError(f"{self.name}: found no data arguments; name them with inputs=")
-        return [_plan(leaf, self.dim, self.axis, mesh, self.name) for leaf in leaves]
+        tiles = (_plan(leaf, self.dim, self.axis, mesh, self.name) for leaf in leaves)
+        return Plan(self.name, tuple(tiles))
 
 
 def _named(
@@ -261,7 +313,9 @@ class Megatron(Tactic):
     column_bias: Sequence[str] = MEGATRON_COLUMN_BIAS
     row: Sequence[str] = MEGATRON_ROW
 
-    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+    CLI_NAME = "partir-megatron"
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         picks = (
             [(leaf, -1) for leaf in program.find(self.column, who=self.name, required=False)]
             + [(leaf, -1) for leaf in program.find(self.column_bias, who=self.name, required=False)]
@@ -278,7 +332,7 @@ class Megatron(Tactic):
             if leaf.index not in seen:
                 seen.add(leaf.index)
                 planned.append(_plan(leaf, dim, self.axis, mesh, self.name))
-        return planned
+        return Plan(self.name, tuple(planned))
 
 
 @dataclass(frozen=True)
@@ -302,10 +356,17 @@ class ZeRO(Tactic):
     params: str | Sequence[str] | None = None
     opt_state: str | Sequence[str] | None = None
     updates: str | Sequence[str] | None = None
-    skipped: list[str] = field(default_factory=list, compare=False, hash=False)
+
+    CLI_NAME = "partir-zero"
 
     def _leaves(
-        self, program: ProgramView, mesh: Mesh, given, default: str, results: bool
+        self,
+        program: ProgramView,
+        mesh: Mesh,
+        given: str | Sequence[str] | None,
+        default: str,
+        results: bool,
+        skipped: list[str],
     ) -> list[PlannedTile]:
         parts = _axis_size(mesh, self.axis, self.name)
         if given is not None:
@@ -318,21 +379,31 @@ class ZeRO(Tactic):
             if leaf.shape and leaf.shape[0] % parts == 0:
                 planned.append(PlannedTile(leaf, 0, self.axis))
             else:
-                self.skipped.append(leaf.name)
+                skipped.append(leaf.name)
         return planned
 
-    def plan(self, program: ProgramView, mesh: Mesh) -> list[PlannedTile]:
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         if self.stage not in (1, 2, 3):
             raise TacticError(f"{self.name}: stage must be 1, 2 or 3, got {self.stage}")
-        self.skipped.clear()
-        planned = self._leaves(program, mesh, self.opt_state, "opt_state/**", results=False)
+        skipped: list[str] = []
+        planned = self._leaves(
+            program, mesh, self.opt_state, "opt_state/**", results=False, skipped=skipped
+        )
         if self.stage >= 2:
-            planned += self._leaves(program, mesh, self.updates, "result/**", results=True)
+            planned += self._leaves(
+                program, mesh, self.updates, "result/**", results=True, skipped=skipped
+            )
         if self.stage >= 3:
-            planned += self._leaves(program, mesh, self.params, "params/**", results=False)
+            planned += self._leaves(
+                program, mesh, self.params, "params/**", results=False, skipped=skipped
+            )
         if not planned:
             raise TacticError(
                 f"{self.name}: nothing to shard (no optimizer state, updates "
                 "or parameters with a dim 0 the axis divides)"
             )
-        return planned
+        return Plan(self.name, tuple(planned), tuple(skipped))
+
+
+TACTICS: tuple[type[Tactic], ...] = (BatchParallel, Megatron, ZeRO, ManualPartition)
+"""Every tactic; each is also a `partir-opt` pass (`partir.passes.tactic_pass`)."""

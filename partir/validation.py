@@ -300,7 +300,7 @@ def run_stage(module: ModuleOp, args: Sequence[Any]) -> list[np.ndarray]:
     device simulated) for an SPMD module, the sequential interpreter else."""
     if is_spmd(entry_function(module)):
         return run_spmd(module, args)
-    return run_function(module, args, entry_function(module).sym_name.data)
+    return run_function(module, args)  # the entry function, as `entry_function` defines it
 
 
 # --------------------------------------------------------------------------

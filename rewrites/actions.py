@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import TensorType
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType, i64
 from xdsl.ir import Block, BlockArgument, Region, SSAValue
 
 from dialects.partir import (
+    ACTIONS,
     ORIGIN,
     LoopOp,
     MeshOp,
@@ -44,6 +45,16 @@ class TileAction:
     @property
     def name(self) -> str:
         return self.label or describe_value(self.value)
+
+
+def take_action_numbers(module: ModuleOp, count: int) -> int:
+    """Reserve `count` action numbers; returns the first. The module keeps the
+    running count (`partir.actions`), so numbers stay in schedule order across
+    passes even when an action's loops have all been fused away."""
+    current = module.attributes.get(ACTIONS)
+    first = (current.value.data if isinstance(current, IntegerAttr) else 0) + 1
+    module.attributes[ACTIONS] = IntegerAttr(first + count - 1, i64)
+    return first
 
 
 def describe_value(value: SSAValue) -> str:

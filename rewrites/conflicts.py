@@ -2,14 +2,19 @@
 
 Propagation never fails on a conflict: the earlier action (in schedule order)
 wins, the loser stays as it is, and the lowering redistributes it. Each
-conflict is recorded so the caller and the report can say what was given up.
+conflict is recorded so the caller and the report can say what was given up:
+in a `ConflictLog` while rewriting, then on the module as typed
+`#partir.conflict` attributes (`record_conflicts`), which every later pass,
+the CLI and the report read back with `recorded_conflicts`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dialects.partir import OriginAttr
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp
+
+from dialects.partir import CONFLICTS, ConflictAttr, OriginAttr
 
 
 def describe_origin(origin: OriginAttr | None) -> str:
@@ -33,6 +38,20 @@ class Conflict:
             f"({', '.join(self.values)}): {self.detail}"
         )
 
+    def to_attr(self) -> ConflictAttr:
+        return ConflictAttr(self.op, self.axis, self.values, self.winner, self.loser, self.detail)
+
+    @staticmethod
+    def of(attr: ConflictAttr) -> Conflict:
+        return Conflict(
+            attr.op.data,
+            tuple(v.data for v in attr.values.data),
+            attr.axis.data,
+            attr.winner.data,
+            attr.loser.data,
+            attr.detail.data,
+        )
+
 
 @dataclass
 class ConflictLog:
@@ -48,3 +67,23 @@ class ConflictLog:
     def record(self, conflict: Conflict) -> None:
         if conflict not in self.conflicts:
             self.conflicts.append(conflict)
+
+
+def record_conflicts(module: ModuleOp, conflicts: list[Conflict]) -> None:
+    """Append `conflicts` to the module's `partir.conflicts`, without repeats."""
+    old = module.attributes.get(CONFLICTS)
+    entries = list(old.data) if isinstance(old, ArrayAttr) else []
+    for conflict in conflicts:
+        attr = conflict.to_attr()
+        if attr not in entries:
+            entries.append(attr)
+    if entries:
+        module.attributes[CONFLICTS] = ArrayAttr(entries)
+
+
+def recorded_conflicts(module: ModuleOp) -> list[Conflict]:
+    """The conflicts recorded on `module`, in the order found."""
+    attr = module.attributes.get(CONFLICTS)
+    if not isinstance(attr, ArrayAttr):
+        return []
+    return [Conflict.of(entry) for entry in attr.data if isinstance(entry, ConflictAttr)]

@@ -43,7 +43,7 @@ from xdsl.rewriter import InsertPoint
 
 from dialects.partir import ORIGIN, LoopOp, MeshOp, SliceOp, TileAttr, YieldOp, find_mesh, part_type
 from rewrites.actions import describe_value
-from rewrites.conflicts import Conflict, ConflictLog, describe_origin
+from rewrites.conflicts import Conflict, ConflictLog, describe_origin, record_conflicts
 from rewrites.projection import (
     Tiling,
     enclosing_axes,
@@ -444,16 +444,20 @@ class Propagation(RewritePattern):
             self.forward.match_and_rewrite(op, rewriter)
 
 
-def propagate(module: ModuleOp, log: ConflictLog | None = None) -> None:
-    """Run forward, backward and fusion rewrites to a fixpoint over `module`
-    (conflicts go to `log`)."""
+def propagate(module: ModuleOp, log: ConflictLog | None = None) -> list[Conflict]:
+    """Run forward, backward and fusion rewrites to a fixpoint over `module`.
+
+    The conflicts found (and any already in `log`) are recorded on the module
+    (`rewrites.conflicts.record_conflicts`), whichever pass runs propagation;
+    returns them."""
     log = log if log is not None else ConflictLog()
     mesh = find_mesh(module)
-    if mesh is None:
-        return
-    applier = GreedyRewritePatternApplier([Propagation(mesh.axes, log)])
-    with paused_gc():
-        PatternRewriteWalker(applier).rewrite_module(module)
+    if mesh is not None:
+        applier = GreedyRewritePatternApplier([Propagation(mesh.axes, log)])
+        with paused_gc():
+            PatternRewriteWalker(applier).rewrite_module(module)
+    record_conflicts(module, log.conflicts)
+    return list(log.conflicts)
 
 
 @contextmanager

@@ -24,8 +24,8 @@ from dialects.functions import entry_function
 from dialects.partir import LoopOp
 from examples import block_forward, block_train_step
 from partir import inspect as cli
-from partir.passes import recorded_conflicts
 from partir.report import XlaMemory, build_report, parse_module, report_text
+from rewrites.conflicts import recorded_conflicts
 from rewrites.registry import opaque_reason
 from tests.jaxpr_collectives import axes_of, collective_eqns, emitted_collectives
 
@@ -231,7 +231,7 @@ def test_core_stage_lists_replicated_ops_with_reasons(core_stage, capsys):
     assert {c["kind"] for c in data["collectives"]} == {"all_gather", "all_to_all"}
 
 
-CONFLICT_AT_TOP = """builtin.module attributes {partir.conflicts = [{op = "stablehlo.add", axis = "batch", values = ["x", "y"], winner = "action 1 (ManualPartition of x)", loser = "action 2 (ManualPartition of y)", detail = "operand 0 is tiled on dim 0, operand 1 on dim 1"}]} {
+CONFLICT_AT_TOP = """builtin.module attributes {partir.conflicts = [#partir.conflict<op = "stablehlo.add", axis = "batch", values = ["x", "y"], winner = "action 1 (ManualPartition of x)", loser = "action 2 (ManualPartition of y)", detail = "operand 0 is tiled on dim 0, operand 1 on dim 1">]} {
   partir.mesh @mesh ["batch" = 4]
   func.func public @main(%x: tensor<8x8xf32> {partir.name = "x"}, %y: tensor<8x8xf32> {partir.name = "y"}, %z: tensor<8x8xf32> {partir.name = "z"}) -> (tensor<8x8xf32>, tensor<8x8xf32>) {
     %0 = stablehlo.add %x, %y : tensor<8x8xf32>

@@ -74,8 +74,9 @@ def test_zero_stages_select_more_and_more():
     counts = [len(partir.ZeRO("data", stage).plan(view, mesh)) for stage in (1, 2, 3)]
     assert counts[0] < counts[1] < counts[2]
     zero = partir.ZeRO("data", 1)
-    zero.plan(view, mesh)
-    assert "opt_state['count']" in zero.skipped  # a scalar stays replicated
+    plan = zero.plan(view, mesh)
+    assert "opt_state['count']" in plan.skipped  # a scalar stays replicated
+    assert zero.plan(view, mesh) == plan  # plan is pure: same tactic, same plan
 
 
 def _expect_error_before_rewrites(tactics, match: str, mesh=None):

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType, UnregisteredOp
 from xdsl.interpreter import Interpreter
 from xdsl.interpreters.func import FuncFunctions
@@ -20,6 +19,7 @@ from xdsl.ir import Operation
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects.dtypes import numpy_dtype
+from dialects.functions import entry_function
 from dialects.names import op_name
 
 
@@ -49,18 +49,13 @@ def check_implemented(function: Operation) -> None:
             )
 
 
-def run_function(module: ModuleOp, args: Sequence[Any], function: str = "main") -> list[np.ndarray]:
-    """Run `@function` of `module` on flat `args` and return its flat results."""
-    entry = next(
-        (
-            op
-            for op in module.body.block.ops
-            if isinstance(op, func.FuncOp) and op.sym_name.data == function
-        ),
-        None,
-    )
-    if entry is None:
-        raise InterpretationError(f"module has no func.func @{function}")
+def run_function(module: ModuleOp, args: Sequence[Any]) -> list[np.ndarray]:
+    """Run the entry function of `module` on flat `args` and return its flat results."""
+    try:
+        entry = entry_function(module)
+    except ValueError as err:
+        raise InterpretationError(str(err)) from None
+    function = entry.sym_name.data
     inputs = entry.function_type.inputs.data
     if len(args) != len(inputs):
         raise InterpretationError(

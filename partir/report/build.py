@@ -19,12 +19,12 @@ from dialects.spmd import DIST, SPMD, DTensorType
 from lowering.collectives import collectives
 from lowering.distributions import NEEDED_BY
 from lowering.to_spmd import lower_to_spmd
-from partir.passes import recorded_conflicts
 from partir.report.memory import estimate_memory
 from partir.report.model import Report
 from partir.report.names import _partir_name, ssa_names
 from partir.report.replicated import replicated_ops
 from partir.report.rows import CollectiveInfo, ValueInfo
+from rewrites.conflicts import recorded_conflicts
 
 _SPMD_OPS = {op.name for op in SPMD.operations}
 

@@ -11,11 +11,11 @@
 // CHECK-NEXT:   partir-declare-mesh{axes=}
 // CHECK:        inline-calls
 // CHECK:        partir-tile{value=0 dim=0 axis=}
-// CHECK:        partir-batch-parallel{axis=batch inputs=none}
-// CHECK:        partir-megatron{axis=model column=none column-bias=none row=none}
-// CHECK:        partir-zero{axis=batch stage=3}
-// CHECK:        partir-manual-partition{spec=}
-// CHECK-NEXT:       Tile named values: spec="x:0=batch;params/w1:1=model"
+// CHECK:        partir-batch-parallel{axis=required inputs=none dim=0}
+// CHECK:        partir-megatron{axis=required column=none column-bias=none row=none}
+// CHECK:        partir-zero{axis=required stage=3 params=none opt-state=none updates=none}
+// CHECK:        partir-manual-partition{spec=required}
+// CHECK-NEXT:       Tile exactly what you name, selector:dim=axis
 // CHECK:        partir-propagate
 // CHECK:        partir-lower-spmd
-// CHECK:        partir-emit-jax
+// CHECK:        partir-emit-jax{program=partir_program}

@@ -7,5 +7,5 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> {
 }
 
 // CHECK-NOT:  Traceback
-// CHECK:      error: Provided arguments ["stages"] not found in expected arguments ["axis", "stage"]
+// CHECK:      error: Provided arguments ["stages"] not found in expected arguments ["axis", "stage", "params", "opt_state", "updates"]
 // CHECK-NOT:  Traceback

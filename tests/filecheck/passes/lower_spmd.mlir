@@ -1,4 +1,4 @@
-// RUN: partir-opt %s -p 'partir-declare-mesh{axes="x=4"},partir-manual-partition{spec="x:0=x;y:0=x;result/0:0=x"},partir-lower-spmd' | filecheck %s
+// RUN: partir-opt %s -p 'partir-declare-mesh{axes="x=4"},partir-manual-partition{spec="x:0=x","y:0=x","result/0:0=x"},partir-lower-spmd' | filecheck %s
 
 // partir-lower-spmd turns the loops into one per-device program, with the
 // cheapest collective wherever a value's distribution changes. Here x, y and

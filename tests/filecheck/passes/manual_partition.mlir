@@ -1,8 +1,8 @@
-// RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4,model=2"},partir-manual-partition{spec="x:0=batch;params/w1:1=model"}' | filecheck %s
+// RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4,model=2"},partir-manual-partition{spec="x:0=batch","params/w1:1=model"}' | filecheck %s
 // RUN: not partir-opt %s -p 'partir-declare-mesh{axes="batch=4"},partir-manual-partition{spec="x=batch"}' 2>&1 | filecheck %s --check-prefix=BAD-SPEC
 
-// partir-manual-partition tiles exactly what the spec names, selector:dim=axis
-// separated by `;`, selecting arguments by their pytree path. The batch
+// partir-manual-partition tiles exactly what the spec names, one
+// selector:dim=axis entry each, selecting arguments by their pytree path. The batch
 // tiling of x and the model tiling of w1 (the hidden dim) give a sum loop over
 // "model" nested in a tile loop over "batch": the hidden dim is contracted by
 // the second matmul.
@@ -29,4 +29,4 @@ func.func @main(%w1: tensor<16x32xf32> {partir.name = "params['w1']"}, %w2: tens
 // CHECK-NEXT:    } {origin = #partir.origin<1, "ManualPartition", "x">} : tensor<8x16xf32>
 // CHECK-NEXT:    func.return %y : tensor<8x16xf32>
 
-// BAD-SPEC: error: partir-manual-partition: cannot read "x=batch"; write selector:dim=axis, e.g. spec="x:0=batch;params/w1:1=model"
+// BAD-SPEC: error: partir-manual-partition: cannot read "x=batch"; write selector:dim=axis, e.g. spec="x:0=batch","params/w1:1=model"
