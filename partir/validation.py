@@ -43,7 +43,7 @@ from dialects.interpreter.spmd import run_spmd
 from dialects.partir import find_mesh
 from dialects.spmd import DTensorType
 from dialects.stablehlo_ext import DynamicUpdateSliceOp, SliceOp
-from partir.report.build import is_spmd, parse_module
+from partir.report.build import is_spmd
 from partir.tactics import ProgramView
 
 # --------------------------------------------------------------------------
@@ -552,16 +552,14 @@ def _what_made(stage: str) -> str:
 class CheckedCall:
     """What `partir.jit(check=True)` calls for one argument signature: the
     emitted program, run only after every stage of its lowering has been
-    checked on the call's arguments against `jax.jit(fn)`. The stages are
-    parsed back from their text once, so what is checked is what was printed."""
+    checked on the call's arguments against `jax.jit(fn)` (each stage is the
+    snapshot `partir.Lowered` keeps; the interpreters do not modify it)."""
 
     def __init__(self, fn: Callable[..., Any], lowered: Any, compiled: Callable[..., Any]):
         import jax
 
         self.original = jax.jit(fn)
-        self.stages = [
-            (stage.name, parse_module(stage.text, stage.name)) for stage in lowered.stages
-        ]
+        self.stages = [(stage.name, stage.module) for stage in lowered.stages]
         self.names = result_names(self.stages[0][1])
         self.compiled = compiled
 
