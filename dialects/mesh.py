@@ -15,6 +15,19 @@ from collections.abc import Iterable, Iterator, Mapping
 from functools import cached_property
 from typing import Any
 
+from dialects.errors import PartirTypeError, PartirValueError
+
+
+def _quoted(name: str) -> str:
+    """An axis name as IR prints it: in double quotes, escaped (see `escaping`)."""
+    from dialects.escaping import quoted
+
+    return quoted(name)
+
+
+def _names(axes: Mapping[str, int]) -> str:
+    return ", ".join(_quoted(a) for a in axes)
+
 Coords = dict[str, int]
 """One device's position on each mesh axis."""
 
@@ -30,12 +43,25 @@ class Mesh(Mapping[str, int]):
         if hasattr(axes, "axis_names") and hasattr(axes, "shape"):
             axes = {name: int(axes.shape[name]) for name in axes.axis_names}
         if not isinstance(axes, Mapping) or not axes:
-            raise TypeError(f"Mesh takes a non-empty {{axis name: size}} dict, got {axes!r}")
+            raise PartirTypeError(
+                f"Mesh takes a non-empty {{axis name: size}} dict (or a jax.sharding.Mesh), "
+                f"got {axes!r}; e.g. partir.Mesh({{'batch': 4, 'model': 2}})"
+            )
         for name, size in axes.items():
             if not isinstance(name, str) or not name:
-                raise TypeError(f"mesh axis names must be non-empty strings, got {name!r}")
-            if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-                raise ValueError(f'mesh axis "{name}" needs a positive integer size, got {size!r}')
+                raise PartirTypeError(
+                    f"mesh axis names must be non-empty strings, got {name!r}; "
+                    "name each axis, e.g. {'batch': 4}"
+                )
+            if not isinstance(size, int) or isinstance(size, bool):
+                raise PartirTypeError(
+                    f"mesh axis {name!r} needs an int size, got {size!r} "
+                    f"({type(size).__name__}); e.g. {{{name!r}: 4}}"
+                )
+            if size <= 0:
+                raise PartirValueError(
+                    f"mesh axis {name!r} needs a positive size, got {size}; e.g. {{{name!r}: 4}}"
+                )
         self.axes: dict[str, int] = dict(axes)
 
     @classmethod
@@ -75,8 +101,14 @@ class Mesh(Mapping[str, int]):
     def check_axis(self, axis: str, who: str) -> int:
         """The size of `axis`, or a clear error naming `who` asked for it."""
         if axis not in self.axes:
-            known = ", ".join(f'"{a}"' for a in self.axes)
-            raise ValueError(f'{who}: unknown mesh axis "{axis}"; the mesh has {known}')
+            if not isinstance(axis, str):
+                raise PartirTypeError(
+                    f"{who}: a mesh axis is named by a string, got {axis!r} "
+                    f"({type(axis).__name__}); the mesh has {_names(self.axes)}"
+                )
+            raise PartirValueError(
+                f"{who}: unknown mesh axis {_quoted(axis)}; the mesh has {_names(self.axes)}"
+            )
         return self.axes[axis]
 
     # --- devices ---------------------------------------------------------------

@@ -6,6 +6,11 @@ max-reduction JAX emits (softmax, log-softmax). xDSL 0.73 prints the same hex
 form but parses it back as the *integer* 4286578688.0, a silent wrong value.
 `PartirParser` reads a hex literal inside a float `dense<...>` as the bits of
 that float, as MLIR does. Every text partir parses goes through it.
+
+It also reads a string literal with escaped non-ASCII bytes (`"\\C3\\A9"`,
+as every printer writes `"é"`) as the string it is: xDSL lexes it as a bytes
+literal, so `parse_str_literal` would refuse it and a `StringAttr` would come
+back as a `BytesAttr`. MLIR strings are bytes; partir's names are UTF-8.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 
 from xdsl.dialects.builtin import AnyFloat
 from xdsl.parser import Parser
+from xdsl.utils.mlir_lexer import MLIRTokenKind, StringLiteral
 
 
 @dataclass
@@ -28,7 +34,20 @@ class _BitPatternElement(Parser._TensorLiteralElement):
 
 
 class PartirParser(Parser):
-    """`xdsl.parser.Parser`, reading hex float literals in dense attributes as bits."""
+    """`xdsl.parser.Parser`, reading hex float literals in dense attributes as
+    bits and escaped UTF-8 string literals as strings."""
+
+    def parse_optional_str_literal(self) -> str | None:
+        text = super().parse_optional_str_literal()
+        if text is not None or self._current_token.kind != MLIRTokenKind.BYTES_LIT:
+            return text
+        span = self._current_token.span
+        try:
+            decoded = StringLiteral.from_span(span).bytes_contents.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        self._consume_token(MLIRTokenKind.BYTES_LIT)
+        return decoded
 
     def _parse_tensor_literal_element(self) -> Parser._TensorLiteralElement:
         text = self._current_token.text

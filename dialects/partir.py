@@ -69,6 +69,7 @@ from xdsl.traits import (
 )
 from xdsl.utils.exceptions import VerifyException
 
+from dialects.escaping import quoted
 from dialects.mesh import Mesh
 
 # --------------------------------------------------------------------------
@@ -298,7 +299,7 @@ class MeshOp(IRDLOperation):
             raise VerifyException(f"mesh @{self.sym_name.data} repeats an axis name: {names}")
         for n, s in zip(names, sizes, strict=True):
             if s <= 0:
-                raise VerifyException(f'mesh axis "{n}" must have a positive size, got {s}')
+                raise VerifyException(f'mesh axis {quoted(n)} must have a positive size, got {s}')
         parent = self.parent_block()
         if parent is not None:
             meshes = [op for op in parent.ops if isinstance(op, MeshOp)]
@@ -312,10 +313,12 @@ class MeshOp(IRDLOperation):
         printer.print_string(" ")
         printer.print_symbol_name(self.sym_name.data)
         printer.print_string(" [")
-        printer.print_list(
-            self.axes.items(),
-            lambda kv: printer.print_string(f'"{kv[0]}" = {kv[1]}'),
-        )
+
+        def one_axis(axis: tuple[str, int]) -> None:
+            printer.print_string_literal(axis[0])
+            printer.print_string(f" = {axis[1]}")
+
+        printer.print_list(self.axes.items(), one_axis)
         printer.print_string("]")
         printer.print_op_attributes(self.attributes)
 
@@ -456,54 +459,57 @@ class LoopOp(IRDLOperation):
         block = self.body.block
         if len(block.args) != 1 or not isinstance(block.args[0].type, RangeType):
             raise VerifyException(
-                f'loop over "{axis}" must have exactly one !partir.range block argument'
+                f'loop over {quoted(axis)} must have exactly one !partir.range block argument'
             )
         size = block.args[0].type.size.data
         mesh = find_mesh(self)
         if mesh is None:
             raise VerifyException(
-                f'loop over "{axis}" needs a partir.mesh declaration at the top of its module'
+                f'loop over {quoted(axis)} needs a partir.mesh declaration at the top of its module'
             )
         axes = mesh.axes
         if axis not in axes:
-            known = ", ".join(f'"{a}"' for a in axes)
+            known = ", ".join(quoted(a) for a in axes)
             raise VerifyException(
-                f'unknown mesh axis "{axis}": mesh @{mesh.sym_name.data} declares {known}'
+                f'unknown mesh axis {quoted(axis)}: mesh @{mesh.sym_name.data} declares {known}'
             )
         if size != axes[axis]:
             raise VerifyException(
-                f'range size {size} of loop over "{axis}" differs from the axis size {axes[axis]}'
+                f"range size {size} of loop over {quoted(axis)} differs from the axis size "
+                f"{axes[axis]}"
             )
         for outer in self.enclosing_loops():
             if outer.axis.data == axis:
                 raise VerifyException(
-                    f'loop over "{axis}" is nested inside another loop over the same axis'
+                    f'loop over {quoted(axis)} is nested inside another loop over the same axis'
                 )
         term = block.last_op
         if not isinstance(term, YieldOp) or len(term.values) != 1:
-            raise VerifyException(f'loop over "{axis}" must end in partir.yield of one value')
+            raise VerifyException(f'loop over {quoted(axis)} must end in partir.yield of one value')
         body_t, res_t = term.values[0].type, self.result.type
         if not isinstance(body_t, TensorType) or not isinstance(res_t, TensorType):
-            raise VerifyException(f'loop over "{axis}" must yield a tensor')
+            raise VerifyException(f'loop over {quoted(axis)} must yield a tensor')
         if body_t.element_type != res_t.element_type:
-            raise VerifyException(f'loop over "{axis}" yields {body_t} but its result is {res_t}')
+            raise VerifyException(
+                f"loop over {quoted(axis)} yields {body_t} but its result is {res_t}"
+            )
         if isinstance(self.action, TileAttr):
             d = self.action.dim.data
             if d >= body_t.get_num_dims():
                 raise VerifyException(
-                    f'loop over "{axis}" tiles dim {d} of the rank-{body_t.get_num_dims()} '
+                    f'loop over {quoted(axis)} tiles dim {d} of the rank-{body_t.get_num_dims()} '
                     f"value {body_t}"
                 )
             want = list(body_t.get_shape())
             want[d] *= size
             if list(res_t.get_shape()) != want:
                 raise VerifyException(
-                    f'tile<{d}> loop over "{axis}" of {body_t} gives shape '
+                    f'tile<{d}> loop over {quoted(axis)} of {body_t} gives shape '
                     f"{'x'.join(map(str, want))}, but the result is {res_t}"
                 )
         elif body_t != res_t:
             raise VerifyException(
-                f'sum loop over "{axis}" yields {body_t} but its result is {res_t}'
+                f'sum loop over {quoted(axis)} yields {body_t} but its result is {res_t}'
             )
 
     def print(self, printer: Printer) -> None:
@@ -585,7 +591,8 @@ class SliceOp(IRDLOperation):
         n = idx_t.size.data
         if src_t.get_shape()[d] % n:
             raise VerifyException(
-                f'dim {d} of {src_t} is not divisible by the size {n} of axis "{loop.axis.data}"'
+                f"dim {d} of {src_t} is not divisible by the size {n} of axis "
+                f"{quoted(loop.axis.data)}"
             )
         want = list(src_t.get_shape())
         want[d] //= n

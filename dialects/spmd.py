@@ -50,6 +50,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from dialects.distribution import Distribution
 from dialects.dtypes import tensor_bytes
+from dialects.escaping import quoted
 from dialects.mesh import Mesh
 from dialects.partir import MeshOp, find_mesh
 
@@ -64,7 +65,9 @@ def _axes(names: Sequence[str]) -> ArrayAttr[StringAttr]:
 
 
 def _print_axis_set(printer: Printer, axes: Sequence[str]) -> None:
-    printer.print_string("{" + ", ".join(f'"{a}"' for a in axes) + "}")
+    printer.print_string("{")
+    printer.print_list(axes, printer.print_string_literal)
+    printer.print_string("}")
 
 
 def _parse_axis_set(parser: AttrParser) -> list[str]:
@@ -126,12 +129,12 @@ class DTensorType(ParametrizedAttribute, TypeAttribute):
         shape = list(self.global_type.get_shape())
         for a in self.distribution.axes:
             if a not in mesh:
-                raise VerifyException(f'unknown mesh axis "{a}" in {self}')
+                raise VerifyException(f"unknown mesh axis {quoted(a)} in {self}")
         for d, axes in enumerate(self.dim_axes):
             for a in axes:
                 if shape[d] % mesh[a]:
                     raise VerifyException(
-                        f'dim {d} of {self.global_type} is not divisible over "{a}" of size '
+                        f'dim {d} of {self.global_type} is not divisible over {quoted(a)} of size '
                         f"{mesh[a]}"
                     )
                 shape[d] //= mesh[a]
@@ -177,8 +180,10 @@ def _group_size(op: Operation, axes: Sequence[str]) -> int:
     mesh = mesh_of(op)
     for a in axes:
         if a not in mesh:
-            known = ", ".join(f'"{k}"' for k in mesh)
-            raise VerifyException(f'{op.name}: unknown mesh axis "{a}" (the mesh has {known})')
+            known = ", ".join(quoted(k) for k in mesh)
+            raise VerifyException(
+                f"{op.name}: unknown mesh axis {quoted(a)} (the mesh has {known})"
+            )
     if len(set(axes)) != len(axes) or not axes:
         raise VerifyException(f"{op.name}: needs distinct mesh axes, got {list(axes)}")
     return mesh.size_of(axes)

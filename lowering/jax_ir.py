@@ -16,10 +16,11 @@ from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from dialects.dtypes import ElementTypeError, numpy_dtype
+from dialects.errors import UnsupportedError
 from dialects.names import op_name
 
 
-class UnsupportedOpError(ValueError):
+class UnsupportedOpError(UnsupportedError):
     """An op (or type) the JAX emitter has no faithful translation for."""
 
 

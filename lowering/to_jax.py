@@ -202,13 +202,22 @@ def output_shardings(mesh):
 def build(mesh):
     """The program as one jitted callable on `mesh`: global inputs -> tuple of outputs."""
     _check_mesh(mesh)
-    if USES_64BIT_TYPES and not jax.config.jax_enable_x64:
-        raise ValueError("this program uses 64-bit types: enable jax_enable_x64 first")
-    return jax.jit(
+    fn = jax.jit(
         jax.shard_map(
             _body, mesh=mesh, in_specs=IN_SPECS, out_specs=OUT_SPECS, check_vma=True
         )
     )
+    if not USES_64BIT_TYPES or jax.config.jax_enable_x64:
+        return fn
+
+    def with_64bit_types(*args):
+        """JAX lowered this program with 64-bit types inside (e.g. jax.random's
+        counters) although x64 mode is off: trace and run it with them on, as
+        jax.jit ran the original (without, jnp.uint64 would silently be 32 bits)."""
+        with jax.enable_x64(True):
+            return fn(*args)
+
+    return with_64bit_types
 '''
 
 _WIDE = {np.dtype(t) for t in (np.float64, np.int64, np.uint64, np.complex128)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from dialects.errors import PartirError, PartirTypeError, PartirValueError, UnsupportedError
 from partir.mesh import Mesh
 from partir.partition import Partitioned, partition
 from partir.tactics import BatchParallel, ManualPartition, Megatron, Tactic, TacticError, ZeRO
@@ -30,10 +31,14 @@ __all__ = [
     "ManualPartition",
     "Megatron",
     "Mesh",
+    "PartirError",
+    "PartirTypeError",
+    "PartirValueError",
     "Partitioned",
     "PartitionedFunction",
     "Tactic",
     "TacticError",
+    "UnsupportedError",
     "ValidationError",
     "ZeRO",
     "import_jax",

@@ -15,10 +15,7 @@ exposes every stage.
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,34 +28,36 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import PassPipeline
 
 from dialects.context import make_context
+from dialects.errors import PartirTypeError, PartirValueError
 from lowering.collectives import Collective, collectives
 from lowering.loader import load_source
 from lowering.to_spmd import LowerToSpmdPass
-from partir.importer import import_program
+from partir.generated_files import write_source
+from partir.importer import check_arguments, import_program
 from partir.mesh import Mesh
 from partir.partition import Stage, find_stage, partition
 from partir.passes import EmitJaxPass
 from partir.report import Report, build_report
-from partir.tactics import Tactic
+from partir.tactics import Tactic, check_tactics
 from rewrites.conflicts import Conflict, recorded_conflicts
 
 _CONTEXT = make_context()
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("PARTIR_CACHE_DIR") or Path(tempfile.gettempdir()) / "partir-generated"
-    path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def devices_for(mesh: Mesh, jax_mesh: jax.sharding.Mesh | None) -> jax.sharding.Mesh:
     """The JAX mesh to run on: the one given, or the first devices, row-major."""
+    for axis in mesh.axes if jax_mesh is None else jax_mesh.axis_names:
+        if not isinstance(axis, str) or not axis.isascii() or "\\" in axis:
+            raise PartirValueError(
+                f"mesh axis {axis!r} cannot run on JAX: XLA aborts the process on axis "
+                "names with non-ASCII characters or backslashes; rename the axis "
+                "(the IR stages and emitted source take any name)"
+            )
     if jax_mesh is not None:
         return jax_mesh
     devices = jax.devices()
     if mesh.size > len(devices):
-        raise ValueError(
+        raise PartirValueError(
             f"the mesh {mesh.axes} needs {mesh.size} devices, but jax.devices() has "
             f"{len(devices)} ({devices[0].platform}); on CPU set "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before importing jax"
@@ -107,13 +106,10 @@ class Lowered:
 
     @property
     def source_path(self) -> Path:
-        """Where the emitted source is written (named by its content hash)."""
+        """Where the emitted source is written (named by its content hash), on
+        first ask, in a private per-user directory (`partir.generated_files`)."""
         if self._source_path is None:
-            digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
-            path = _cache_dir() / f"{self.name}_{digest}.py"
-            if not path.exists():
-                path.write_text(self.source)
-            self._source_path = path
+            self._source_path = write_source(self.source, self.name)
         return self._source_path
 
     def report(self) -> Report:
@@ -140,7 +136,7 @@ def lower(
 ) -> Lowered:
     """Import `fn` at `args`, `partition` it (the tactic passes), then run
     `partir-lower-spmd` and `partir-emit-jax`, as `partir-opt` would."""
-    imported = import_program(fn, *args)
+    imported = import_program(fn, *args, supported_only=True)
     module = imported.module
     done = partition(module, mesh, tactics, keep_stages=True)
     label = name or getattr(fn, "__name__", "program")
@@ -162,12 +158,16 @@ def lower(
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
     leaves, tree = jax.tree_util.tree_flatten(args)
+
+    def dtype(x: Any) -> Any:
+        return x.dtype if hasattr(x, "dtype") else np.result_type(x)
+
     return (
         tree,
         tuple(
             (
                 np.shape(x),
-                str(jax.dtypes.canonicalize_dtype(np.result_type(x))),
+                str(jax.dtypes.canonicalize_dtype(dtype(x))),
                 isinstance(x, int | float | complex | bool),
             )
             for x in leaves
@@ -190,7 +190,7 @@ class PartitionedFunction:
         self._checked: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.jax_mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else None
         self.mesh = Mesh(mesh) if not isinstance(mesh, Mesh) else mesh
-        self.tactics = list(tactics)
+        self.tactics = check_tactics(tactics)
         self._compiled: dict[tuple[Any, ...], Compiled] = {}
         functools.update_wrapper(self, fn)
 
@@ -201,9 +201,10 @@ class PartitionedFunction:
             return args
         bound = inspect.signature(self.fn).bind(*args, **kwargs)
         if bound.kwargs:
-            raise TypeError(
+            raise PartirTypeError(
                 f"partir.jit: {', '.join(bound.kwargs)} can only be passed by keyword; "
-                "partir needs every argument to have a position"
+                "partir needs every argument to have a position: make the parameter "
+                "positional (drop the `*`), or fix it with functools.partial"
             )
         return tuple(bound.args)
 
@@ -213,6 +214,7 @@ class PartitionedFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = self._positional(args, kwargs)
+        check_arguments(self.fn, args)
         key = _signature(args)
         compiled = self._compiled.get(key)
         if compiled is None:

@@ -10,17 +10,23 @@ its pytree path, e.g. `params['w1']` or `result[1]['w1']`, kept in the
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
+from xdsl.ir import Operation
 
 from dialects.context import make_context
+from dialects.errors import PartirTypeError
 from dialects.functions import NAME_ATTR, entry_function
+from lowering.emittable import refuse_unemittable
 from partir.mlir_bridge import AttributeCache, MlirToXdsl
 from rewrites.inline_calls import InlineCallsPass
 
@@ -34,15 +40,19 @@ class Imported:
     out_tree: Any
 
 
-def import_program(fn: Callable[..., Any], *args: Any) -> Imported:
+def import_program(fn: Callable[..., Any], *args: Any, supported_only: bool = False) -> Imported:
     """Lower `fn` at `args` with JAX and import it as partir's input IR.
 
     Errors from JAX (a function that does not trace or lower) propagate
     unchanged. Arguments are the same as for calling `fn`; they may be arrays
-    or `jax.ShapeDtypeStruct`s.
+    or `jax.ShapeDtypeStruct`s (anything else is a `PartirTypeError`). With
+    `supported_only`, an op partir cannot emit is refused here, naming the
+    op, the user's source line and the nearest supported alternative
+    (`lowering.emittable`), before any partitioning work.
     """
+    check_arguments(fn, args)
     lowered = jax.jit(fn, keep_unused=True).lower(*args)
-    module = import_lowered(lowered.compiler_ir("stablehlo"))
+    module = import_lowered(lowered.compiler_ir("stablehlo"), supported_only=supported_only)
     entry = entry_function(module)
     name_arguments(entry, argument_paths(fn, args))
     name_results(entry, result_paths(lowered.out_info))
@@ -58,11 +68,89 @@ _CONTEXT = make_context()
 _ATTRIBUTES = AttributeCache(_CONTEXT)
 
 
-def import_lowered(mlir_module: Any) -> ModuleOp:
-    """Convert a jaxlib StableHLO module to xDSL and inline its calls."""
-    module = MlirToXdsl(_CONTEXT, _ATTRIBUTES).convert_module(mlir_module)
+def import_lowered(mlir_module: Any, *, supported_only: bool = False) -> ModuleOp:
+    """Convert a jaxlib StableHLO module to xDSL and inline its calls
+    (refusing ops partir cannot emit first, with `supported_only`)."""
+    converter = MlirToXdsl(_CONTEXT, _ATTRIBUTES, keep_sources=supported_only)
+    module = converter.convert_module(mlir_module)
+    if supported_only:
+        refuse_unemittable(module, lambda op: source_line(module, op, converter.location))
     InlineCallsPass().apply(_CONTEXT, module)
     return module
+
+
+_FRAME = re.compile(r'"([^"]*)"\("([^"]+)":(\d+):(\d+)')
+_PARTIR_DIRS = tuple(
+    str(Path(__file__).resolve().parents[1] / package) + os.sep
+    for package in ("partir", "dialects", "lowering", "rewrites")
+)
+
+
+def user_frame(location: str) -> str | None:
+    """`file.py:12:8 (in fn)`: the innermost frame of an MLIR location outside
+    partir itself (JAX places ops it derives, e.g. by `jax.grad`, at the
+    call that lowered the function, which is partir's own)."""
+    for name, path, line, column in _FRAME.findall(location):
+        if not os.path.abspath(path).startswith(_PARTIR_DIRS):
+            return f"{path}:{line}:{column}" + (f" (in {name})" if name else "")
+    return None
+
+
+def source_line(
+    module: ModuleOp, op: Operation, location: Callable[[Operation], str | None]
+) -> str | None:
+    """Where the user's code made `op`. JAX gives ops of a private helper
+    (`jnp.sort`'s @sort) only a name, so the line is that of the first call of
+    the helper, and of its caller's call, and so on."""
+    calls = {
+        call.callee.root_reference.data: call
+        for call in module.walk()
+        if isinstance(call, func.CallOp)
+    }
+    current: Operation | None = op
+    for _ in range(64):  # a call chain is never that deep; guards a recursive one
+        if current is None:
+            return None
+        found = user_frame(location(current) or "")
+        if found:
+            return found
+        function = current.parent_op()
+        while function is not None and not isinstance(function, func.FuncOp):
+            function = function.parent_op()
+        current = calls.get(function.sym_name.data) if function is not None else None
+    return None
+
+
+def check_arguments(fn: Callable[..., Any], args: Sequence[Any]) -> None:
+    """Every argument leaf is an array (or a number, or a ShapeDtypeStruct):
+    what partir can split and pass to devices. Says which leaf is not."""
+    names = _parameter_names(fn, len(args))
+    for name, arg in zip(names, args, strict=True):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            problem = _leaf_problem(leaf)
+            if problem:
+                raise PartirTypeError(
+                    f"partir.jit: argument {name}{jax.tree_util.keystr(path)} is {problem}; "
+                    "partir passes arrays (NumPy, jax.Array, Python numbers) to the devices: "
+                    "make it an array, or close over it (functools.partial) if it is static"
+                )
+
+
+def _leaf_problem(leaf: Any) -> str | None:
+    if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array | np.ndarray | np.generic):
+        dtype = leaf.dtype
+    elif isinstance(leaf, bool | int | float | complex):
+        return None
+    else:
+        return f"{leaf!r:.60} (of type {type(leaf).__name__})"
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return (
+            f"a typed PRNG key ({dtype}); pass jax.random.key_data(key) "
+            "and rebuild it inside with jax.random.wrap_key_data"
+        )
+    if not (jax.dtypes.issubdtype(dtype, np.number) or jax.dtypes.issubdtype(dtype, np.bool_)):
+        return f"an array of {dtype}, which no device holds"
+    return None
 
 
 def argument_paths(fn: Callable[..., Any], args: Sequence[Any]) -> list[str]:

@@ -23,6 +23,7 @@ from typing import TextIO
 
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
+from partir.cli_errors import one_line, parse_error_line
 from partir.report import Diff, Report, Table, build_report, diff, dumps, parse_module
 
 
@@ -30,8 +31,15 @@ class InspectError(Exception):
     """A problem with the input, already phrased for the user."""
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line and status 1 like every other error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(1, f"error: {message}; partir-inspect --help lists the options\n")
+
+
 def _arguments() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _ArgumentParser(
         prog="partir-inspect",
         description="Report the shardings, collectives and memory of a partir stage, "
         "or diff two stages' shardings.",
@@ -52,37 +60,42 @@ def _arguments() -> argparse.ArgumentParser:
 
 
 def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
+    name = "<stdin>" if path == "-" else path
     try:
+        if path == "-":
+            stream = getattr(sys.stdin, "buffer", None)  # bytes, to report bad UTF-8
+            return stream.read().decode("utf-8") if stream is not None else sys.stdin.read()
         with open(path, encoding="utf-8") as f:
             return f.read()
     except OSError as err:
         raise InspectError(f"cannot read {path}: {err.strerror or err}") from err
-
-
-def _parse_error(err: ParseError) -> str:
-    """`file:line:col: message`, then the offending line with a caret."""
-    loc = err.span.get_location()
-    content = err.span.input.content
-    start = content.rfind("\n", 0, err.span.start) + 1
-    end = content.find("\n", err.span.start)
-    line = content[start : end if end != -1 else len(content)]
-    message = f"{loc}: {err.msg.strip()}"
-    if not line.strip():  # e.g. at the end of the input
-        return message
-    caret = " " * (loc.col - 1) + "^" * max(1, min(err.span.len, len(line) - loc.col + 1))
-    return f"{message}\n  {line[:200]}\n  {caret}"
+    except UnicodeDecodeError as err:
+        raise InspectError(one_line(err, name).removeprefix("error: ")) from err
 
 
 def load_report(path: str) -> Report:
-    """The report of one file, or an `InspectError` saying what is wrong with it."""
+    """The report of one file, or an `InspectError` saying what is wrong with it.
+
+    The input is verified first (as `partir-opt` does): a report of IR the
+    verifier rejects would describe a program that cannot exist."""
     name = "<stdin>" if path == "-" else path
     text = _read(path)
+    if not text.strip():
+        raise InspectError(f"{name} is empty; give a stage's MLIR text (partir-opt's output)")
     try:
         module = parse_module(text, name)
+    except DiagnosticException as err:  # an attribute's own check, run while parsing
+        line = one_line(err, name).removeprefix("error: ")
+        raise InspectError(f"{name} does not verify: {line}") from err
     except ParseError as err:
-        raise InspectError(_parse_error(err)) from err
+        raise InspectError(parse_error_line(err).replace(": error: ", ": ", 1)) from err
+    except RecursionError as err:
+        raise InspectError(one_line(err, name).removeprefix("error: ")) from err
+    try:
+        module.verify()
+    except DiagnosticException as err:
+        line = one_line(err, name).removeprefix("error: ")
+        raise InspectError(f"{name} does not verify: {line}") from err
     try:
         return build_report(module)
     except (ValueError, DiagnosticException) as err:

@@ -76,8 +76,11 @@ class MlirToXdsl:
     that needs to understand the op reports it by name.
     """
 
-    def __init__(self, ctx: Context, cache: AttributeCache | None = None):
+    def __init__(
+        self, ctx: Context, cache: AttributeCache | None = None, *, keep_sources: bool = False
+    ):
         self._ctx = ctx
+        self._sources: dict[Operation, Any] | None = {} if keep_sources else None
         self._cache = cache if cache is not None else AttributeCache(ctx)
         self._values: dict[Any, SSAValue] = {}
         self._op_types: dict[str, tuple[type[Operation], frozenset[str]]] = {}
@@ -123,7 +126,15 @@ class MlirToXdsl:
         )
         for mlir_result, result in zip(mlir_op.results, op.results, strict=True):
             self._values[mlir_result] = result
+        if self._sources is not None:
+            self._sources[op] = mlir_op
         return op
+
+    def location(self, op: Operation) -> str | None:
+        """The MLIR location text of the op `op` was converted from (kept only
+        with `keep_sources`, while the jaxlib module is alive)."""
+        source = self._sources.get(op) if self._sources is not None else None
+        return str(source.location) if source is not None else None
 
     def _parse_standalone(self, mlir_op: Any) -> Operation:
         """An op with no operands or regions, read from its own generic text

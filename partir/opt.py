@@ -15,7 +15,6 @@ Python module. Errors print one clear message and exit with status 1;
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -25,12 +24,20 @@ from typing import IO
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 from xdsl.universe import Universe
-from xdsl.utils.exceptions import DiagnosticException, ParseError, PassFailedException
+from xdsl.utils.arg_spec import parse_pipeline
+from xdsl.utils.exceptions import (
+    ArgSpecParseError,
+    DiagnosticException,
+    ParseError,
+    PassFailedException,
+)
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from dialects.context import DIALECTS
+from dialects.errors import PartirError, PartirValueError
 from dialects.parser import PartirParser
 from lowering.to_jax import emit_jax
+from partir.cli_errors import one_line
 from partir.passes import PASSES, EmitJaxPass
 
 DESCRIPTION = "partir-opt: partition StableHLO programs over a device mesh (xdsl-opt driver)"
@@ -76,6 +83,11 @@ class PartirOptMain(xDSLOptMain):
     def register_all_frontends(self) -> None:
         def parse_mlir(io: IO[str]) -> ModuleOp:
             text = io.read()
+            if not text.strip():
+                raise PartirValueError(
+                    f"{self.get_input_name()} is empty; partir-opt reads MLIR ops "
+                    "(a func.func, or a builtin.module holding them)"
+                )
             return PartirParser(self.ctx, text, self.get_input_name()).parse_module(
                 not self.args.no_implicit_module
             )
@@ -98,6 +110,11 @@ class PartirOptMain(xDSLOptMain):
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
+
+        def one_line_usage_error(message: str) -> None:
+            arg_parser.exit(1, f"error: {message}; partir-opt --help lists the options\n")
+
+        arg_parser.error = one_line_usage_error  # type: ignore[method-assign]
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
         arg_parser.epilog = pass_help()
         arg_parser.add_argument(
@@ -119,7 +136,12 @@ class PartirOptMain(xDSLOptMain):
         )
 
     def setup_pipeline(self) -> None:
-        super().setup_pipeline()
+        try:
+            super().setup_pipeline()
+        except ValueError as err:
+            if str(err).startswith("Incompatible types"):
+                raise PartirValueError(self._bad_option()) from err
+            raise
         passes = self.pipeline.passes
         if passes and passes[-1].name == "partir-emit-jax" and self.args.target == "mlir":
             self.args.target = "jax"
@@ -139,33 +161,56 @@ class PartirOptMain(xDSLOptMain):
 
             self.pipeline = checking_numerics(self.pipeline)
 
+    def _bad_option(self) -> str:
+        """Which pass option has a value of the wrong type (xDSL's message
+        names neither the pass nor the option)."""
+        for spec in parse_pipeline(self.args.passes):
+            factory = self.available_passes.get(spec.name)
+            if factory is None:
+                continue
+            pass_class = factory()
+            for option, value in spec.normalize_parameter_names().parameters.items():
+                problem = _option_problem(pass_class, option, value)
+                if problem:
+                    shown = value[0] if isinstance(value, tuple) and len(value) == 1 else value
+                    return (
+                        f"{spec.name}: option {option.replace('_', '-')}={shown} {problem}; "
+                        f"the options are {_option_text(pass_class) or 'none'}"
+                    )
+        return "a pass option has a value of the wrong type"
 
-def _failing_op(notes: Sequence[str]) -> str:
-    """The op line xDSL marks with `^^^` in the annotated IR of a diagnostic."""
-    for note in notes:
-        lines = note.splitlines()
-        for i, line in enumerate(lines[1:], start=1):
-            if re.fullmatch(r"\s*\^+-*\s*", line):
-                return lines[i - 1].strip()
-    return ""
+
+def _option_problem(pass_class: type[ModulePass], option: str, value: object) -> str | None:
+    """Why `value` cannot be option `option` of `pass_class` (None if it can)."""
+    from typing import get_type_hints
+
+    from xdsl.utils.arg_spec import _convert_arg_to_type  # xDSL's own conversion
+
+    try:
+        _convert_arg_to_type(value, get_type_hints(pass_class)[option])
+    except (ValueError, KeyError):
+        wanted = get_type_hints(pass_class).get(option)
+        kind = getattr(wanted, "__name__", None) or str(wanted)
+        return f"needs {kind.replace('|', 'or')}"
+    return None
 
 
-def _message(err: BaseException) -> str:
-    if isinstance(err, ParseError):
-        return str(err).rstrip()
-    text = str(err).splitlines()[0] if str(err) else type(err).__name__
-    if isinstance(err, DiagnosticException):
-        op = _failing_op(getattr(err, "__notes__", ()))
-        return f"error: {text}" + (f"\n  in: {op[:200]}" if op else "")
+def _message(err: BaseException, input_name: str) -> str:
+    text = str(err)
     if text.startswith("Unrecognized passes"):
         ours = ", ".join(PASSES)
-        return f"error: {text}\n  partir's passes: {ours}\n  (partir-opt --help lists all)"
-    return f"error: {text}"
+        return (
+            f"error: {text.splitlines()[0]}; partir's passes: {ours} "
+            "(partir-opt --help lists all)"
+        )
+    return one_line(err, input_name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     show_traceback = "--traceback" in args
+    files = [a for a in args if not a.startswith("-")]
+    input_name = files[0] if files else "<stdin>"
     try:
         PartirOptMain(description=DESCRIPTION, args=args).run()
     except SystemExit:
@@ -174,14 +219,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         ParseError,
         DiagnosticException,
         PassFailedException,
+        PartirError,
         ValueError,
+        TypeError,
         OSError,
         NotImplementedError,
         KeyError,
+        RecursionError,
+        UnicodeDecodeError,
+        ArgSpecParseError,
     ) as err:
         if show_traceback:
             raise
-        print(_message(err), file=sys.stderr)
+        print(_message(err, input_name), file=sys.stderr)
         return 1
     return 0
 

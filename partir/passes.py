@@ -24,6 +24,8 @@ from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
+from dialects.errors import PartirValueError
+from dialects.escaping import quoted
 from dialects.functions import entry_function
 from dialects.partir import MeshOp, OriginAttr, find_mesh
 from lowering.to_jax import emit_jax
@@ -51,7 +53,10 @@ def declare_mesh(module: ModuleOp, mesh: Mesh) -> MeshOp:
     existing = next((op for op in module.body.block.ops if isinstance(op, MeshOp)), None)
     if existing is not None:
         if existing.axes != mesh.axes:
-            raise ValueError(f"the module declares mesh {existing.axes}, but {mesh.axes} was given")
+            raise PartirValueError(
+                f"the module declares mesh {existing.axes}, but {mesh.axes} was given; "
+                "give the module's mesh, or start from a module without one"
+            )
         return existing
     op = mesh.to_op()
     first = module.body.block.first_op
@@ -200,7 +205,7 @@ class TilePass(ModulePass):
         try:
             apply_tile_action(action, mesh_op, log)
         except ValueError as err:
-            raise PassFailedException(str(err)) from err
+            raise PassFailedException(f"{self.name}: {err}") from err
         record_conflicts(op, log.conflicts)
 
 
@@ -215,11 +220,22 @@ class DeclareMeshPass(ModulePass):
         sizes: dict[str, int] = {}
         for item in filter(None, (p.strip() for p in self.axes.split(","))):
             name, _, size = item.partition("=")
-            if not name or not size.isdigit():
+            name, size = name.strip(), size.strip()
+            if not name or not (size.isascii() and size.isdigit()):
                 raise PassFailedException(
-                    f'{self.name}: cannot read "{item}"; write axes="batch=4,model=2"'
+                    f"{self.name}: cannot read {quoted(item)} in option axes; "
+                    'write axes="batch=4,model=2" (name=size, sizes in decimal digits)'
+                )
+            if name in sizes:
+                raise PassFailedException(
+                    f"{self.name}: option axes names axis {quoted(name)} twice "
+                    f"(={sizes[name]} and ={size}); give each axis once"
                 )
             sizes[name] = int(size)
+        if not sizes:
+            raise PassFailedException(
+                f'{self.name}: option axes is empty; write axes="batch=4,model=2"'
+            )
         try:
             declare_mesh(op, Mesh(sizes))
         except (TypeError, ValueError) as err:

@@ -11,10 +11,15 @@ path, `params/blocks/3/attn/wq`:
 - the path form itself, `params['w1']`, is accepted too and matches exactly.
 
 Results are named `result/...` (JAX's `result[1]['w1']` is `result/1/w1`).
+
+A key is one segment whatever it holds: `d['a/b']` is the one segment `a/b`
+(kept apart from `d['a']['b']`, and selected by `d/*` or by its path form
+`d['a/b']`, never by `d/a/b`), and quoted keys are read as Python reads them.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
@@ -22,15 +27,43 @@ from functools import lru_cache
 _KEY = re.compile(r"\[(?:'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"|(-?\d+))\]|\.(\w+)")
 
 
+KEY_SLASH = "\x00"
+"""Stands for a `/` inside one key in the slash form, so it never splits a segment."""
+
+
+def _key(match: re.Match[str]) -> str:
+    single, double, index, attr = match.groups()
+    if single is not None:
+        return _unquote("'" + single + "'")
+    if double is not None:
+        return _unquote('"' + double + '"')
+    return index if index is not None else attr
+
+
+def _unquote(literal: str) -> str:
+    try:
+        value = ast.literal_eval(literal)
+    except (SyntaxError, ValueError):
+        return literal[1:-1]
+    return value if isinstance(value, str) else literal[1:-1]
+
+
 @lru_cache(maxsize=65536)
 def slash_path(path: str) -> str:
-    """`params['blocks'][3]['wq']` -> `params/blocks/3/wq`."""
+    """`params['blocks'][3]['wq']` -> `params/blocks/3/wq` (a `/` inside a
+    key becomes `KEY_SLASH`)."""
     head = re.match(r"[^\[.]*", path)
     root = head.group(0) if head else ""
     parts = [root] if root else []
     for m in _KEY.finditer(path, len(root)):
-        parts.append(next(g for g in m.groups() if g is not None))
+        parts.append(_key(m).replace("/", KEY_SLASH))
     return "/".join(parts)
+
+
+def display_path(path: str) -> str:
+    """The slash form for messages, or the path form where a key holds a `/`."""
+    slashed = slash_path(path)
+    return path if KEY_SLASH in slashed else slashed
 
 
 def _segment_regex(segment: str) -> str:

@@ -23,13 +23,42 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Attribute
 
+from dialects.errors import PartirTypeError, PartirValueError
+from dialects.escaping import quoted
 from dialects.functions import NAME_ATTR
 from partir.mesh import Mesh
-from partir.selectors import select, slash_path
+from partir.selectors import display_path, select, slash_path
 
 
-class TacticError(ValueError):
+class TacticError(PartirValueError):
     """A tactic that cannot apply to this program on this mesh."""
+
+
+def check_tactics(tactics: object) -> list[Tactic]:
+    """`tactics` as a list of `Tactic`s, or a `PartirTypeError` saying what
+    was given instead (a bare tactic, an axis name, ...)."""
+    if isinstance(tactics, Tactic):
+        raise PartirTypeError(
+            f"tactics= takes a list of tactics, got the single tactic {tactics!r}; "
+            f"write tactics=[{tactics!r}]"
+        )
+    if isinstance(tactics, str | bytes | Mapping) or not isinstance(tactics, Iterable):
+        raise PartirTypeError(
+            f"tactics= takes a list of tactics, got {tactics!r} ({type(tactics).__name__}); "
+            'e.g. tactics=[partir.BatchParallel("batch")]'
+        )
+    listed = list(tactics)
+    for i, tactic in enumerate(listed):
+        if not isinstance(tactic, Tactic):
+            example = (
+                f"partir.BatchParallel({tactic!r})" if isinstance(tactic, str) else
+                'partir.BatchParallel("batch")'
+            )
+            raise PartirTypeError(
+                f"tactics[{i}] is {tactic!r} ({type(tactic).__name__}), not a partir tactic; "
+                f"use a tactic object such as {example}"
+            )
+    return listed
 
 
 @dataclass(frozen=True)
@@ -96,7 +125,7 @@ class ProgramView:
         pats = [patterns] if isinstance(patterns, str) else list(patterns)
         found = [leaves[i] for i in select(pats, [leaf.name for leaf in leaves])]
         if required and not found:
-            shown = ", ".join(slash_path(leaf.name) for leaf in leaves[:12])
+            shown = ", ".join(display_path(leaf.name) for leaf in leaves[:12])
             more = f", ... ({len(leaves)} in all)" if len(leaves) > 12 else ""
             kind = "result" if results else "argument"
             raise TacticError(
@@ -132,6 +161,11 @@ class Plan:
 
 
 def _axis_size(mesh: Mesh, axis: str, who: str) -> int:
+    if not isinstance(axis, str):
+        raise PartirTypeError(
+            f"{who}: a mesh axis is named by a string, got {axis!r} ({type(axis).__name__}); "
+            f"the mesh has {', '.join(quoted(a) for a in mesh.axes)}"
+        )
     try:
         return mesh.check_axis(axis, who)
     except ValueError as err:
@@ -139,6 +173,11 @@ def _axis_size(mesh: Mesh, axis: str, who: str) -> int:
 
 
 def _plan(leaf: Leaf, dim: int, axis: str, mesh: Mesh, who: str) -> PlannedTile:
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise PartirTypeError(
+            f"{who}: the dim of {leaf.name} is {dim!r} ({type(dim).__name__}); "
+            f"dims are ints, e.g. {{0: {axis!r}}}"
+        )
     parts = _axis_size(mesh, axis, who)
     rank = len(leaf.shape)
     if not -rank <= dim < rank:
@@ -150,6 +189,19 @@ def _plan(leaf: Leaf, dim: int, axis: str, mesh: Mesh, who: str) -> PlannedTile:
             f'{leaf.shape[dim]}, which mesh axis "{axis}" of size {parts} does not divide'
         )
     return PlannedTile(leaf, dim, axis)
+
+
+def _check_distinct_axes(tiles: list[PlannedTile], who: str) -> None:
+    """A value is split over each mesh axis at most once."""
+    dims: dict[str, int] = {}
+    for tile in tiles:
+        if tile.axis in dims and dims[tile.axis] != tile.dim:
+            raise TacticError(
+                f"{who}: {tile.leaf.name} would be split over mesh axis {quoted(tile.axis)} "
+                f"on dims {dims[tile.axis]} and {tile.dim}; a value is split over an axis "
+                "at most once: use another axis for one of the dims"
+            )
+        dims[tile.axis] = tile.dim
 
 
 class Tactic:
@@ -186,11 +238,23 @@ class ManualPartition(Tactic):
     CLI_NAME = "partir-manual-partition"
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
+        if not isinstance(self.spec, Mapping):
+            raise PartirTypeError(
+                f"{self.name} takes {{selector: {{dim: axis}}}}, got {self.spec!r}; "
+                'e.g. ManualPartition({"x": {0: "batch"}})'
+            )
         planned = []
         for pattern, dims in self.spec.items():
+            if not isinstance(pattern, str) or not isinstance(dims, Mapping):
+                raise PartirTypeError(
+                    f"{self.name}: entry {pattern!r}: {dims!r} is not selector: {{dim: axis}}; "
+                    'e.g. ManualPartition({"x": {0: "batch"}})'
+                )
             on_results = slash_path(pattern).split("/")[0] == "result"
             for leaf in program.find(pattern, who=self.name, results=on_results):
-                planned += [_plan(leaf, d, a, mesh, self.name) for d, a in dims.items()]
+                tiles = [_plan(leaf, d, a, mesh, self.name) for d, a in dims.items()]
+                _check_distinct_axes(tiles, self.name)
+                planned += tiles
         return Plan(self.name, tuple(planned))
 
     @classmethod

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType, i64
 from xdsl.ir import Block, BlockArgument, Region, SSAValue
 
+from dialects.escaping import quoted
 from dialects.partir import (
     ACTIONS,
     ORIGIN,
@@ -69,9 +70,9 @@ def check_action(action: TileAction, mesh: MeshOp) -> None:
     """Raise `ActionError` naming the value if the action cannot apply."""
     axes = mesh.axes
     if action.axis not in axes:
-        known = ", ".join(f'"{a}"' for a in axes)
+        known = ", ".join(quoted(a) for a in axes)
         raise ActionError(
-            f'{action.name}: unknown mesh axis "{action.axis}" (the mesh has {known})'
+            f'{action.name}: unknown mesh axis {quoted(action.axis)} (the mesh has {known})'
         )
     ty = action.value.type
     if not isinstance(ty, TensorType) or ty.get_num_dims() == 0:
@@ -83,7 +84,7 @@ def check_action(action: TileAction, mesh: MeshOp) -> None:
     if size % parts:
         raise ActionError(
             f"{action.name}: dim {action.dim} of {ty} has size {size}, which mesh axis "
-            f'"{action.axis}" of size {parts} does not divide; pick another dim or axis'
+            f'{quoted(action.axis)} of size {parts} does not divide; pick another dim or axis'
         )
 
 

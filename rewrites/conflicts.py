@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp
 
+from dialects.escaping import quoted
 from dialects.partir import CONFLICTS, ConflictAttr, OriginAttr
 
 
@@ -34,7 +35,7 @@ class Conflict:
 
     def __str__(self) -> str:
         return (
-            f'{self.op} on axis "{self.axis}": {self.winner} wins over {self.loser} '
+            f'{self.op} on axis {quoted(self.axis)}: {self.winner} wins over {self.loser} '
             f"({', '.join(self.values)}): {self.detail}"
         )
 

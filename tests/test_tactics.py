@@ -116,7 +116,7 @@ def test_megatron_without_matching_names_says_how_to_fix_it():
 
 
 def test_mesh_rejects_bad_axes():
-    with pytest.raises(ValueError, match='mesh axis "a" needs a positive integer size, got 0'):
+    with pytest.raises(ValueError, match="mesh axis 'a' needs a positive size, got 0"):
         partir.Mesh({"a": 0})
     with pytest.raises(TypeError, match="non-empty"):
         partir.Mesh({})

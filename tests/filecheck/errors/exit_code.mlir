@@ -6,6 +6,5 @@
 partir.mesh @mesh ["x" = 4, "x" = 2]
 
 // CHECK-NOT:  Traceback
-// CHECK:      error: mesh @mesh repeats an axis name: ['x', 'x']
-// CHECK-NEXT:   in: "partir.mesh"() <{sym_name = "mesh", axis_names = ["x", "x"], axis_sizes = array<i64: 4, 2>}> : () -> ()
+// CHECK:      error: mesh @mesh repeats an axis name: ['x', 'x']; in: "partir.mesh"() <{sym_name = "mesh", axis_names = ["x", "x"], axis_sizes = array<i64: 4, 2>}> : () -> ()
 // CHECK-NEXT: exit status 1

@@ -1,7 +1,7 @@
 // RUN: not partir-opt %s 2>&1 | filecheck %s
 
 // The verifier runs on the parsed input (and after every pass). A failure
-// prints the verifier's message and the op it is about, then exits with 1.
+// prints one line, the verifier's message and the op it is about, then exits with 1.
 // Here the loop's range has 2 values, but the axis "x" has 4 devices.
 
 partir.mesh @mesh ["x" = 4]
@@ -14,6 +14,5 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> {
 }
 
 // CHECK-NOT:  Traceback
-// CHECK:      error: range size 2 of loop over "x" differs from the axis size 4
-// CHECK-NEXT:   in: %l = "partir.loop"() <{axis = "x", action = #partir.tile<0>}> ({
+// CHECK:      error: range size 2 of loop over "x" differs from the axis size 4; in: %l = "partir.loop"() <{axis = "x", action = #partir.tile<0>}> ({
 // CHECK-NOT:  Traceback

@@ -1,0 +1,111 @@
+"""Which ops of an imported program partir can run, asked before partitioning.
+
+Partitioning keeps every array op as it is (each device runs it on its part),
+so an op the JAX emitter cannot write (`lowering.jax_ops.EMITTERS`, the one
+table of what can be emitted) would fail only at the very end, after all the
+partitioning work. `refuse_unemittable` asks the same table right after
+import and refuses the program, naming each such op, where the user's code
+made it, and the nearest alternative partir does support.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.ir import Operation
+
+from dialects.names import op_name
+from lowering.jax_ir import UnsupportedOpError
+from lowering.jax_ops import EMITTERS
+
+STRUCTURAL = frozenset(
+    {"builtin.module", "func.func", "func.call", "func.return", "stablehlo.return", "sdy.mesh"}
+)
+"""Ops that are program structure, not computation: modules and functions
+(calls are inlined), region terminators their parent op's emitter reads, and
+JAX's own mesh declaration (partir declares its mesh itself)."""
+
+_CALLBACKS = (
+    "host callbacks (jax.debug.print, jax.debug.callback, jax.pure_callback, io_callback) "
+    "and backend library calls do not partition: call them outside the partir.jit "
+    "function (return the value and print or process it there)"
+)
+
+ALTERNATIVES: dict[str, str] = {
+    "stablehlo.sort": "for a maximum or its position use jnp.max / jnp.argmax (reductions); "
+    "otherwise sort outside the partir.jit function",
+    "chlo.top_k": "for k=1 use jnp.max / jnp.argmax (reductions); otherwise take the top k "
+    "outside the partir.jit function",
+    "stablehlo.reduce_window": "a cumulative sum is a dot with a triangular matrix "
+    "(jnp.tril(jnp.ones((n, n))) @ x); pooling is a reshape then a reduction "
+    "(x.reshape(..., n // k, k).max(-1))",
+    "stablehlo.select_and_scatter": "pool with a reshape then a reduction "
+    "(x.reshape(..., n // k, k).max(-1)), whose gradient partir supports",
+    "stablehlo.convolution": "write the convolution as a sum of shifted slices times weights "
+    "(jnp.einsum over x[..., i:i + n] for each tap), or as patches and a dot",
+    "stablehlo.fft": "a DFT is a dot with the DFT matrix (jnp.exp(-2j * jnp.pi * "
+    "jnp.outer(k, t) / n) @ x)",
+    "stablehlo.custom_call": _CALLBACKS,
+    "stablehlo.after_all": _CALLBACKS,
+    "stablehlo.create_token": _CALLBACKS,
+    "stablehlo.if": "compute both branches and pick with jnp.where (lax.select)",
+    "stablehlo.case": "compute every branch and pick with jnp.where (lax.select)",
+    "stablehlo.rng_bit_generator": "jax.random with its default threefry keys "
+    "(jax.random.PRNGKey), which lowers to integer ops partir supports",
+    "stablehlo.optimization_barrier": "drop jax.lax.optimization_barrier (and "
+    "jax.checkpoint's barrier: use jax.checkpoint(..., prevent_cse=False))",
+    "stablehlo.cholesky": "factorise outside the partir.jit function",
+    "stablehlo.triangular_solve": "solve outside the partir.jit function",
+    "stablehlo.map": "apply the function elementwise with jnp ops (vectorised), not lax.map",
+}
+"""The nearest supported way to compute what an unsupported op computes."""
+
+DEFAULT_ALTERNATIVE = "compute it outside the partir.jit function"
+
+
+def emittable(op: Operation) -> bool:
+    name = op_name(op)
+    return name in STRUCTURAL or name in EMITTERS
+
+
+def _label(op: Operation) -> str:
+    name = op_name(op)
+    target = op.attributes.get("call_target_name") or op.properties.get("call_target_name")
+    return f"{name} @{target.data}" if isinstance(target, StringAttr) else name
+
+
+def unemittable_ops(module: ModuleOp) -> list[Operation]:
+    """The first op of each kind the emitter cannot write (not looking inside
+    an op already refused), in program order."""
+    found: dict[str, Operation] = {}
+
+    def visit(op: Operation) -> None:
+        if not emittable(op):
+            found.setdefault(_label(op), op)
+            return
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.ops:
+                    visit(inner)
+
+    visit(module)
+    return list(found.values())
+
+
+def refuse_unemittable(module: ModuleOp, where: Callable[[Operation], str | None]) -> None:
+    """Raise `UnsupportedOpError` naming every kind of op partir cannot emit,
+    with `where(op)` (the user's source line) and the alternative."""
+    refused = unemittable_ops(module)
+    if not refused:
+        return
+    parts = []
+    for op in refused:
+        location = where(op)
+        at = f" at {location}" if location else ""
+        hint = ALTERNATIVES.get(op_name(op), DEFAULT_ALTERNATIVE)
+        parts.append(f"{_label(op)}{at}: instead, {hint}")
+    raise UnsupportedOpError(
+        "partir cannot partition this program (refused before partitioning); "
+        + "; ".join(parts)
+    )

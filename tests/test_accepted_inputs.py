@@ -1,0 +1,51 @@
+"""Inputs that look unusual but are fine: partir.jit runs them as jax.jit does."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import partir
+from partir.selectors import select
+
+MESH = partir.Mesh({"batch": 4, "model": 2})
+X = np.arange(32, dtype=np.float32).reshape(8, 4)
+
+
+def noisy(x):
+    return x + jax.random.normal(jax.random.PRNGKey(0), x.shape)
+
+
+def dropout(key, x):
+    keep = jax.random.bernoulli(key, 0.7, x.shape)
+    return jnp.where(keep, x / 0.7, 0.0) + jax.random.uniform(key, x.shape)
+
+
+@pytest.mark.parametrize(("fn", "args"), [(noisy, (X,)), (dropout, (jax.random.PRNGKey(3), X))],
+                         ids=["normal", "bernoulli-uniform"])
+def test_random_programs_with_64bit_internals_run_without_x64(fn, args):
+    """jax.random lowers to uint64 counters although the data is 32-bit."""
+    assert not jax.config.jax_enable_x64
+    lowered = partir.jit(fn, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs="x")]).lower(*args)
+    assert "USES_64BIT_TYPES = True" in lowered.source
+    got = partir.jit(fn, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs="x")])(*args)
+    want = jax.jit(fn)(*args)
+    assert got.dtype == want.dtype and not jax.config.jax_enable_x64
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_key_holding_a_slash_is_one_segment():
+    paths = ["d['a']['b']", "d['a/b']"]
+    assert select("d['a']['b']", paths) == [0]
+    assert select("d['a/b']", paths) == [1]
+    assert select("d/a/b", paths) == [0]
+    assert select("d/*", paths) == [1]
+    assert select("d/**", paths) == [0, 1]
+
+
+def test_quoted_keys_are_read_as_python_reads_them():
+    paths = ["d[\"x'y\"]", "d['é\\\\']"]
+    assert select("d/x'y", paths) == [0]
+    assert select("d/é\\", paths) == [1]
