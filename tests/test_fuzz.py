@@ -1,0 +1,102 @@
+"""Differential fuzzing, CI profile: seeded random programs and tactics, partir vs `jax.jit`.
+
+Each mesh runs `CASES` cases from a fixed hypothesis seed (reproducible in CI).
+A wrong answer, an internal error or a program the grammar got wrong fails,
+and hypothesis shrinks it to a minimal case whose replayable source the
+failure prints; clear refusals (`tests.fuzz.oracle`) pass. The long profile
+is `python -m tests.fuzz --cases N --seed S` or `pytest -m slow`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hypothesis_seed
+from xdsl.utils.exceptions import VerifyException
+
+import partir
+from lowering.jax_ir import UnsupportedOpError
+from rewrites.actions import ActionError
+from tests.fuzz.grammar import MESHES, Case, Input, Program, TacticSpec, cases
+from tests.fuzz.oracle import Reference, classify_error, make_args, run_case
+from tests.fuzz.profile import FAILURES, explore
+
+CASES = 75
+SEED = 20261123
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: "x".join(f"{a}{n}" for a, n in m.items()))
+def test_partir_matches_jax_jit_on_random_programs(mesh):
+    @hypothesis_seed(SEED)
+    @settings(
+        max_examples=CASES,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(cases(meshes=(mesh,)))
+    def check(case: Case) -> None:
+        outcome = run_case(case)
+        assert outcome.kind not in FAILURES, f"{outcome}\n\nreplay:\n{case.script()}"
+
+    check()
+
+
+@pytest.mark.slow
+def test_long_fuzz_profile():
+    summary = explore(1000, seed=0)
+    print(summary.text())
+    assert not summary.failures(), summary.text()
+
+
+def test_the_oracle_fails_a_wrong_answer_and_passes_float32_noise():
+    def f(x, w):
+        return jnp.tanh(x @ w), jnp.sum(x, axis=0)
+
+    args = make_args(3, [((8, 16), None), ((16, 4), None)])
+    ref = Reference.of(f, args)
+    assert ref.compare(ref.f32, "jax.jit").kind == "match"
+    reordered = [np.asarray(jnp.tanh(args[0][:, ::-1] @ args[1][::-1])), ref.f32[1]]
+    assert ref.compare(reordered, "reordered").kind == "match"
+    off_by_one_term = [ref.f32[0], ref.f32[1] - args[0][0]]
+    wrong = ref.compare(off_by_one_term, "partial sum")
+    assert wrong.kind == "wrong" and wrong.worst_ratio > 1e3
+    assert ref.compare([ref.f32[0], ref.f32[1][:2]], "shape").kind == "wrong"
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (partir.TacticError('ManualPartition: dim 0 of x (shape (3,)) has size 3, which mesh axis "a" of size 2 does not divide'), "refusal"),
+        (ActionError('%x: unknown mesh axis "z" (the mesh has "a")'), "refusal"),
+        (UnsupportedOpError("cannot emit stablehlo.sort (op #3 of @main) as JAX: no JAX translation for this op: ..."), "refusal"),
+        (UnsupportedOpError("partir cannot partition this program (refused before partitioning); stablehlo.sort at f.py:3:4 (in f): instead, ..."), "refusal"),
+        (UnsupportedOpError("value %3 is used before it is defined"), "internal"),
+        (VerifyException("a mesh axis is used twice in distribution ['a', 'a']"), "internal"),
+        (TypeError("slice limit_indices must be less than or equal to operand shape"), "internal"),
+        (KeyError("a"), "internal"),
+    ],
+)
+def test_only_partirs_deliberate_errors_count_as_refusals(error, kind):
+    assert classify_error(error, "lower").kind == kind
+
+
+def test_a_case_replays_from_its_printed_script():
+    case = Case(
+        Program((Input("a0", (8, 4)),), ("v0 = jnp.sum(jnp.tanh(a0), axis=(1,), keepdims=True)",),
+                (("v0", (8, 1)),)),
+        {"a": 2, "b": 4},
+        (TacticSpec("ManualPartition", spec=(("a0", ((0, "b"), (1, "a"))),)),),
+        data_seed=5,
+        spmd_every=1,
+    )
+    assert case.check_spmd
+    scope: dict[str, object] = {}
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        exec(compile(case.script(), "<replay>", "exec"), scope)
+    assert out.getvalue().startswith("match") and run_case(case).kind == "match"
