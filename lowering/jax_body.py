@@ -1,9 +1,15 @@
-"""The body emitter: the state of writing one `_body` function.
+"""The body emitter: the state of writing one generated function.
 
 `BodyEmitter` hands out the generated names (`v3` for values, `_reducer_0`
-for nested functions), collects the indented output lines, the `_CONSTANTS`
-table and the dtypes used, and dispatches each op to its emitter in
-`lowering.jax_ops.EMITTERS`.
+for nested functions), collects the indented output lines, and dispatches
+each op to its emitter in `lowering.jax_ops.EMITTERS`. What the whole module
+shares (the `_CONSTANTS` table, the dtypes used) lives in `ModuleTables`.
+
+An emitter for a part of the program (`lowering.jax_parts`) is given the
+names of the values defined before it (`outer`): a value it uses from there
+becomes a parameter (`p0`, `p1`, ... in order of first use), and its own
+values are named `x0`, `x1`, ... So two parts whose ops are the same up to
+renaming come out as the same text.
 """
 
 from __future__ import annotations
@@ -30,33 +36,74 @@ Emitter = Callable[["BodyEmitter", Operation], "str | None"]
 everything itself (aliases)."""
 
 
-class BodyEmitter:
-    """Emission state: generated names, output lines, the constants table."""
+class ModuleTables:
+    """What every function of one generated module shares."""
 
     def __init__(self) -> None:
+        self.constants: dict[str, str] = {}
+        """`_CONSTANTS` key -> the expression rebuilding the array."""
+        self.dtypes: set[np.dtype] = set()
+        self._keys: dict[str, str] = {}
+
+    def constant(self, entry: str) -> str:
+        """The `_CONSTANTS` key of `entry`: named by content, so equal
+        constants are stored once and equal parts read the same key."""
+        key = self._keys.get(entry)
+        if key is None:
+            key = self._keys[entry] = f"c{len(self._keys)}"
+            self.constants[key] = entry
+        return key
+
+
+class BodyEmitter:
+    """Emission state of one function: generated names, output lines."""
+
+    def __init__(
+        self,
+        tables: ModuleTables | None = None,
+        *,
+        outer: dict[SSAValue, str] | None = None,
+        prefix: str = "v",
+    ) -> None:
+        self.tables = tables or ModuleTables()
         self.names: dict[SSAValue, str] = {}
         self.lines: list[str] = []
-        self.constants: dict[str, str] = {}
-        self.dtypes: set[np.dtype] = set()
+        self.outer = outer
+        """Names of the values defined before this function (they become parameters)."""
+        self.params: list[SSAValue] = []
+        """The outer values used, in order of first use (parameter `p{i}`)."""
+        self._prefix = prefix
         self._indent = 1
         self._values = 0
         self._functions = 0
 
+    @property
+    def constants(self) -> dict[str, str]:
+        return self.tables.constants
+
+    @property
+    def dtypes(self) -> set[np.dtype]:
+        return self.tables.dtypes
+
     # names and output
 
     def name(self, value: SSAValue) -> str:
-        try:
-            return self.names[value]
-        except KeyError:
-            owner = value.owner if isinstance(value.owner, Operation) else None
-            where = f" ({op_position(owner)})" if owner is not None else ""
-            raise UnsupportedOpError(f"value {value} is used before it is defined{where}") from None
+        name = self.names.get(value)
+        if name is not None:
+            return name
+        if self.outer is not None and value in self.outer:
+            name = self.names[value] = f"p{len(self.params)}"
+            self.params.append(value)
+            return name
+        owner = value.owner if isinstance(value.owner, Operation) else None
+        where = f" ({op_position(owner)})" if owner is not None else ""
+        raise UnsupportedOpError(f"value {value} is used before it is defined{where}")
 
     def args(self, op: Operation) -> str:
         return ", ".join(self.name(v) for v in op.operands)
 
     def define(self, value: SSAValue) -> str:
-        name = f"v{self._values}"
+        name = f"{self._prefix}{self._values}"
         self._values += 1
         self.names[value] = name
         return name

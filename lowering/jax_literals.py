@@ -122,9 +122,8 @@ def emit_constant(em: BodyEmitter, op: Operation) -> str | None:
     if array.size <= INLINE_CONSTANT_LIMIT:
         items = ", ".join(_scalar_literal(v, array.dtype) for v in array.reshape(-1))
         return f"np.array([{items}], dtype={dtype_name}).reshape({shape!r})"
-    name = em.define(op.results[0])
-    em.constants[name] = _table_entry(array, dtype_name, shape)
-    em.write(f"{name} = _CONSTANTS[{name!r}]")
+    key = em.tables.constant(_table_entry(array, dtype_name, shape))
+    em.write(f"{em.define(op.results[0])} = _CONSTANTS[{key!r}]")
     return None
 
 

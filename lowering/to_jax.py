@@ -2,14 +2,16 @@
 
 The SPMD dialect already describes what one device does: local StableHLO ops
 plus explicit collectives. So the emitter is a one-to-one printer: each op
-becomes one `jax.lax` statement in a `_body` function, the dtensor types of the
-arguments and results become `in_specs`/`out_specs`, and `build(mesh)` wraps
-the body in `jax.jit(jax.shard_map(..., check_vma=True))`.
+becomes one `jax.lax` statement, in program order, in functions of bounded
+size that `_body` calls in turn (`lowering.jax_parts`: JAX traces long
+functions slowly, and repeated layers share one function); the dtensor types
+of the arguments and results become `in_specs`/`out_specs`, and `build(mesh)`
+wraps `_body` in `jax.jit(jax.shard_map(..., check_vma=True))`.
 
 The generated source is self-contained (constants are inlined, large ones as
 base64 bytes), deterministic (the same module gives byte-identical text) and
-safe: identifiers are generated (`a0`, `v3`); argument and result names from
-the `partir.name` attributes appear only in escaped comments. An op without a
+safe: identifiers are generated (`a0`, `v3`, `p0`, `x3`); argument and result
+names from the `partir.name` attributes appear only in escaped comments. An op without a
 faithful translation raises `UnsupportedOpError` instead of emitting something
 approximately right.
 
@@ -18,7 +20,8 @@ replication claim the generated code makes is true by construction
 (`all_gather(..., to='invarying')`, `psum`).
 
 The emitter is split by idea: `lowering.jax_body` (names, lines,
-indentation), `lowering.jax_ops` (the op table) with the per-op emitters in
+indentation), `lowering.jax_parts` (the body as calls of parts),
+`lowering.jax_ops` (the op table) with the per-op emitters in
 `lowering.jax_elementwise`, `lowering.jax_structural`,
 `lowering.jax_reductions` and `lowering.jax_collectives`,
 `lowering.jax_literals` (dtypes, literals, constants) and `lowering.jax_ir`
@@ -40,10 +43,11 @@ from dialects import spmd
 from dialects.functions import entry_function
 from dialects.mesh import Mesh
 from dialects.partir import MeshOp
-from lowering.jax_body import BodyEmitter
+from lowering.jax_body import BodyEmitter, ModuleTables
 from lowering.jax_ir import UnsupportedOpError, element_dtype
 from lowering.jax_literals import comment_text, dtype_literal, partition_spec, tuple_literal
 from lowering.jax_ops import EMITTERS
+from lowering.jax_parts import PartsEmitter
 
 __all__ = ["NAME_ATTR", "SUPPORTED_OPS", "UnsupportedOpError", "emit_jax"]
 
@@ -120,17 +124,19 @@ def _input_types(
     return [*lines, ")"]
 
 
-def _emit_body(entry: func.FuncOp) -> BodyEmitter:
-    em = BodyEmitter()
+def _emit_body(entry: func.FuncOp, tables: ModuleTables) -> tuple[BodyEmitter, PartsEmitter]:
+    """`_body`'s lines (calls of the parts, the return) and the parts."""
+    em = BodyEmitter(tables)
     block = entry.body.block
     for i, arg in enumerate(block.args):
         em.names[arg] = f"a{i}"
     *ops, ret = list(block.ops)
     if not isinstance(ret, func.ReturnOp):
         raise UnsupportedOpError(f"@{entry.sym_name.data} does not end in func.return")
-    em.emit_ops(ops)
+    parts = PartsEmitter(em, tables)
+    parts.emit(ops)
     em.write(f"return {tuple_literal([em.name(v) for v in ret.operands])}")
-    return em
+    return em, parts
 
 
 _HEADER = """\
@@ -236,10 +242,11 @@ def emit_jax(module: ModuleOp, *, name: str = "partir_program") -> str:
     res_types = [
         _dtensor(entry, t, f"result {i}") for i, t in enumerate(entry.function_type.outputs)
     ]
-    body = _emit_body(entry)
+    tables = ModuleTables()
+    body, parts = _emit_body(entry, tables)
     element_dtypes = {
         element_dtype(entry, t.global_type) for t in (*arg_types, *res_types)
-    } | body.dtypes
+    } | tables.dtypes
     mesh_text = ", ".join(f"{comment_text(a)}={n}" for a, n in mesh.items())
     out = [
         _HEADER.format(
@@ -259,5 +266,6 @@ def emit_jax(module: ModuleOp, *, name: str = "partir_program") -> str:
         out += [f"    {key!r}: {value}," for key, value in body.constants.items()]
         out += ["}"]
     params = ", ".join(f"a{i}" for i in range(len(arg_types)))
+    out += parts.function_lines()
     out += ["", "", f"def _body({params}):", f"    _check_inputs({params})", *body.lines]
     return "\n".join(out) + "\n" + _FOOTER

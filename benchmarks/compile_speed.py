@@ -1,0 +1,250 @@
+"""Compile speed at scale: every stage before XLA on the N-layer training step.
+
+The N-layer `examples.stack_train_step` under BatchParallel("batch") +
+Megatron("model") on the 4x2 mesh (8 CPU devices), one fresh process per N
+so no N inherits another's caches or heap. Per N, in order:
+
+- JAX lower: `jax.jit(fn, keep_unused=True).lower(...)` and its StableHLO,
+  the input partir imports; import: StableHLO -> xDSL, calls inlined;
+  partition: the tactics and propagation; to_spmd; emit (Python source);
+  load (`compile` + `exec` of the source); trace: `build(mesh).trace(...)`
+  of the emitted program (Python -> jaxpr); lower: that trace to StableHLO.
+  µs/op is per core op up to partition, per SPMD op from to_spmd on.
+- partir's total before XLA: the sum of those stages (without
+  `partir.jit(...).lower()`'s own extras: stage texts, `eval_shape`).
+- jax.jit: `jax.jit(fn, in_shardings=<partir's input shardings>).lower(...)`
+  of the same function in the same process, after `jax.clear_caches()`.
+- peak memory: the resident-set high-water mark (`VmHWM`, reset through
+  `/proc/self/clear_refs`) minus the resident set before: for partir over
+  all its stages, for jax.jit over its lower in a second fresh process (in
+  the first, jax.jit would reuse the heap partir freed and show no growth).
+  It counts C++ (MLIR, XLA) memory too, which tracemalloc would miss.
+
+    python -m benchmarks.compile_speed [--layers 1 6 24 48 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+LAYERS = (1, 6, 24, 48, 96)
+STAGES = ("jax_lower", "import", "partition", "to_spmd", "emit", "load", "trace", "lower")
+CORE_STAGES = ("jax_lower", "import", "partition")
+"""Stages whose µs/op is per core op; the rest are per SPMD op."""
+
+
+def _mesh() -> Any:
+    from partir import Mesh
+
+    return Mesh({"batch": 4, "model": 2})
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return int(re.search(rf"{field}:\s+(\d+)", status.read()).group(1))
+
+
+class PeakMemory:
+    """Peak resident-set growth over a span (Linux: VmHWM reset via clear_refs)."""
+
+    def __enter__(self) -> PeakMemory:
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+        self.start = _status_kib("VmRSS")
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.mib = (_status_kib("VmHWM") - self.start) / 1024
+
+
+def _timed(seconds: dict[str, float], stage: str, run: Callable[[], Any]) -> Any:
+    start = time.perf_counter()
+    result = run()
+    seconds[stage] = time.perf_counter() - start
+    return result
+
+
+def _partir_stages(fn: Callable[..., Any], args: Any, jax_mesh: Any, seconds: dict) -> Any:
+    """Run and time partir's stages; (core ops, SPMD ops, input specs)."""
+    import jax
+
+    from dialects.functions import entry_function
+    from lowering.loader import load_source
+    from lowering.to_jax import emit_jax
+    from lowering.to_spmd import lower_to_spmd
+    from partir import BatchParallel, Megatron, partition
+    from partir.importer import (
+        argument_paths,
+        import_lowered,
+        name_arguments,
+        name_results,
+        result_paths,
+    )
+
+    def import_() -> Any:
+        module = import_lowered(jax_lowered.compiler_ir("stablehlo"))
+        entry = entry_function(module)
+        name_arguments(entry, argument_paths(fn, args))
+        name_results(entry, result_paths(jax_lowered.out_info))
+        return module
+
+    jax_lowered = _timed(seconds, "jax_lower", lambda: jax.jit(fn, keep_unused=True).lower(*args))
+    module = _timed(seconds, "import", import_)
+    core_ops = sum(1 for _ in module.walk())
+    tactics = [BatchParallel("batch"), Megatron("model")]
+    _timed(seconds, "partition", lambda: partition(module, _mesh(), tactics))
+    _timed(seconds, "to_spmd", lambda: lower_to_spmd(module))
+    spmd_ops = sum(1 for _ in module.walk())
+    source = _timed(seconds, "emit", lambda: emit_jax(module, name="stack_train_step"))
+    program = _timed(seconds, "load", lambda: load_source(source, "stack_train_step"))
+    leaves = jax.tree_util.tree_leaves(args)
+    traced = _timed(seconds, "trace", lambda: program.build(jax_mesh).trace(*leaves))
+    _timed(seconds, "lower", traced.lower)
+    return core_ops, spmd_ops, program.IN_SPECS
+
+
+def _flat(layers: int) -> tuple[Callable[..., Any], Any, list[Any]]:
+    """The step, its arguments, and the step on flat leaves (what jax.jit is given)."""
+    import jax
+
+    from examples import stack_train_step
+
+    args = stack_train_step.make_args(layers_=layers)
+    leaves, in_tree = jax.tree_util.tree_flatten(args)
+
+    def flat(*flat_args: Any) -> Any:
+        return stack_train_step.program(*jax.tree_util.tree_unflatten(in_tree, flat_args))
+
+    return flat, args, leaves
+
+
+def measure(layers: int) -> dict[str, Any]:
+    """One N's row, in this process (jax.jit's peak memory excepted)."""
+    import jax
+
+    from examples import stack_train_step
+    from partir.api import devices_for
+
+    flat, args, leaves = _flat(layers)
+    jax_mesh = devices_for(_mesh(), None)
+    seconds: dict[str, float] = {}
+    with PeakMemory() as partir_memory:
+        core_ops, spmd_ops, in_specs = _partir_stages(
+            stack_train_step.program, args, jax_mesh, seconds
+        )
+    jax.clear_caches()
+    seconds["jax_jit"] = _jit_lower(flat, leaves, jax_mesh, in_specs)[0]
+    return {
+        "layers": layers,
+        "core_ops": core_ops,
+        "spmd_ops": spmd_ops,
+        "seconds": seconds,
+        "partir_mib": partir_memory.mib,
+        "in_specs": [[list(e) if isinstance(e, tuple) else e for e in s] for s in in_specs],
+    }
+
+
+def _jit_lower(fn: Callable[..., Any], leaves: list[Any], jax_mesh: Any, in_specs: Any):
+    """Seconds and peak MiB of `jax.jit(fn, in_shardings=...).lower(*leaves)`."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    shardings = tuple(NamedSharding(jax_mesh, spec) for spec in in_specs)
+    with PeakMemory() as memory:
+        start = time.perf_counter()
+        jax.jit(fn, in_shardings=shardings).lower(*leaves)
+    return time.perf_counter() - start, memory.mib
+
+
+def measure_jit_memory(layers: int, in_specs: list[list[Any]]) -> float:
+    """Peak MiB of jax.jit's lower in this (fresh) process, with partir's input specs."""
+    from jax.sharding import PartitionSpec
+
+    from partir.api import devices_for
+
+    flat, _, leaves = _flat(layers)
+    specs = [PartitionSpec(*(tuple(e) if isinstance(e, list) else e for e in s)) for s in in_specs]
+    return _jit_lower(flat, leaves, devices_for(_mesh(), None), specs)[1]
+
+
+def _subprocess(*options: str) -> Any:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.compile_speed", *options],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_in_subprocess(layers: int) -> dict[str, Any]:
+    row = _subprocess("--one", str(layers))
+    row["jit_mib"] = _subprocess("--jit-memory", str(layers), json.dumps(row["in_specs"]))
+    return row
+
+
+def _cell(seconds: float, ops: int) -> str:
+    return f"{seconds:.2f} ({seconds / ops * 1e6:.0f})"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    header = (
+        "| layers | core ops | SPMD ops | "
+        + " | ".join(STAGES)
+        + " | partir total | jax.jit lower | ratio | peak MiB partir | peak MiB jax.jit |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for row in rows:
+        s = row["seconds"]
+        total = sum(s[stage] for stage in STAGES)
+        cells = [
+            _cell(s[stage], row["core_ops"] if stage in CORE_STAGES else row["spmd_ops"])
+            for stage in STAGES
+        ]
+        lines.append(
+            f"| {row['layers']} | {row['core_ops']} | {row['spmd_ops']} | "
+            + " | ".join(cells)
+            + f" | {total:.1f} | {s['jax_jit']:.2f} | {total / s['jax_jit']:.1f}x"
+            f" | {row['partir_mib']:.0f} | {row['jit_mib']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=list(LAYERS))
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--jit-memory", nargs=2, help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.one is not None:
+        print(json.dumps(measure(options.one)))
+        return
+    if options.jit_memory is not None:
+        layers, specs = options.jit_memory
+        print(json.dumps(measure_jit_memory(int(layers), json.loads(specs))))
+        return
+    print(f"load average before: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
+    rows = []
+    for layers in options.layers:
+        rows.append(run_in_subprocess(layers))
+        print(f"  {layers} layers done, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    print("seconds (µs/op: per core op up to partition, per SPMD op after)")
+    print(table(rows))
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
