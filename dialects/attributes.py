@@ -16,5 +16,5 @@ def ints(attr: Attribute) -> tuple[int, ...]:
     if isinstance(attr, DenseArrayBase):
         return tuple(int(v) for v in attr.get_values())
     if isinstance(attr, ArrayAttr) and all(isinstance(a, IntegerAttr) for a in attr.data):
-        return tuple(int(a.value.data) for a in attr.data)  # type: ignore[attr-defined]
+        return tuple(int(a.value.data) for a in attr.data)
     raise TypeError(f"not an integer list: {attr}")

@@ -26,7 +26,7 @@ from xdsl.utils.mlir_lexer import MLIRTokenKind, StringLiteral
 class _BitPatternElement(Parser._TensorLiteralElement):
     """A tensor literal element written in hex: for a float type, its bits."""
 
-    def to_type(self, parser, type):  # type: ignore[override]
+    def to_type(self, parser, type):
         if isinstance(type, AnyFloat) and isinstance(self.value, int):
             raw = self.value.to_bytes(type.compile_time_size, "little")
             return float(next(iter(type.iter_unpack(raw))))

@@ -47,6 +47,7 @@ from xdsl.ir import (
 )
 from xdsl.irdl import (
     IRDLOperation,
+    base,
     irdl_attr_definition,
     irdl_op_definition,
     lazy_traits_def,
@@ -130,7 +131,8 @@ class SumAttr(ParametrizedAttribute):
     name = "partir.sum"
 
 
-LoopAction = TileAttr | SumAttr
+LoopAction = base(TileAttr) | base(SumAttr)
+"""As a constraint (not `TileAttr | SumAttr`) so that `LoopOp.action` is typed."""
 
 
 @irdl_attr_definition
@@ -431,7 +433,9 @@ class LoopOp(IRDLOperation):
 
     @property
     def size(self) -> int:
-        return self.range_arg.type.size.data  # type: ignore[attr-defined]
+        range_type = self.range_arg.type
+        assert isinstance(range_type, RangeType)  # the verifier checks it
+        return range_type.size.data
 
     @property
     def origin(self) -> OriginAttr | None:

@@ -240,7 +240,9 @@ class CollectiveOp(IRDLOperation):
         size and dim `shrink` divided by it (either may be None)."""
         n = _group_size(self, self.axis_names)
         want = _shape(src)
-        if src.type.element_type != res.type.element_type:  # type: ignore[attr-defined]
+        src_t, res_t = src.type, res.type
+        assert isinstance(src_t, TensorType) and isinstance(res_t, TensorType)  # by the fields
+        if src_t.element_type != res_t.element_type:
             raise VerifyException(f"{self.name}: element types differ: {src.type} -> {res.type}")
         for d in (grow, shrink):
             if d is not None and not 0 <= d < len(want):
@@ -255,7 +257,7 @@ class CollectiveOp(IRDLOperation):
         if grow is not None:
             want[grow] *= n
         if _shape(res) != want:
-            expected = TensorType(src.type.element_type, want)  # type: ignore[attr-defined]
+            expected = TensorType(src_t.element_type, want)
             raise VerifyException(
                 f"{self.name} over {list(self.axis_names)}: {src.type} gives {expected}, "
                 f"but the result is {res.type}"
@@ -437,7 +439,7 @@ class ToLocalOp(_BoundaryOp):
     def __init__(self, value: SSAValue, local: TensorType):
         super().__init__(operands=[value], result_types=[local])
 
-    def _dtensor_and_local(self):  # type: ignore[override]
+    def _dtensor_and_local(self):
         return self.input.type, self.result.type
 
 
@@ -450,7 +452,7 @@ class FromLocalOp(_BoundaryOp):
     def __init__(self, value: SSAValue, dtensor: DTensorType):
         super().__init__(operands=[value], result_types=[dtensor])
 
-    def _dtensor_and_local(self):  # type: ignore[override]
+    def _dtensor_and_local(self):
         return self.result.type, self.input.type
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import cast
 
 from xdsl.dialects.builtin import AnyTensorType, DenseArrayBase, TensorType, i1, i64
-from xdsl.ir import Dialect, SSAValue
+from xdsl.ir import Attribute, Dialect, Operation, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     SameVariadicOperandSize,
@@ -83,7 +83,7 @@ class CompareOp(IRDLOperation):
         compare_type: ComparisonType | None = None,
     ):
         assert isinstance(lhs.type, TensorType)
-        props = {"comparison_direction": ComparisonDirectionAttr(direction)}
+        props: dict[str, Attribute] = {"comparison_direction": ComparisonDirectionAttr(direction)}
         if compare_type is not None:
             props["compare_type"] = ComparisonTypeAttr(compare_type)
         super().__init__(
@@ -168,9 +168,14 @@ class PadOp(IRDLOperation):
     traits = traits_def(*_xj.PadOp.traits)
     assembly_format = _xj.PadOp.assembly_format
 
-    get_edge_padding_low = _xj.PadOp.get_edge_padding_low
-    get_edge_padding_high = _xj.PadOp.get_edge_padding_high
-    get_interior_padding = _xj.PadOp.get_interior_padding
+    def get_edge_padding_low(self) -> tuple[int, ...]:
+        return self.edge_padding_low.get_values()
+
+    def get_edge_padding_high(self) -> tuple[int, ...]:
+        return self.edge_padding_high.get_values()
+
+    def get_interior_padding(self) -> tuple[int, ...]:
+        return self.interior_padding.get_values()
 
     def verify_(self) -> None:
         pad_t, operand_t = self.padding_value.type, self.operand.type
@@ -191,7 +196,7 @@ class PadOp(IRDLOperation):
             lo + n + max(n - 1, 0) * i + hi
             for n, lo, hi, i in zip(src, low, high, interior, strict=True)
         ]
-        if list(self.result.type.get_shape()) != want:  # type: ignore[attr-defined]
+        if list(self.result.type.get_shape()) != want:
             raise VerifyException(
                 f"stablehlo.pad: padding {operand_t} gives shape {want}, "
                 f"but the result is {self.result.type}"
@@ -277,13 +282,13 @@ class DynamicUpdateSliceOp(IRDLOperation):
 
 
 def _stablehlo_dialect() -> Dialect:
-    replaced = {
+    replaced: dict[str, type[Operation]] = {
         CompareOp.name: CompareOp,
         ReduceOp.name: ReduceOp,
         PadOp.name: PadOp,
         SliceOp.name: SliceOp,
     }
-    ops = [replaced.get(op.name, op) for op in _xj.StableHLO.operations]
+    ops: list[type[Operation]] = [replaced.get(op.name, op) for op in _xj.StableHLO.operations]
     ops.append(DynamicUpdateSliceOp)
     return Dialect("stablehlo", ops, list(_xj.StableHLO.attributes))
 

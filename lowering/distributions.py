@@ -110,7 +110,9 @@ class Redistributor:
                 whole = self._apply(whole, AllReduceOp(whole.local, whole.dist.partial))
             for d, axes in enumerate(whole.dist.dims):
                 if axes:
-                    ty = grow_type(whole.local.type, d, self.mesh.size_of(axes))  # type: ignore[arg-type]
+                    local_t = whole.local.type
+                    assert isinstance(local_t, TensorType)  # a device's part is a tensor
+                    ty = grow_type(local_t, d, self.mesh.size_of(axes))
                     whole = self._apply(whole, AllGatherOp(whole.local, d, axes, ty))
             return whole
 
@@ -141,7 +143,7 @@ class Redistributor:
         split yet), then the part as `take_part` gives it (the axis leaves)."""
         local, dist = placed.local, placed.dist
         parts = self.mesh[axis]
-        part = part_type(local.type, dim, parts) if not dist.dims[dim] else None  # type: ignore[arg-type]
+        part = part_type(local.type, dim, parts) if not dist.dims[dim] else None
         source = dist.split_dim_of(axis)
         if part is not None and axis in dist.partial:  # P -> S: reduce-scatter
             split = self._apply(placed, ReduceScatterOp(local, dim, (axis,), part))
@@ -155,6 +157,6 @@ class Redistributor:
             # Anything else (the axis is a minor split, or the dim is split by
             # another axis): make the value whole, then take the part locally.
             whole = self.replicate(placed)
-            ty = part_type(whole.local.type, dim, parts)  # type: ignore[arg-type]
+            ty = part_type(whole.local.type, dim, parts)
             split = self._apply(whole, LocalSliceOp(whole.local, dim, (axis,), ty))
         return self.take_part(split, dim, axis)

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 from xdsl.ir import Operation
 
 from dialects import spmd
-from lowering.jax_ir import int_value, static_shape
+from lowering.jax_ir import OpEmitter, int_value, static_shape
 from lowering.jax_literals import axes_literal
 
 if TYPE_CHECKING:
-    from lowering.jax_body import BodyEmitter, Emitter
+    from lowering.jax_body import BodyEmitter
 
 
 def emit_boundary(em: BodyEmitter, op: Operation) -> None:
@@ -25,12 +25,12 @@ def emit_boundary(em: BodyEmitter, op: Operation) -> None:
     em.alias(op.results[0], op.operands[0])
 
 
-def emit_all_reduce(em: BodyEmitter, op: Operation) -> str:
+def emit_all_reduce(em: BodyEmitter, op: spmd.AllReduceOp) -> str:
     """psum's result is invariant over the axes (JAX types it so)."""
     return f"lax.psum({em.args(op)}, {axes_literal(op.axis_names)})"
 
 
-def emit_all_gather(em: BodyEmitter, op: Operation) -> str:
+def emit_all_gather(em: BodyEmitter, op: spmd.AllGatherOp) -> str:
     """to='invarying': the gathered value *is* the same on every device of the
     group; JAX's default ('varying') would reject outputs declared replicated."""
     axes = axes_literal(op.axis_names)
@@ -38,7 +38,7 @@ def emit_all_gather(em: BodyEmitter, op: Operation) -> str:
     return f"lax.all_gather({em.args(op)}, {axes}, axis={dim}, tiled=True, to='invarying')"
 
 
-def emit_reduce_scatter(em: BodyEmitter, op: Operation) -> str:
+def emit_reduce_scatter(em: BodyEmitter, op: spmd.ReduceScatterOp) -> str:
     """A scatter along dim d > 0 is written as one along dim 0 of a view with d
     moved first: XLA then folds the transposes into the producer's layout,
     where a scatter along a minor dim costs full-size layout copies (measured:
@@ -52,7 +52,7 @@ def emit_reduce_scatter(em: BodyEmitter, op: Operation) -> str:
     return f"jnp.moveaxis({scattered}, 0, {dim})"
 
 
-def emit_all_to_all(em: BodyEmitter, op: Operation) -> str:
+def emit_all_to_all(em: BodyEmitter, op: spmd.AllToAllOp) -> str:
     """JAX's all_to_all records a single axis as a str; pass one that way."""
     names = op.axis_names
     axes = repr(names[0]) if len(names) == 1 else axes_literal(names)
@@ -60,7 +60,7 @@ def emit_all_to_all(em: BodyEmitter, op: Operation) -> str:
     return f"lax.all_to_all({em.args(op)}, {axes}, {split}, {concat}, tiled=True)"
 
 
-def emit_local_slice(em: BodyEmitter, op: Operation) -> str:
+def emit_local_slice(em: BodyEmitter, op: spmd.LocalSliceOp) -> str:
     """The device's own part: its index in the axis group (major first) times the size."""
     dim = int_value(op.dim)
     size = static_shape(op, op.results[0])[dim]
@@ -68,7 +68,7 @@ def emit_local_slice(em: BodyEmitter, op: Operation) -> str:
     return f"lax.dynamic_slice_in_dim({em.args(op)}, {index} * {size}, {size}, axis={dim})"
 
 
-EMITTERS: dict[type[Operation], Emitter] = {
+EMITTERS: dict[type[Operation], OpEmitter] = {
     spmd.ToLocalOp: emit_boundary,
     spmd.FromLocalOp: emit_boundary,
     spmd.AllReduceOp: emit_all_reduce,

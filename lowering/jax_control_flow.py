@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from xdsl.ir import Block, Operation
+from xdsl_jax.dialects import stablehlo as shlo
 
 from lowering.jax_ir import unsupported
 from lowering.jax_literals import tuple_literal
@@ -37,7 +38,7 @@ def _carry_function(
     return name
 
 
-def emit_while(em: BodyEmitter, op: Operation) -> str:
+def emit_while(em: BodyEmitter, op: shlo.WhileOp) -> str:
     """`lax.while_loop(cond, body, (carried...))`; one result is unpacked."""
     carried = [em.name(v) for v in op.operand]
     cond = _carry_function(em, op, op.cond.block, "cond", returns_carry=False)

@@ -16,9 +16,11 @@ from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.dialects.stablehlo.attributes import (
     ComparisonDirection,
     ComparisonType,
+    ComparisonTypeAttr,
     ResultAccuracyMode,
 )
 
+from dialects import stablehlo_ext as ext
 from dialects.dtypes import element_kind
 from lowering.jax_ir import by_name, element_dtype, int_value, unsupported
 
@@ -155,10 +157,11 @@ _NATURAL_COMPARISON: dict[str, ComparisonType] = {
 }
 
 
-def emit_compare(em: BodyEmitter, op: Operation) -> str:
+def emit_compare(em: BodyEmitter, op: ext.CompareOp) -> str:
     """`lax.lt(a, b)`; only when the comparison type is the operands' natural one
     (lax has no TOTALORDER or sign-reinterpreting comparisons)."""
     attr = op.properties.get("compare_type") or op.properties.get("comparison_type")
+    assert attr is None or isinstance(attr, ComparisonTypeAttr)  # both spellings hold one
     kind = element_kind(element_dtype(op, op.operands[0].type))
     if attr is not None and attr.data != _NATURAL_COMPARISON[kind]:
         raise unsupported(op, f"{attr.data} comparison of {op.operands[0].type}")
@@ -181,7 +184,7 @@ def emit_bitcast_convert(em: BodyEmitter, op: Operation) -> str:
     return f"lax.bitcast_convert_type({em.args(op)}, {em.dtype(op, op.results[0].type)})"
 
 
-def emit_reduce_precision(em: BodyEmitter, op: Operation) -> str:
+def emit_reduce_precision(em: BodyEmitter, op: shlo.ReducePrecisionOp) -> str:
     exponent, mantissa = int_value(op.exponent_bits), int_value(op.mantissa_bits)
     return (
         f"lax.reduce_precision({em.args(op)}, exponent_bits={exponent}, mantissa_bits={mantissa})"

@@ -8,6 +8,7 @@ naming the op and where it is, for anything the generated code cannot express.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,12 @@ def unsupported(op: Operation, reason: str) -> UnsupportedOpError:
     return UnsupportedOpError(
         f"cannot emit {op_name(op)} ({op_position(op)}) as JAX: {reason}: {text}"
     )
+
+
+OpEmitter = Callable[..., "str | None"]
+"""An entry of a class-keyed emitter table: it is called as `(BodyEmitter, op)`
+with an op of its key's class, which its signature names (so the type checker
+checks the fields it reads); see `lowering.jax_body.Emitter`."""
 
 
 def by_name(table: dict[type[Operation], Any]) -> dict[str, Any]:

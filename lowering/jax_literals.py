@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from xdsl.ir import Operation
+from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.distribution import Distribution
 from dialects.dtypes import ElementTypeError, dense_to_numpy, element_kind
@@ -107,7 +107,7 @@ def _is_splat(array: np.ndarray) -> bool:
     return bool((rows == rows[0]).all())
 
 
-def emit_constant(em: BodyEmitter, op: Operation) -> str | None:
+def emit_constant(em: BodyEmitter, op: shlo.ConstantOp) -> str | None:
     """Splats as `np.full`, small arrays as literals, large ones via `_CONSTANTS`."""
     ty = tensor_type(op, op.results[0].type)
     dtype_name = em.dtype(op, ty)

@@ -16,6 +16,8 @@ from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
 from dialects.stablehlo_ext import DynamicUpdateSliceOp
+from dialects.stablehlo_ext import PadOp as ExtPadOp
+from dialects.stablehlo_ext import ReduceOp as ExtReduceOp
 from dialects.stablehlo_ext import SliceOp as ExtSliceOp
 from lowering.jax_collectives import EMITTERS as SPMD_EMITTERS
 from lowering.jax_control_flow import emit_while
@@ -32,7 +34,7 @@ from lowering.jax_elementwise import (
     emit_round,
     emit_select,
 )
-from lowering.jax_ir import by_name
+from lowering.jax_ir import OpEmitter, by_name
 from lowering.jax_literals import emit_constant
 from lowering.jax_reductions import emit_dot_general, emit_reduce
 from lowering.jax_structural import (
@@ -52,7 +54,7 @@ from lowering.jax_structural import (
 if TYPE_CHECKING:
     from lowering.jax_body import Emitter
 
-_SPECIFIC: dict[type[Operation], Emitter] = {
+_SPECIFIC: dict[type[Operation], OpEmitter] = {
     shlo.RoundNearestAfzOp: emit_round("AWAY_FROM_ZERO"),
     shlo.RoundNearestEvenOp: emit_round("TO_NEAREST_EVEN"),
     ExtCompareOp: emit_compare,
@@ -69,13 +71,13 @@ _SPECIFIC: dict[type[Operation], Emitter] = {
     shlo.ConcatenateOp: emit_concatenate,
     ExtSliceOp: emit_slice,
     shlo.DynamicSliceOp: emit_dynamic_slice,
-    shlo.PadOp: emit_pad,
+    ExtPadOp: emit_pad,
     shlo.GatherOp: emit_gather,
     shlo.ScatterOp: emit_scatter,
     shlo.WhileOp: emit_while,
     DynamicUpdateSliceOp: emit_dynamic_update_slice,
     shlo.DotGeneralOp: emit_dot_general,
-    shlo.ReduceOp: emit_reduce,
+    ExtReduceOp: emit_reduce,
     **SPMD_EMITTERS,
 }
 

@@ -170,7 +170,7 @@ class PartsEmitter:
         if not em.lines:  # only aliases (`spmd.to_local`, ...): nothing to call
             return
         # Parameters used only by aliases appear in no line: count them too.
-        key = (len(em.params), *em.lines)
+        key: tuple[int | str, ...] = (len(em.params), *em.lines)
         function = self.functions.get(key)
         if function is None:
             function = PartFunction(f"_part_{len(self.functions)}", em.lines, len(em.params))

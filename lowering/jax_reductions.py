@@ -13,6 +13,7 @@ from xdsl.ir import Block, Operation
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.dialects.stablehlo.attributes import Precision
 
+from dialects import stablehlo_ext as ext
 from dialects.attributes import ints
 from dialects.regions import binary_combiner
 from lowering.jax_elementwise import ON_BOOLEANS, function_of
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from lowering.jax_body import BodyEmitter
 
 
-def emit_dot_general(em: BodyEmitter, op: Operation) -> str:
+def emit_dot_general(em: BodyEmitter, op: shlo.DotGeneralOp) -> str:
     if op.algorithm is not None:
         raise unsupported(op, "dot algorithms are not supported")
     dn = op.dot_dimension_numbers
@@ -55,7 +56,7 @@ _REDUCERS: dict[str, str] = by_name(
 )
 
 
-def _single_reducer(op: Operation) -> str | None:
+def _single_reducer(op: ext.ReduceOp) -> str | None:
     """`lax.add` etc. if the body is one commutative op of its two arguments."""
     combine = binary_combiner(op.body) if len(op.inputs) == 1 else None
     if combine is None or combine.name not in _REDUCERS:
@@ -63,7 +64,7 @@ def _single_reducer(op: Operation) -> str | None:
     return function_of(combine) if combine.name in ON_BOOLEANS else _REDUCERS[combine.name]
 
 
-def emit_reduce(em: BodyEmitter, op: Operation) -> str:
+def emit_reduce(em: BodyEmitter, op: ext.ReduceOp) -> str:
     """`lax.reduce(x, init, lax.add, dims)`, or a nested function for other bodies."""
     dims = ints(op.dimensions)
     inputs = [em.name(v) for v in op.inputs]

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from xdsl.ir import Operation
+from xdsl_jax.dialects import stablehlo as shlo
 
+from dialects import stablehlo_ext as ext
 from dialects.attributes import ints
 from dialects.regions import binary_combiner, returns_update
 from lowering.jax_ir import int_value, static_shape, unsupported
@@ -20,14 +22,14 @@ if TYPE_CHECKING:
     from lowering.jax_body import BodyEmitter
 
 
-def emit_iota(em: BodyEmitter, op: Operation) -> str:
+def emit_iota(em: BodyEmitter, op: shlo.IotaOp) -> str:
     ty = op.results[0].type
     shape = static_shape(op, op.results[0])
     dim = int_value(op.iota_dimension)
     return f"lax.broadcasted_iota({em.dtype(op, ty)}, {shape!r}, {dim})"
 
 
-def emit_broadcast_in_dim(em: BodyEmitter, op: Operation) -> str:
+def emit_broadcast_in_dim(em: BodyEmitter, op: shlo.BroadcastInDimOp) -> str:
     shape = static_shape(op, op.results[0])
     dims = ints(op.broadcast_dimensions)
     return f"lax.broadcast_in_dim({em.args(op)}, {shape!r}, {dims!r})"
@@ -37,28 +39,28 @@ def emit_reshape(em: BodyEmitter, op: Operation) -> str:
     return f"lax.reshape({em.args(op)}, {static_shape(op, op.results[0])!r})"
 
 
-def emit_transpose(em: BodyEmitter, op: Operation) -> str:
+def emit_transpose(em: BodyEmitter, op: shlo.TransposeOp) -> str:
     return f"lax.transpose({em.args(op)}, {ints(op.permutation)!r})"
 
 
-def emit_concatenate(em: BodyEmitter, op: Operation) -> str:
+def emit_concatenate(em: BodyEmitter, op: shlo.ConcatenateOp) -> str:
     return f"lax.concatenate([{em.args(op)}], {int_value(op.dimension)})"
 
 
-def emit_slice(em: BodyEmitter, op: Operation) -> str:
+def emit_slice(em: BodyEmitter, op: ext.SliceOp) -> str:
     start, limit, strides = ints(op.start_indices), ints(op.limit_indices), ints(op.strides)
     stride_arg = "" if all(s == 1 for s in strides) else f", {strides!r}"
     return f"lax.slice({em.name(op.operand)}, {start!r}, {limit!r}{stride_arg})"
 
 
-def emit_dynamic_slice(em: BodyEmitter, op: Operation) -> str:
+def emit_dynamic_slice(em: BodyEmitter, op: shlo.DynamicSliceOp) -> str:
     """lax.dynamic_slice clamps the start indices as StableHLO does."""
     starts = tuple_literal([em.name(v) for v in op.start_indices])
     sizes = ints(op.slice_sizes)
     return f"lax.dynamic_slice({em.name(op.operand)}, {starts}, {sizes!r})"
 
 
-def emit_pad(em: BodyEmitter, op: Operation) -> str:
+def emit_pad(em: BodyEmitter, op: ext.PadOp) -> str:
     config = tuple(
         zip(
             ints(op.edge_padding_low),
@@ -86,13 +88,13 @@ def _vector_last(
     return indices, batching
 
 
-def emit_dynamic_update_slice(em: BodyEmitter, op: Operation) -> str:
+def emit_dynamic_update_slice(em: BodyEmitter, op: ext.DynamicUpdateSliceOp) -> str:
     """`lax.dynamic_update_slice`, which clamps the start indices as StableHLO does."""
     starts = tuple_literal([em.name(v) for v in op.start_indices])
     return f"lax.dynamic_update_slice({em.name(op.operand)}, {em.name(op.update)}, {starts})"
 
 
-def emit_gather(em: BodyEmitter, op: Operation) -> str:
+def emit_gather(em: BodyEmitter, op: shlo.GatherOp) -> str:
     """`lax.gather` in CLIP mode (StableHLO clamps start indices)."""
     dn = op.dimension_numbers
     indices, batching = _vector_last(
@@ -126,7 +128,7 @@ _SCATTERS = {
 }
 
 
-def _scatter_function(op: Operation) -> str | None:
+def _scatter_function(op: shlo.ScatterOp) -> str | None:
     """The lax scatter whose combiner is the update computation: replace
     (`return %update`), or one add/multiply/max/min of the two arguments."""
     if len(op.inputs) != 1:
@@ -137,7 +139,7 @@ def _scatter_function(op: Operation) -> str | None:
     return _SCATTERS.get(combine.name) if combine is not None else None
 
 
-def emit_scatter(em: BodyEmitter, op: Operation) -> str:
+def emit_scatter(em: BodyEmitter, op: shlo.ScatterOp) -> str:
     """`lax.scatter_add` & co. in FILL_OR_DROP mode (StableHLO skips an
     update window that falls outside the operand, as that mode does)."""
     function = _scatter_function(op)

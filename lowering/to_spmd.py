@@ -82,7 +82,7 @@ def slicing_origins(value: SSAValue) -> tuple[tuple[str, OriginAttr], ...]:
         for use in stack.pop().uses:
             op = use.operation
             if isinstance(op, SliceOp):
-                loop = op.index.owner.parent_op()  # type: ignore[union-attr]
+                loop = op.index.owner.parent_op()
                 if isinstance(loop, LoopOp) and loop.origin is not None:
                     found.setdefault(loop.axis_name, loop.origin)
                 stack.append(op.result)
@@ -122,7 +122,8 @@ class SpmdLowering:
         arg_types = []
         for arg in args:
             dist = input_dist(arg, self.mesh)
-            dtensor = DTensorType.of(arg.type, dist)  # type: ignore[arg-type]
+            assert isinstance(arg.type, TensorType)  # input_dist checked it
+            dtensor = DTensorType.of(arg.type, dist)
             arg_types.append(dtensor)
         self.block = Block(arg_types=arg_types)
         self.relations = LoopRelations.of(entry.body.block)
@@ -146,7 +147,8 @@ class SpmdLowering:
             if placed.dist.partial:
                 self.redistribute.cause = ("func.return", placed.origins)
                 placed = self.redistribute.reduce_partial(placed)
-            dtensor = DTensorType.of(value.type, placed.dist)  # type: ignore[arg-type]
+            assert isinstance(value.type, TensorType)  # it was placed, so it is a tensor
+            dtensor = DTensorType.of(value.type, placed.dist)
             from_local = self._emit(FromLocalOp(placed.local, dtensor))
             from_local.attributes[DIST] = dtensor
             results.append(from_local.results[0])
@@ -181,7 +183,7 @@ class SpmdLowering:
         if axis is None:
             raise LoweringError(f"partir.slice of {op.src} is not indexed by a loop range")
         source = self.env[op.src]
-        loop = op.index.owner.parent_op()  # type: ignore[union-attr]
+        loop = op.index.owner.parent_op()
         origin = loop.origin if isinstance(loop, LoopOp) else None
         origins = source.with_origin(axis, origin) if origin else source.origins
         self.redistribute.cause = (f'partir.slice {op.dim_index} over "{axis}"', origins)

@@ -139,7 +139,7 @@ def lower(
     imported = import_program(fn, *args, supported_only=True)
     module = imported.module
     done = partition(module, mesh, tactics, keep_stages=True)
-    label = name or getattr(fn, "__name__", "program")
+    label = name or getattr(fn, "__name__", None) or "program"
     label = "".join(c if c.isalnum() else "_" for c in label) or "program"
     emit = EmitJaxPass(program=label)
     PassPipeline((LowerToSpmdPass(), emit)).apply(_CONTEXT, module)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
-from xdsl.ir import Operation
+from xdsl.ir import Attribute, Operation
 
 from dialects.context import make_context
 from dialects.errors import PartirTypeError
@@ -186,8 +186,12 @@ def _parameter_names(fn: Callable[..., Any], count: int) -> list[str]:
     return names
 
 
-def _with_name(attrs: ArrayAttr[DictionaryAttr] | None, count: int, names: list[str]) -> ArrayAttr:
-    old = [d.data for d in attrs.data] if attrs is not None else [{} for _ in range(count)]
+def _with_name(
+    attrs: ArrayAttr[DictionaryAttr] | None, count: int, names: list[str]
+) -> ArrayAttr[DictionaryAttr]:
+    old: list[Mapping[str, Attribute]] = (
+        [d.data for d in attrs.data] if attrs is not None else [{} for _ in range(count)]
+    )
     return ArrayAttr(
         [DictionaryAttr({**o, NAME_ATTR: StringAttr(n)}) for o, n in zip(old, names, strict=True)]
     )

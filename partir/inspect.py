@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
@@ -34,7 +34,7 @@ class InspectError(Exception):
 class _ArgumentParser(argparse.ArgumentParser):
     """argparse, with a usage error as one line and status 1 like every other error."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(1, f"error: {message}; partir-inspect --help lists the options\n")
 
 

@@ -19,12 +19,12 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
-from typing import IO
+from typing import IO, NoReturn
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 from xdsl.universe import Universe
-from xdsl.utils.arg_spec import parse_pipeline
+from xdsl.utils.arg_spec import ParameterListType, parse_pipeline
 from xdsl.utils.exceptions import (
     ArgSpecParseError,
     DiagnosticException,
@@ -45,7 +45,7 @@ DESCRIPTION = "partir-opt: partition StableHLO programs over a device mesh (xdsl
 
 def _option_text(pass_class: type[ModulePass]) -> str:
     opts = []
-    for f in fields(pass_class):  # type: ignore[arg-type]
+    for f in fields(pass_class):
         if not f.init:
             continue
         if f.default is MISSING:
@@ -111,10 +111,10 @@ class PartirOptMain(xDSLOptMain):
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
 
-        def one_line_usage_error(message: str) -> None:
+        def one_line_usage_error(message: str) -> NoReturn:
             arg_parser.exit(1, f"error: {message}; partir-opt --help lists the options\n")
 
-        arg_parser.error = one_line_usage_error  # type: ignore[method-assign]
+        arg_parser.error = one_line_usage_error  # type: ignore[method-assign]  # xDSL builds it
         arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
         arg_parser.epilog = pass_help()
         arg_parser.add_argument(
@@ -180,7 +180,9 @@ class PartirOptMain(xDSLOptMain):
         return "a pass option has a value of the wrong type"
 
 
-def _option_problem(pass_class: type[ModulePass], option: str, value: object) -> str | None:
+def _option_problem(
+    pass_class: type[ModulePass], option: str, value: ParameterListType
+) -> str | None:
     """Why `value` cannot be option `option` of `pass_class` (None if it can)."""
     from typing import get_type_hints
 

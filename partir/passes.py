@@ -145,8 +145,9 @@ def _option(tactic_field: dataclasses.Field[Any], hint: Any) -> tuple[str, Any, 
 
 def tactic_pass(tactic: type[Tactic]) -> type[TacticPass]:
     """The `partir-opt` pass of `tactic`: one option per dataclass field."""
+    assert dataclasses.is_dataclass(tactic)  # every tactic is a dataclass; Tactic is not
     hints = typing.get_type_hints(tactic)
-    options = [_option(f, hints[f.name]) for f in dataclasses.fields(tactic)]  # type: ignore[arg-type]
+    options = [_option(f, hints[f.name]) for f in dataclasses.fields(tactic)]
     doc = (tactic.__doc__ or tactic.__name__).strip().splitlines()[0]
     return dataclasses.make_dataclass(
         f"{tactic.__name__}Pass",
@@ -270,16 +271,21 @@ class EmitJaxPass(ModulePass):
         return self.emitted[0]
 
 
-PASSES: dict[str, Callable[[], type[ModulePass]]] = {
-    p.name: (lambda p=p: p)
-    for p in (
-        DeclareMeshPass,
-        InlineCallsPass,
-        TilePass,
-        *TACTIC_PASSES.values(),
-        PropagatePass,
-        LowerToSpmdPass,
-        EmitJaxPass,
-    )
-}
+_PASS_CLASSES: tuple[type[ModulePass], ...] = (
+    DeclareMeshPass,
+    InlineCallsPass,
+    TilePass,
+    *TACTIC_PASSES.values(),
+    PropagatePass,
+    LowerToSpmdPass,
+    EmitJaxPass,
+)
+
+
+def _factory(pass_class: type[ModulePass]) -> Callable[[], type[ModulePass]]:
+    """xDSL's pass registry maps a name to a function returning the class."""
+    return lambda: pass_class
+
+
+PASSES: dict[str, Callable[[], type[ModulePass]]] = {p.name: _factory(p) for p in _PASS_CLASSES}
 """Name -> pass class, for `partir-opt -p` and its --help."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType, i64
-from xdsl.ir import Block, BlockArgument, Region, SSAValue
+from xdsl.ir import Block, BlockArgument, OpResult, Region, SSAValue
 
 from dialects.escaping import quoted
 from dialects.partir import (
@@ -63,7 +63,8 @@ def describe_value(value: SSAValue) -> str:
         return f"%{value.name_hint}"
     if isinstance(value, BlockArgument):
         return f"argument {value.index}"
-    return f"result of {value.owner.name}"  # type: ignore[union-attr]
+    assert isinstance(value, OpResult)  # an SSA value is a block argument or an op result
+    return f"result of {value.owner.name}"
 
 
 def check_action(action: TileAction, mesh: MeshOp) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import TensorType
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.ir import Block, Operation, OpResult, SSAValue
 
 from dialects.distribution import Distribution
 from dialects.partir import LoopOp, OriginAttr, RangeType, SliceOp, SumAttr, TileAttr, YieldOp
@@ -39,9 +39,8 @@ from rewrites.registry import FactorKind, OpRule, rule_for
 def range_axis(index: SSAValue) -> str | None:
     """The mesh axis of the loop whose range `index` is."""
     owner = index.owner
-    if isinstance(owner, Block) and isinstance(owner.parent_op(), LoopOp):
-        return owner.parent_op().axis_name  # type: ignore[union-attr]
-    return None
+    loop = owner.parent_op() if isinstance(owner, Block) else None
+    return loop.axis_name if isinstance(loop, LoopOp) else None
 
 
 def range_size(index: SSAValue) -> int:
@@ -73,7 +72,7 @@ def nested_loops(op: Operation, axes: set[str]) -> list[LoopOp]:
         inner
         for region in op.regions
         for inner in region.walk()
-        if type(inner) is LoopOp and inner.axis_name in axes  # type: ignore[attr-defined]
+        if type(inner) is LoopOp and inner.axis_name in axes
     ]
 
 
@@ -111,18 +110,17 @@ def tilings(value: SSAValue) -> list[Tiling]:
     inside a loop replaces the loop's yielded value in place.)
     """
     owner = value.owner
-    kind = type(owner)
-    if kind is LoopOp:
-        inner = tilings(owner.yielded)  # type: ignore[union-attr]
-        action = owner.action  # type: ignore[union-attr]
+    if type(owner) is LoopOp:
+        inner = tilings(owner.yielded)
+        action = owner.action
         if type(action) is TileAttr:
-            tiling = Tiling(owner.axis_name, action.dim.data, owner.origin, owner)  # type: ignore[union-attr]
+            tiling = Tiling(owner.axis_name, action.dim.data, owner.origin, owner)
             return [tiling, *inner]
         return inner
-    if kind is SliceOp:
-        axis = range_axis(owner.index)  # type: ignore[union-attr]
-        outer = tilings(owner.src)  # type: ignore[union-attr]
-        dim = owner.dim_index  # type: ignore[union-attr]
+    if type(owner) is SliceOp:
+        axis = range_axis(owner.index)
+        outer = tilings(owner.src)
+        dim = owner.dim_index
         if any(t.axis == axis and t.dim == dim for t in outer):
             return [t for t in outer if t.axis != axis]
     return []
@@ -345,7 +343,7 @@ class LoopRelations:
     def _forward(self, block: Block, axes: tuple[str, ...]) -> None:
         for op in block.ops:
             if type(op) is LoopOp:
-                self._forward(op.body.block, (*axes, op.axis_name))  # type: ignore[attr-defined]
+                self._forward(op.body.block, (*axes, op.axis_name))
             if type(op) is YieldOp:
                 continue
             for result, relation in zip(op.results, self._derive(op), strict=True):
@@ -358,9 +356,9 @@ class LoopRelations:
     def _derive(self, op: Operation) -> list[LoopRelation]:
         """The relations of `op`'s results, from its operands'."""
         if type(op) is SliceOp:
-            return [self._slice(op)]  # type: ignore[arg-type]
+            return [self._slice(op)]
         if type(op) is LoopOp:
-            return [self._loop(op)]  # type: ignore[arg-type]
+            return [self._loop(op)]
         return self._compute(op)
 
     def _slice(self, op: SliceOp) -> LoopRelation:
@@ -409,7 +407,7 @@ class LoopRelations:
             for use in value.uses:
                 user = use.operation
                 if type(user) is SliceOp:
-                    axis = range_axis(user.index)  # type: ignore[attr-defined]
+                    axis = range_axis(user.index)
                     if axis is None:
                         continue
                     if axis in self(value).dist.axes:  # depends on the range slicing it
@@ -443,9 +441,8 @@ class LoopRelations:
         for value in self._values:
             if not self._open[value]:
                 continue
-            op = value.owner
-            assert isinstance(op, Operation)
-            fresh = self._derive(op)[value.index]  # type: ignore[attr-defined]
+            assert isinstance(value, OpResult)  # only op results are kept open
+            fresh = self._derive(value.owner)[value.index]
             for axis in sorted(self._open[value]):
                 found = fresh.on(axis)
                 if isinstance(found, Split | Partial):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -165,7 +165,9 @@ class PushForward(RewritePattern):
         if self._can_join(op, rule, chosen, loop):
             self._join_loop(op, rule, chosen, loop, rewriter)
         else:
-            attrs = {ORIGIN: chosen.tiling.origin} if chosen.tiling.origin else {}
+            attrs: dict[str, Attribute] = (
+                {ORIGIN: chosen.tiling.origin} if chosen.tiling.origin else {}
+            )
             new = tile_op(
                 op, rule, chosen.factor, chosen.tiling.axis, self.mesh[chosen.tiling.axis], attrs
             )
@@ -274,10 +276,12 @@ class DedupeSlice(RewritePattern):
                 and other.parent_block() is block
                 and other.index is op.index
                 and other.dim_index == op.dim_index
-            ):  # type: ignore[attr-defined]
-                if other is not block.first_op:
+            ):
+                first = block.first_op
+                if other is not first:
+                    assert first is not None  # `other` is in the block
                     other.detach()
-                    block.insert_op_before(other, block.first_op)  # type: ignore[arg-type]
+                    block.insert_op_before(other, first)
                 rewriter.replace(op, [], [other.results[0]])
                 wake_users(rewriter, [other.results[0], op.src])
                 return

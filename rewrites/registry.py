@@ -282,10 +282,11 @@ def reduce_rule(op: ReduceOp) -> OpRule | None:
 def _pass_through_or_blocked(
     b: _Builder, src: Sequence[int], out: Sequence[int], keep: Sequence[bool], reason: str
 ) -> tuple[Dims, Dims]:
-    operand, result = [], []
+    operand: list[tuple[int, ...]] = []
+    result: list[tuple[int, ...]] = []
     for d, (n, m) in enumerate(zip(src, out, strict=True)):
         if keep[d]:
-            f = (b.new(n),)
+            f: tuple[int, ...] = (b.new(n),)
             operand.append(f)
             result.append(f)
         else:
@@ -337,7 +338,7 @@ def concatenate_rule(op: shlo.ConcatenateOp) -> OpRule:
     axis = int(op.dimension.value.data)
     out = shape(op.result)
     reason = "the concatenated dimension: parts would mix pieces of different operands"
-    shared = [(b.new(n),) if d != axis else () for d, n in enumerate(out)]
+    shared: list[tuple[int, ...]] = [(b.new(n),) if d != axis else () for d, n in enumerate(out)]
     operands = []
     for v in op.inputs:
         dims = list(shared)
@@ -363,7 +364,7 @@ def iota_rule(op: shlo.IotaOp) -> OpRule:
 def _splat_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
     assert isinstance(op, shlo.ConstantOp)
     value = op.value
-    ty = value.get_type()
+    ty = value.type
     local_shape = list(ty.get_shape())
     rule = constant_rule(op)
     assert rule is not None
@@ -475,6 +476,7 @@ def scatter_rule(op: shlo.ScatterOp) -> OpRule | None:
     index_dims = [d for d in range(len(idx)) if d != ivd]
     for k, d in enumerate(index_dims):
         u = scatter_update_dims[k]
+        f: tuple[int, ...]
         if d in indices_batch:
             f = (b.new(idx[d]),)
             operand[operand_batch[indices_batch.index(d)]] = f
@@ -511,23 +513,26 @@ def map_rule(op: shlo.MapOp) -> OpRule:
 
 # --- the registry ----------------------------------------------------------------
 
-RuleBuilder = Callable[[Operation], OpRule | None]
+RuleBuilder = Callable[..., OpRule | None]
+"""A rule: called with an op of the name it is registered under, which its
+signature names as that op's class (so the type checker checks the fields it
+reads); the table is keyed by name, so the class cannot be stated here."""
 
 RULES: dict[str, RuleBuilder] = {
-    "stablehlo.broadcast_in_dim": broadcast_in_dim_rule,  # type: ignore[dict-item]
-    "stablehlo.transpose": transpose_rule,  # type: ignore[dict-item]
-    "stablehlo.reshape": reshape_rule,  # type: ignore[dict-item]
-    "stablehlo.dot_general": dot_general_rule,  # type: ignore[dict-item]
-    "stablehlo.reduce": reduce_rule,  # type: ignore[dict-item]
-    "stablehlo.slice": slice_rule,  # type: ignore[dict-item]
-    "stablehlo.pad": pad_rule,  # type: ignore[dict-item]
-    "stablehlo.concatenate": concatenate_rule,  # type: ignore[dict-item]
-    "stablehlo.iota": iota_rule,  # type: ignore[dict-item]
-    "stablehlo.constant": constant_rule,  # type: ignore[dict-item]
-    "stablehlo.gather": gather_rule,  # type: ignore[dict-item]
-    "stablehlo.bitcast_convert": bitcast_convert_rule,  # type: ignore[dict-item]
-    "stablehlo.map": map_rule,  # type: ignore[dict-item]
-    "stablehlo.scatter": scatter_rule,  # type: ignore[dict-item]
+    "stablehlo.broadcast_in_dim": broadcast_in_dim_rule,
+    "stablehlo.transpose": transpose_rule,
+    "stablehlo.reshape": reshape_rule,
+    "stablehlo.dot_general": dot_general_rule,
+    "stablehlo.reduce": reduce_rule,
+    "stablehlo.slice": slice_rule,
+    "stablehlo.pad": pad_rule,
+    "stablehlo.concatenate": concatenate_rule,
+    "stablehlo.iota": iota_rule,
+    "stablehlo.constant": constant_rule,
+    "stablehlo.gather": gather_rule,
+    "stablehlo.bitcast_convert": bitcast_convert_rule,
+    "stablehlo.map": map_rule,
+    "stablehlo.scatter": scatter_rule,
     "stablehlo.select": elementwise_rule,
     "stablehlo.clamp": elementwise_rule,
 }

@@ -133,10 +133,10 @@ def reduce_precision(x: np.ndarray, exponent_bits: int, mantissa_bits: int) -> n
     if exponent_bits < src_exponent:
         sign = v & np.uint64(1 << (width - 1))
         exponent_mask = np.uint64(((1 << src_exponent) - 1) << src_mantissa)
-        bias, reduced_bias = (1 << (src_exponent - 1)) - 1, (1 << (exponent_bits - 1)) - 1
+        src_bias, reduced_bias = (1 << (src_exponent - 1)) - 1, (1 << (exponent_bits - 1)) - 1
         exponent = v & exponent_mask
-        overflow = exponent > np.uint64((bias + reduced_bias) << src_mantissa)
-        underflow = exponent <= np.uint64((bias - reduced_bias) << src_mantissa)
+        overflow = exponent > np.uint64((src_bias + reduced_bias) << src_mantissa)
+        underflow = exponent <= np.uint64((src_bias - reduced_bias) << src_mantissa)
         v = np.where(overflow, sign | exponent_mask, np.where(underflow, sign, v))
     v = (v & np.uint64((1 << width) - 1)).astype(int_dtype(x.dtype, signed=False))
     result = v.view(x.dtype)
@@ -164,7 +164,8 @@ class ConversionFunctions(InterpreterFunctions):
     def run_compare(self, interp: Interpreter, op: CompareOp, args: PythonValues) -> PythonValues:
         direction = op.comparison_direction.data
         compare_type = op.compare_type.data if op.compare_type is not None else None
-        return (elementwise_result(compare(*args, direction, compare_type), op.result.type),)
+        lhs, rhs = args
+        return (elementwise_result(compare(lhs, rhs, direction, compare_type), op.result.type),)
 
     @impl(shlo.ReducePrecisionOp)
     def run_reduce_precision(

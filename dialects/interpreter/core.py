@@ -34,7 +34,7 @@ class PartirFunctions(InterpreterFunctions):
 
     @impl(LoopOp)
     def run_loop(self, interp: Interpreter, op: LoopOp, args: PythonValues) -> PythonValues:
-        size = op.range_arg.type.size.data  # type: ignore[attr-defined]
+        size = op.size
         parts = [interp.run_ssacfg_region(op.body, (i,), "partir.loop")[0] for i in range(size)]
         if isinstance(op.action, TileAttr):
             return (np.concatenate(parts, axis=op.action.dim.data),)

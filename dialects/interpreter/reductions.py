@@ -131,7 +131,8 @@ def reduce(
     left to right over the reduced elements in row-major order.
     """
     columns = [_to_columns(np.asarray(x), sorted(dims)) for x in inputs]
-    fast = _FAST_REDUCTIONS.get(single_binary_op(body))  # type: ignore[arg-type]
+    combiner = single_binary_op(body)
+    fast = _FAST_REDUCTIONS.get(combiner) if combiner is not None else None
     if fast is not None and len(inputs) == 1:
         combine, reduce_last = fast
         (column,), (init,) = columns, inits
@@ -157,19 +158,19 @@ def dot_general(
     integers, which the result cast reduces modulo the result width.
     """
     letters = iter(string.ascii_letters)
-    lhs_axes: list[str | None] = [None] * lhs.ndim
-    rhs_axes: list[str | None] = [None] * rhs.ndim
+    lhs_axes = [""] * lhs.ndim  # each dim's einsum letter ("" until it has one)
+    rhs_axes = [""] * rhs.ndim
     for pairs in (batching, contracting):
         for l_dim, r_dim in zip(*pairs, strict=True):
             lhs_axes[l_dim] = rhs_axes[r_dim] = next(letters)
-    lhs_free = [d for d in range(lhs.ndim) if lhs_axes[d] is None]
-    rhs_free = [d for d in range(rhs.ndim) if rhs_axes[d] is None]
+    lhs_free = [d for d in range(lhs.ndim) if not lhs_axes[d]]
+    rhs_free = [d for d in range(rhs.ndim) if not rhs_axes[d]]
     for axes, free in ((lhs_axes, lhs_free), (rhs_axes, rhs_free)):
         for d in free:
             axes[d] = next(letters)
     out = [lhs_axes[d] for d in batching[0]] + [lhs_axes[d] for d in lhs_free]
     out += [rhs_axes[d] for d in rhs_free]
-    spec = f"{''.join(lhs_axes)},{''.join(rhs_axes)}->{''.join(out)}"  # type: ignore[arg-type]
+    spec = f"{''.join(lhs_axes)},{''.join(rhs_axes)}->{''.join(out)}"
     return np.einsum(spec, _dot_operand(lhs), _dot_operand(rhs), optimize=True)
 
 

@@ -184,10 +184,11 @@ def run_spmd(module: ModuleOp, args: Sequence[Any]) -> list[np.ndarray]:
         values[arg] = [device_part(array, dist, d, mesh) for d in range(len(mesh.devices))]
     for op in entry.body.block.ops:
         if isinstance(op, func.ReturnOp):
-            return [
-                assemble(values[v], v.type, mesh, f"result {i}")  # type: ignore[arg-type]
-                for i, v in enumerate(op.arguments)
-            ]
+            arrays = []
+            for i, v in enumerate(op.arguments):
+                assert isinstance(v.type, DTensorType)  # the entry returns from_local results
+                arrays.append(assemble(values[v], v.type, mesh, f"result {i}"))
+            return arrays
         operands = tuple(values[v] for v in op.operands)
         if op.dialect_name() == SPMD.name:
             results = spmd.run_op(op, operands)

@@ -51,7 +51,9 @@ def build_report(module: ModuleOp, core: ModuleOp | None = None) -> Report:
             core = module
         spmd = module.clone()
         if find_mesh(entry_function(spmd)) is None:
-            spmd.body.block.insert_op_before(MeshOp({}), spmd.body.block.first_op)
+            first = spmd.body.block.first_op
+            assert first is not None  # the module holds its entry function
+            spmd.body.block.insert_op_before(MeshOp({}), first)
         lower_to_spmd(spmd)
     mesh_op = find_mesh(entry_function(spmd))
     mesh = mesh_op.mesh if mesh_op is not None else Mesh.single_device()
@@ -149,8 +151,8 @@ def _collectives(module: ModuleOp, names: dict[SSAValue, str]) -> list[Collectiv
     out = []
     for c in collectives(module):
         needed = c.op.attributes.get(NEEDED_BY)
-        origin = c.op.attributes.get(ORIGIN)
-        known = isinstance(origin, OriginAttr)
+        attr = c.op.attributes.get(ORIGIN)
+        origin = attr if isinstance(attr, OriginAttr) else None
         out.append(
             CollectiveInfo(
                 names.get(c.op.results[0], c.op.name),
@@ -160,9 +162,9 @@ def _collectives(module: ModuleOp, names: dict[SSAValue, str]) -> list[Collectiv
                 c.result,
                 c.bytes_per_device,
                 needed.data if isinstance(needed, StringAttr) else None,
-                origin.action.data if known else None,
-                origin.tactic.data if known else None,
-                (origin.value.data or None) if known else None,
+                origin.action.data if origin is not None else None,
+                origin.tactic.data if origin is not None else None,
+                (origin.value.data or None) if origin is not None else None,
             )
         )
     return out

@@ -53,7 +53,7 @@ def replicated_ops(core: ModuleOp, conflicts: Sequence[Conflict]) -> list[Replic
 
 def _arg_names(entry: func.FuncOp) -> dict[SSAValue, str]:
     attrs = list(entry.arg_attrs.data) if entry.arg_attrs else []
-    out = {}
+    out: dict[SSAValue, str] = {}
     for arg, a in zip(entry.body.block.args, attrs, strict=False):
         name = _partir_name(a)
         if name is not None:
