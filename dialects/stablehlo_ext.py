@@ -20,10 +20,13 @@ what JAX emits but xdsl-jax 0.6 cannot represent:
   only JAX rejected the emitted program. `SliceOp` checks them, as the spec does.
 - `stablehlo.dynamic_update_slice`: missing from xdsl-jax, and in every
   `lax.scan` JAX emits (each step writes its output row). `DynamicUpdateSliceOp`.
+- `stablehlo.reverse`: missing from xdsl-jax, and what `x[::-1]`, `jnp.flip` and
+  the gradient of a reversed slice lower to. `ReverseOp`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 from xdsl.dialects.builtin import AnyTensorType, DenseArrayBase, TensorType, i1, i64
@@ -42,6 +45,7 @@ from xdsl.irdl import (
     var_result_def,
 )
 from xdsl.parser import Parser
+from xdsl.printer import Printer
 from xdsl.traits import NoMemoryEffect
 from xdsl.utils.exceptions import VerifyException
 from xdsl_jax.dialects import stablehlo as _xj
@@ -281,6 +285,68 @@ class DynamicUpdateSliceOp(IRDLOperation):
             )
 
 
+@irdl_op_definition
+class ReverseOp(IRDLOperation):
+    """`stablehlo.reverse %x, dims = [0, 2] : tensor<...>`: the operand with the
+    order of its elements along each of `dimensions` reversed."""
+
+    name = "stablehlo.reverse"
+
+    operand = operand_def(AnyTensorType)
+    dimensions = prop_def(DenseArrayBase.constr(i64))
+    result = result_def(AnyTensorType)
+
+    traits = traits_def(NoMemoryEffect())
+
+    def __init__(self, operand: SSAValue, dimensions: Sequence[int]):
+        super().__init__(
+            operands=[operand],
+            result_types=[operand.type],
+            properties={"dimensions": DenseArrayBase.from_list(i64, list(dimensions))},
+        )
+
+    def verify_(self) -> None:
+        operand_t = self.operand.type
+        assert isinstance(operand_t, TensorType)
+        if self.result.type != operand_t:
+            raise VerifyException(
+                f"{self.name}: the result {self.result.type} must have the operand's "
+                f"type {operand_t}"
+            )
+        dims, rank = self.dimensions.get_values(), operand_t.get_num_dims()
+        if any(not 0 <= d < rank for d in dims) or len(set(dims)) != len(dims):
+            raise VerifyException(
+                f"{self.name}: dims {list(dims)} must be distinct dims of {operand_t} "
+                f"(0 <= dim < {rank})"
+            )
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ReverseOp:
+        """JAX's pretty form: `%x, dims = [0, 1] attr-dict : type`."""
+        unresolved = parser.parse_unresolved_operand()
+        parser.parse_punctuation(",")
+        parser.parse_keyword("dims")
+        parser.parse_punctuation("=")
+        dims = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+        attributes = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        ty = parser.parse_type()
+        operand = parser.resolve_operand(unresolved, ty)
+        op = cls(operand, dims)
+        op.attributes.update(attributes)
+        return op
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_ssa_value(self.operand)
+        printer.print_string(", dims = [")
+        printer.print_list(self.dimensions.get_values(), printer.print_int)
+        printer.print_string("]")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.operand.type)
+
+
 def _stablehlo_dialect() -> Dialect:
     replaced: dict[str, type[Operation]] = {
         CompareOp.name: CompareOp,
@@ -289,7 +355,7 @@ def _stablehlo_dialect() -> Dialect:
         SliceOp.name: SliceOp,
     }
     ops: list[type[Operation]] = [replaced.get(op.name, op) for op in _xj.StableHLO.operations]
-    ops.append(DynamicUpdateSliceOp)
+    ops.extend((DynamicUpdateSliceOp, ReverseOp))
     return Dialect("stablehlo", ops, list(_xj.StableHLO.attributes))
 
 

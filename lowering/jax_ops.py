@@ -15,7 +15,7 @@ from xdsl.ir import Operation
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
-from dialects.stablehlo_ext import DynamicUpdateSliceOp
+from dialects.stablehlo_ext import DynamicUpdateSliceOp, ReverseOp
 from dialects.stablehlo_ext import PadOp as ExtPadOp
 from dialects.stablehlo_ext import ReduceOp as ExtReduceOp
 from dialects.stablehlo_ext import SliceOp as ExtSliceOp
@@ -46,6 +46,7 @@ from lowering.jax_structural import (
     emit_iota,
     emit_pad,
     emit_reshape,
+    emit_reverse,
     emit_scatter,
     emit_slice,
     emit_transpose,
@@ -68,6 +69,7 @@ _SPECIFIC: dict[type[Operation], OpEmitter] = {
     shlo.BroadcastInDimOp: emit_broadcast_in_dim,
     shlo.ReshapeOp: emit_reshape,
     shlo.TransposeOp: emit_transpose,
+    ReverseOp: emit_reverse,
     shlo.ConcatenateOp: emit_concatenate,
     ExtSliceOp: emit_slice,
     shlo.DynamicSliceOp: emit_dynamic_slice,

@@ -1,6 +1,6 @@
 """Emitters for data movement: ops that build, rearrange or select elements.
 
-Iota, broadcasts, reshapes, transposes, concatenation, static and dynamic
+Iota, broadcasts, reshapes, transposes, reversals, concatenation, static and dynamic
 slices, padding and gathers, each as one `lax` call with the op's static
 shapes and indices written out as literals.
 """
@@ -41,6 +41,10 @@ def emit_reshape(em: BodyEmitter, op: Operation) -> str:
 
 def emit_transpose(em: BodyEmitter, op: shlo.TransposeOp) -> str:
     return f"lax.transpose({em.args(op)}, {ints(op.permutation)!r})"
+
+
+def emit_reverse(em: BodyEmitter, op: ext.ReverseOp) -> str:
+    return f"lax.rev({em.args(op)}, {ints(op.dimensions)!r})"
 
 
 def emit_concatenate(em: BodyEmitter, op: shlo.ConcatenateOp) -> str:

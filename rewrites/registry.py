@@ -36,7 +36,7 @@ from dialects.attributes import ints
 from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
 from dialects.names import op_name
 from dialects.regions import combiner_name
-from dialects.stablehlo_ext import CompareOp, PadOp, ReduceOp, SliceOp
+from dialects.stablehlo_ext import CompareOp, PadOp, ReduceOp, ReverseOp, SliceOp
 
 Dims = tuple[tuple[int, ...], ...]
 """Per tensor dimension, the factor ids it runs over, major to minor."""
@@ -332,6 +332,19 @@ def pad_rule(op: PadOp) -> OpRule:
     return b.rule([operand, ()], [result])
 
 
+def reverse_rule(op: ReverseOp) -> OpRule:
+    """Dims not reversed pass through; a reversed dim is blocked: part i of the
+    result is the reversal of part n-1-i of the operand, not of part i."""
+    b = _Builder()
+    reversed_dims = set(ints(op.dimensions))
+    reason = "reversed: each part of the result is the mirror of another part"
+    dims = tuple(
+        b.blocked(n, reason) if d in reversed_dims else (b.new(n),)
+        for d, n in enumerate(shape(op.operand))
+    )
+    return b.rule([dims], [dims])
+
+
 def concatenate_rule(op: shlo.ConcatenateOp) -> OpRule:
     """Dims other than the concatenated one pass through all operands."""
     b = _Builder()
@@ -526,6 +539,7 @@ RULES: dict[str, RuleBuilder] = {
     "stablehlo.reduce": reduce_rule,
     "stablehlo.slice": slice_rule,
     "stablehlo.pad": pad_rule,
+    "stablehlo.reverse": reverse_rule,
     "stablehlo.concatenate": concatenate_rule,
     "stablehlo.iota": iota_rule,
     "stablehlo.constant": constant_rule,

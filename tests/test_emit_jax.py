@@ -373,6 +373,7 @@ ZOO: dict[str, tuple[Callable[..., Any], tuple]] = {
             lax.dynamic_slice(a, (jnp.int32(3), jnp.int32(14)), (4, 4)),  # start clamped
             a.T,
             a.reshape(4, 32),
+            a[::-1, ::-1],
         ),
         (_X,),
     ),
@@ -507,8 +508,8 @@ def test_names_appear_only_in_comments(mesh: jax.sharding.Mesh) -> None:
             "stablehlo.custom_call",
         ),
         (
-            '%yl = "stablehlo.reverse"(%xl) {dimensions = array<i64: 0>} : (tensor<4x32xf32>) -> tensor<4x32xf32>',
-            "stablehlo.reverse",  # parsed as an unregistered op
+            '%yl = "stablehlo.cholesky"(%xl) {lower = true} : (tensor<4x32xf32>) -> tensor<4x32xf32>',
+            "stablehlo.cholesky",  # parsed as an unregistered op
         ),
         (
             "%c = stablehlo.compare LT, %xl, %xl, TOTALORDER : (tensor<4x32xf32>, tensor<4x32xf32>) -> tensor<4x32xi1>\n"

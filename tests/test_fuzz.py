@@ -100,3 +100,16 @@ def test_a_case_replays_from_its_printed_script():
     with contextlib.redirect_stdout(io.StringIO()) as out:
         exec(compile(case.script(), "<replay>", "exec"), scope)
     assert out.getvalue().startswith("match") and run_case(case).kind == "match"
+
+
+def test_a_reversed_slice_matches_the_fuzzers_repro():
+    """fuzz-findings.md: `a0[::-1]` was refused (stablehlo.reverse had no
+    emitter, rule nor semantics); with its kept dim tiled it now matches."""
+    case = Case(
+        Program((Input("a0", (4, 8)),), ("v0 = a0[::-1]",), (("v0", (4, 8)),)),
+        {"x": 8},
+        (TacticSpec("ManualPartition", spec=(("a0", ((1, "x"),)),)),),
+        data_seed=0,
+        spmd_every=1,
+    )
+    assert run_case(case).kind == "match"

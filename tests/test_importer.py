@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 from xdsl.dialects import func
 from xdsl.dialects.builtin import UnregisteredOp
+from xdsl.utils.exceptions import VerifyException
 
 import examples
 import partir
 from dialects.context import make_context
+from dialects.interpreter import run_function
 from dialects.parser import PartirParser
+from dialects.stablehlo_ext import ReverseOp
 from partir.importer import NAME_ATTR, entry_function, ssa_name
 
 
@@ -154,6 +157,38 @@ def test_float_pad_verifies():
     module = partir.import_jax(lambda x: jnp.pad(x, ((1, 2), (0, 1))), np.ones((2, 3), np.float32))
     module.verify()
     assert any(op.name == "stablehlo.pad" for op in module.walk())
+
+
+def test_reverse_imports_and_round_trips_in_jax_pretty_form():
+    """`stablehlo.reverse` (missing in xdsl-jax): JAX's text form parses, and
+    partir prints it back the same way."""
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    module = partir.import_jax(lambda x: jnp.flip(x, (0, 2)), x)
+    module.verify()
+    (rev,) = [op for op in module.walk() if op.name == "stablehlo.reverse"]
+    assert isinstance(rev, ReverseOp) and list(rev.dimensions.get_values()) == [0, 2]
+    text = str(module)
+    assert "stablehlo.reverse %x, dims = [0, 2] : tensor<2x3x4xf32>" in text
+    jax_text = jax.jit(lambda x: jnp.flip(x, (0, 2))).lower(x).as_text()
+    assert "stablehlo.reverse %arg0, dims = [0, 2] : tensor<2x3x4xf32>" in jax_text
+    again = PartirParser(make_context(), text).parse_module()
+    again.verify()
+    assert str(again) == text
+    (got,) = run_function(again, [x])
+    np.testing.assert_array_equal(got, x[::-1, :, ::-1])
+
+
+@pytest.mark.parametrize("dims", ["[2]", "[-1]", "[0, 0]"])
+def test_reverse_verifier_rejects_bad_dims(dims):
+    text = f"""
+func.func @main(%x: tensor<2x3xf32>) -> tensor<2x3xf32> {{
+  %y = stablehlo.reverse %x, dims = {dims} : tensor<2x3xf32>
+  func.return %y : tensor<2x3xf32>
+}}
+"""
+    module = PartirParser(make_context(), text).parse_module()
+    with pytest.raises(VerifyException, match=r"stablehlo.reverse: dims .* must be distinct dims"):
+        module.verify()
 
 
 def test_an_op_with_attributes_xdsl_cannot_read_still_imports():

@@ -12,6 +12,7 @@ import pytest
 import partir
 from dialects.interpreter.spmd import run_spmd
 from examples import block_forward, block_train_step, mlp_train_step, stack_train_step
+from lowering.emittable import unemittable_ops
 from lowering.to_jax import UnsupportedOpError
 from tests.jaxpr_collectives import emitted_collectives
 from tests.numerics import assert_close
@@ -228,3 +229,38 @@ def test_loops_run_replicated(kind):
     for g, r in zip(run_function(module, [x]), jax.tree_util.tree_leaves(jax.jit(program)(x)),
                     strict=True):
         assert_close(g, np.asarray(r))
+
+
+def test_reverse_of_a_tiled_dim_is_refused_by_the_fuzzers_repro_no_more():
+    """Fuzzer repro (fuzz-findings.md): `a0[::-1]` with the kept dim 1 tiled
+    over {x: 8}. The reversed dim stays whole; dim 1 is tiled, with no
+    communication at all."""
+    def f(a0):
+        return (a0[::-1],)
+
+    a0 = RNG.standard_normal((4, 8)).astype(np.float32)
+    assert unemittable_ops(partir.import_jax(f, a0)) == []  # not refused before partitioning
+    lowered, compiled = run_and_check(f, (a0,), [partir.ManualPartition({"a0": {1: "x"}})],
+                                      partir.Mesh({"x": 8}))
+    assert "lax.rev(" in lowered.source
+    assert emitted_collectives(compiled, (a0,)) == collections.Counter()
+
+
+def test_reverse_and_its_gradient_with_the_kept_dim_tiled():
+    """`jnp.flip` along dim 1 and the gradient of a reversed slice (also a
+    reverse), batch-parallel over dim 0: per-device reversal along the whole
+    dim is the global one; the loss is all-reduced as usual."""
+    def loss(w, x):
+        y = jnp.flip(x @ w, axis=1)
+        return jnp.sum(jnp.tanh(y[:, 5:1:-1]) * y[:, :4])
+
+    def step(w, x):
+        return jax.value_and_grad(loss, argnums=(0, 1))(w, x)
+
+    w = RNG.standard_normal((16, 6)).astype(np.float32)
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    assert "stablehlo.reverse" in str(partir.import_jax(step, w, x))
+    lowered, compiled = run_and_check(step, (w, x), [partir.BatchParallel("batch", inputs="x")],
+                                      partir.Mesh({"batch": 4}))
+    assert lowered.source.count("lax.rev(") >= 2
+    assert set(emitted_collectives(compiled, (w, x))) == {("all_reduce", ("batch",))}

@@ -249,6 +249,16 @@ def shapes(draw: st.DrawFn, parts: int, min_rank: int = 1, max_rank: int = 3,
     return tuple(dims)
 
 
+@st.composite
+def kept_dim_shapes(draw: st.DrawFn) -> tuple[int, int, tuple[int, ...]]:
+    """(parts, kept, shape): a shape of rank 1 to 3 whose dim `kept`, which an
+    op leaves whole, is a multiple of `parts` (so something is tileable)."""
+    parts = draw(PARTS)
+    rank = draw(st.integers(1, 3))
+    kept = draw(st.integers(0, rank - 1))
+    return parts, kept, draw(shapes(parts, rank, rank, divisible=kept))
+
+
 # --- generators: one strategy of cases per op (or per form of an op) --------------
 
 
@@ -443,6 +453,22 @@ def _transpose() -> Generator:
     return Generator("stablehlo.transpose", cases(), examples=60)
 
 
+def _reverse() -> Generator:
+    """Some dims reversed (perhaps none, perhaps the one a tiling could split)."""
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts, kept, src = draw(kept_dim_shapes())
+        rank = len(src)
+        others = [d for d in range(rank) if d != kept]
+        dims = sorted(draw(st.sets(st.sampled_from(others)))) if others else []
+        t = tensor_type(src, F32)
+        line = op_line("stablehlo.reverse", ["%arg0"], [t], t, f"dimensions = {array_attr(dims)}")
+        return Case(parts, (REAL(draw(rngs), src),), (line,), t, _expect_blocked(dims, dims))
+
+    return Generator("stablehlo.reverse", cases(), examples=60)
+
+
 def reshape_case(parts: int, src: Sequence[int], out: Sequence[int],
                  rng: np.random.Generator) -> Case:
     args = (REAL(rng, src),)
@@ -599,10 +625,8 @@ def _slice() -> Generator:
 
     @st.composite
     def cases(draw: st.DrawFn) -> Case:
-        parts = draw(PARTS)
-        rank = draw(st.integers(1, 3))
-        whole_dim = draw(st.integers(0, rank - 1))
-        src = draw(shapes(parts, rank, rank, divisible=whole_dim))
+        parts, whole_dim, src = draw(kept_dim_shapes())
+        rank = len(src)
         starts, limits, strides = [], [], []
         for d, n in enumerate(src):
             start, limit, stride = 0, n, 1
@@ -629,10 +653,8 @@ def _pad(domain: Domain, xfail: str | None = None) -> Generator:
 
     @st.composite
     def cases(draw: st.DrawFn) -> Case:
-        parts = draw(PARTS)
-        rank = draw(st.integers(1, 3))
-        plain_dim = draw(st.integers(0, rank - 1))
-        src = draw(shapes(parts, rank, rank, divisible=plain_dim))
+        parts, plain_dim, src = draw(kept_dim_shapes())
+        rank = len(src)
         pads = [(0, 0, 0) if d == plain_dim or draw(st.booleans()) else
                 draw(st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)))
                 for d in range(rank)]
@@ -860,6 +882,7 @@ def _generators() -> dict[str, Generator]:
     table["stablehlo.bitcast_convert"] = _convert("stablehlo.bitcast_convert", BITCASTS)
     table["stablehlo.broadcast_in_dim"] = _broadcast_in_dim()
     table["stablehlo.transpose"] = _transpose()
+    table["stablehlo.reverse"] = _reverse()
     table["stablehlo.reshape"] = _reshape()
     table["stablehlo.dot_general"] = _dot_general()
     for kind in REDUCTIONS:
@@ -1068,3 +1091,17 @@ def test_a_slice_blocks_the_dims_it_cuts() -> None:
     assert rule.factors[cut].kind is FactorKind.BLOCKED
     assert "slice" in (rule.why_not_tileable(cut, 2) or "")
     assert rule.tileable_factors(2) == [whole]
+
+
+def test_a_reverse_blocks_the_dims_it_reverses() -> None:
+    src = (4, 6)
+    t = tensor_type(src, F32)
+    line = op_line("stablehlo.reverse", ["%arg0"], [t], t, f"dimensions = {array_attr([0])}")
+    case = Case(2, (REAL(np.random.default_rng(0), src),), (line,), t)
+    _, rule = sole_op_rule(case)
+    (flipped,), (kept,) = rule.operands[0]
+    assert rule.results[0] == rule.operands[0]
+    assert rule.factors[flipped].kind is FactorKind.BLOCKED
+    assert "mirror" in (rule.why_not_tileable(flipped, 2) or "")
+    assert rule.tileable_factors(2) == [kept]
+    assert forced_loop_differs(case, flipped), "each part would be reversed in place"

@@ -1,6 +1,6 @@
 """StableHLO ops that move, select or create elements without computing on them.
 
-broadcast_in_dim, reshape, transpose, concatenate, slice, dynamic_slice, pad,
+broadcast_in_dim, reshape, transpose, reverse, concatenate, slice, dynamic_slice, pad,
 gather, scatter, iota and constant. (scatter combines updates with its region,
 which runs through the interpreter.) See `dialects.interpreter.stablehlo` for
 the conventions.
@@ -33,7 +33,7 @@ from dialects.interpreter.common import (
     typed,
 )
 from dialects.regions import returns_update
-from dialects.stablehlo_ext import DynamicUpdateSliceOp, PadOp, SliceOp
+from dialects.stablehlo_ext import DynamicUpdateSliceOp, PadOp, ReverseOp, SliceOp
 
 # --------------------------------------------------------------------------
 # Data movement
@@ -271,6 +271,11 @@ class DataMovementFunctions(InterpreterFunctions):
     ) -> PythonValues:
         ty = op.result.type
         return (typed(np.reshape(args[0], ty.get_shape()), ty),)
+
+    @impl(ReverseOp)
+    def run_reverse(self, interp: Interpreter, op: ReverseOp, args: PythonValues) -> PythonValues:
+        value = np.flip(np.asarray(args[0]), axis=ints(op.dimensions))
+        return (typed(value, op.result.type),)
 
     @impl(shlo.ScatterOp)
     def run_scatter(
