@@ -187,7 +187,7 @@ class PartitionedFunction:
     ):
         self.fn = fn
         self.check = check
-        self._lowered: dict[tuple[Any, ...], Lowered] = {}  # kept only to check
+        self._checked: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self.jax_mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else None
         self.mesh = Mesh(mesh) if not isinstance(mesh, Mesh) else mesh
         self.tactics = check_tactics(tactics)
@@ -221,11 +221,11 @@ class PartitionedFunction:
             lowered = self.lower(*args)
             compiled = self._compiled[key] = lowered.compile()
             if self.check:
-                self._lowered[key] = lowered
-        if self.check:
-            from partir.validation import checked_call
+                from partir.validation import CheckedCall
 
-            return checked_call(self.fn, args, self._lowered[key], compiled)
+                self._checked[key] = CheckedCall(self.fn, lowered, compiled)
+        if self.check:
+            return self._checked[key](*args)
         return compiled(*args)
 
 

@@ -1,6 +1,6 @@
 """`partir-opt`: run partir's passes over MLIR text, in the manner of `mlir-opt`.
 
-    partir-opt block.mlir -p 'partir-declare-mesh{axes="batch=4,model=2"},\\
+    partir-opt block.mlir -p 'partir-declare-mesh{axes="batch=4","model=2"},\\
         partir-batch-parallel{axis=batch},partir-megatron{axis=model},partir-lower-spmd'
     partir-opt step.mlir -p '...,partir-lower-spmd,partir-emit-jax' -o step.py
 

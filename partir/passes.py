@@ -212,20 +212,25 @@ class TilePass(ModulePass):
 
 @dataclass(frozen=True)
 class DeclareMeshPass(ModulePass):
-    """Declare the mesh: axes="batch=4,model=2" (no-op if the same mesh is there)."""
+    """Declare the mesh: axes="batch=4","model=2" (no-op if the same mesh is there).
+
+    One list item per axis, `name=size` (quoted, with escapes, as every pass
+    option); an item with more than one `=` is refused rather than guessed at,
+    since the old form `axes="batch=4,model=2"` would otherwise read as one axis
+    named "batch=4,model".
+    """
 
     name = "partir-declare-mesh"
-    axes: str = ""
+    axes: tuple[str, ...]
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         sizes: dict[str, int] = {}
-        for item in filter(None, (p.strip() for p in self.axes.split(","))):
+        for item in self.axes:
             name, _, size = item.partition("=")
-            name, size = name.strip(), size.strip()
-            if not name or not (size.isascii() and size.isdigit()):
+            if item.count("=") != 1 or not name or not (size.isascii() and size.isdigit()):
                 raise PassFailedException(
                     f"{self.name}: cannot read {quoted(item)} in option axes; "
-                    'write axes="batch=4,model=2" (name=size, sizes in decimal digits)'
+                    'write axes="batch=4","model=2" (one name=size per axis, sizes in digits)'
                 )
             if name in sizes:
                 raise PassFailedException(
@@ -235,7 +240,7 @@ class DeclareMeshPass(ModulePass):
             sizes[name] = int(size)
         if not sizes:
             raise PassFailedException(
-                f'{self.name}: option axes is empty; write axes="batch=4,model=2"'
+                f'{self.name}: option axes is empty; write axes="batch=4","model=2"'
             )
         try:
             declare_mesh(op, Mesh(sizes))

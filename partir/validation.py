@@ -43,7 +43,7 @@ from dialects.interpreter.spmd import run_spmd
 from dialects.partir import find_mesh
 from dialects.spmd import DTensorType
 from dialects.stablehlo_ext import DynamicUpdateSliceOp, SliceOp
-from partir.report.build import is_spmd, parse_module
+from partir.report.build import is_spmd
 from partir.tactics import ProgramView
 
 # --------------------------------------------------------------------------
@@ -549,43 +549,55 @@ def _what_made(stage: str) -> str:
     return f"stage {stage!r} (tactic {stage} with its propagation, on the reference interpreter)"
 
 
-def checked_call(fn: Callable[..., Any], args: Sequence[Any], lowered: Any, compiled: Any) -> Any:
-    """`compiled(*args)`, after checking every stage of `lowered` (a
-    `partir.Lowered` of `fn` at `args`) against `jax.jit(fn)(*args)`."""
-    import jax
+class CheckedCall:
+    """What `partir.jit(check=True)` calls for one argument signature: the
+    emitted program, run only after every stage of its lowering has been
+    checked on the call's arguments against `jax.jit(fn)` (each stage is the
+    snapshot `partir.Lowered` keeps; the interpreters do not modify it)."""
 
-    leaves, tree = jax.tree_util.tree_flatten(args)
-    modules = [parse_module(stage.text, stage.name) for stage in lowered.stages]
-    flat = argument_arrays(modules[0], leaves)
-    original = jax.jit(fn)
+    def __init__(self, fn: Callable[..., Any], lowered: Any, compiled: Callable[..., Any]):
+        import jax
 
-    def run_original(inputs: Sequence[np.ndarray]) -> list[Any]:
-        # Python scalars stay as given: JAX types them weakly.
-        same = [
-            x if isinstance(x, int | float | complex) else y
-            for x, y in zip(leaves, inputs, strict=True)
-        ]
-        return jax.tree_util.tree_leaves(original(*jax.tree_util.tree_unflatten(tree, same)))
+        self.original = jax.jit(fn)
+        self.stages = [(stage.name, stage.module) for stage in lowered.stages]
+        self.names = result_names(self.stages[0][1])
+        self.compiled = compiled
 
-    reference = Reference.of(run_original, flat, result_names(modules[0]))
-    checker = StageChecker(reference, "check=True")
-    for stage, module in zip(lowered.stages, modules, strict=True):
-        got: Sequence[Any] | None = None
-        if stage.name == "import":
-            try:
-                got = run_stage(module, flat)
-            except InterpretationError as err:
-                raise reference_error("check=True", err) from err
+    def __call__(self, *args: Any) -> Any:
+        import jax
 
-        def run(m: ModuleOp = module, got: Sequence[Any] | None = got) -> Sequence[Any]:
-            return got if got is not None else run_stage(m, flat)
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        flat = argument_arrays(self.stages[0][1], leaves)
 
-        checker.check(stage.name, _what_made(stage.name), run)
-    result: list[Any] = []
+        def run_original(inputs: Sequence[np.ndarray]) -> list[Any]:
+            # Python scalars stay as given: JAX types them weakly.
+            same = [
+                x if isinstance(x, int | float | complex) else y
+                for x, y in zip(leaves, inputs, strict=True)
+            ]
+            outputs = self.original(*jax.tree_util.tree_unflatten(tree, same))
+            return jax.tree_util.tree_leaves(outputs)
 
-    def emitted() -> list[Any]:
-        result.append(compiled(*args))
-        return jax.tree_util.tree_leaves(result[0])
+        checker = StageChecker(Reference.of(run_original, flat, self.names), "check=True")
+        for name, module in self.stages:
+            got: Sequence[Any] | None = None
+            if name == "import":  # the interpreter must run the program at all
+                try:
+                    got = run_stage(module, flat)
+                except InterpretationError as err:
+                    raise reference_error("check=True", err) from err
 
-    checker.check("emitted", "the emitted jax.shard_map program (pass partir-emit-jax)", emitted)
-    return result[0]
+            def run(m: ModuleOp = module, got: Sequence[Any] | None = got) -> Sequence[Any]:
+                return got if got is not None else run_stage(m, flat)
+
+            checker.check(name, _what_made(name), run)
+        result: list[Any] = []
+
+        def emitted() -> list[Any]:
+            result.append(self.compiled(*args))
+            return jax.tree_util.tree_leaves(result[0])
+
+        checker.check(
+            "emitted", "the emitted jax.shard_map program (pass partir-emit-jax)", emitted
+        )
+        return result[0]

@@ -306,7 +306,7 @@ MLP = (
     "  func.return %y : tensor<8x6xf32>\n}\n"
 )
 MESH_X = 'partir.mesh @mesh ["x" = 4, "y" = 2]\n'
-DECLARE = 'partir-declare-mesh{axes="x=4,y=2"}'
+DECLARE = 'partir-declare-mesh{axes="x=4","y=2"}'
 
 
 @dataclass(frozen=True)
@@ -357,14 +357,15 @@ OPT_CASES = [
     opt("unterminated-brace", PLAIN, "partir-declare-mesh{axes=x", r"error: cannot read the pass pipeline \(-p\)"),
     opt("stage-not-int", PLAIN, f"{DECLARE},partir-zero{{axis=x stage=x}}", r"error: partir-zero: option stage=x needs int; the options are \{axis=required stage=3 "),
     opt("tile-dim-not-int", PLAIN, f"{DECLARE},partir-tile{{value=x dim=first axis=x}}", r"error: partir-tile: option dim=first needs int"),
-    opt("declare-repeated-axis", PLAIN, 'partir-declare-mesh{axes="batch=4,batch=2"}',
+    opt("declare-repeated-axis", PLAIN, 'partir-declare-mesh{axes="batch=4","batch=2"}',
         r'error: partir-declare-mesh: option axes names axis "batch" twice \(=4 and =2\); give each axis once'),
+    opt("declare-one-string", PLAIN, 'partir-declare-mesh{axes="batch=4,model=2"}', r'error: partir-declare-mesh: cannot read "batch=4,model=2" in option axes; write axes="batch=4","model=2"'),
     opt("declare-superscript", PLAIN, 'partir-declare-mesh{axes="batch=\u00b2"}', r"error: partir-declare-mesh: cannot read .* in option axes; write axes="),
     opt("declare-no-size", PLAIN, 'partir-declare-mesh{axes="batch"}', r'cannot read "batch" in option axes'),
     opt("declare-no-name", PLAIN, 'partir-declare-mesh{axes="=4"}', r'cannot read "=4" in option axes'),
     opt("declare-negative", PLAIN, 'partir-declare-mesh{axes="batch=-1"}', r'cannot read "batch=-1" in option axes'),
     opt("declare-zero", PLAIN, 'partir-declare-mesh{axes="batch=0"}', r"partir-declare-mesh: mesh axis 'batch' needs a positive size, got 0"),
-    opt("declare-empty", PLAIN, "partir-declare-mesh", r"partir-declare-mesh: option axes is empty"),
+    opt("declare-empty", PLAIN, "partir-declare-mesh", r'partir-declare-mesh requires argument "axes"'),
     opt("declare-mismatch", MESH_X + PLAIN, 'partir-declare-mesh{axes="x=2"}', r"partir-declare-mesh: the module declares mesh \{'x': 4, 'y': 2\}, but \{'x': 2\} was given"),
     opt("no-mesh", PLAIN, "partir-batch-parallel{axis=x}", r"error: BatchParallel: the module declares no mesh; .*partir-declare-mesh"),
     opt("no-mesh-tile", PLAIN, "partir-tile{value=x axis=x}", r"error: partir-tile: the module declares no mesh"),

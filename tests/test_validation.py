@@ -110,6 +110,17 @@ def test_a_broken_registry_rule_is_caught_at_the_tactic_that_used_it(monkeypatch
     assert "the stages before it agree: import." in message
 
 
+def test_every_call_is_checked_on_its_own_arguments(monkeypatch):
+    """With the broken rule, data whose second half of each row is zero gives
+    the right maximum (max + 0); the next call's data does not."""
+    monkeypatch.setitem(registry.RULES, "stablehlo.reduce", reduce_max_as_sum)
+    step = partir.jit(max_and_sum, mesh=partir.Mesh({"model": 2}), tactics=COLUMNS, check=True)
+    lucky = np.concatenate([X[:, :4], np.zeros((4, 4), np.float32)], axis=1)
+    np.testing.assert_array_equal(step(lucky)["max"], lucky.max(axis=1))
+    with pytest.raises(ValidationError, match="stage 'ManualPartition'"):
+        step(X)
+
+
 def test_a_dropped_collective_is_caught_at_the_spmd_stage(monkeypatch):
     """The lowering all-reduces over one axis too few: devices that the SPMD
     types call replicas disagree, which the SPMD interpreter refuses."""
@@ -140,7 +151,7 @@ def test_a_wrong_emitted_collective_is_caught_at_the_emitted_stage(monkeypatch):
 # partir-opt --check-numerics
 
 MLP_PIPELINE = (
-    'partir-declare-mesh{axes="batch=4,model=2"},partir-batch-parallel{axis=batch},'
+    'partir-declare-mesh{axes="batch=4","model=2"},partir-batch-parallel{axis=batch},'
     "partir-megatron{axis=model},partir-lower-spmd"
 )
 

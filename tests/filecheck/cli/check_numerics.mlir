@@ -1,4 +1,4 @@
-// RUN: sh -c 'partir-opt %s -p "partir-declare-mesh{axes=\"x=4,y=2\"},partir-tile{value=x dim=0 axis=x},partir-tile{value=x dim=1 axis=y},partir-propagate,partir-lower-spmd" --check-numerics; echo "exit status $?"' 2>&1 | filecheck %s
+// RUN: sh -c 'partir-opt %s -p "partir-declare-mesh{axes=\"x=4\",\"y=2\"},partir-tile{value=x dim=0 axis=x},partir-tile{value=x dim=1 axis=y},partir-propagate,partir-lower-spmd" --check-numerics; echo "exit status $?"' 2>&1 | filecheck %s
 
 // --check-numerics is translation validation: the input module runs on the
 // reference interpreter on seeded random inputs (here the index %i stays

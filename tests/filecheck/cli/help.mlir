@@ -8,7 +8,7 @@
 // CHECK:      --check-numerics
 // CHECK:      --traceback
 // CHECK:      partir passes (options with defaults; any xdsl-opt pass also works):
-// CHECK-NEXT:   partir-declare-mesh{axes=}
+// CHECK-NEXT:   partir-declare-mesh{axes=required}
 // CHECK:        inline-calls
 // CHECK:        partir-tile{value=0 dim=0 axis=}
 // CHECK:        partir-batch-parallel{axis=required inputs=none dim=0}

@@ -1,4 +1,4 @@
-// RUN: not partir-opt %s -p 'partir-declare-mesh{axes="data=4,model=2"},partir-batch-parallel{axis=batch}' 2>&1 | filecheck %s
+// RUN: not partir-opt %s -p 'partir-declare-mesh{axes="data=4","model=2"},partir-batch-parallel{axis=batch}' 2>&1 | filecheck %s
 // RUN: not partir-opt %s -p 'partir-megatron{axis=model}' 2>&1 | filecheck %s --check-prefix=NO-MESH
 
 // A tactic that cannot be planned fails before it rewrites anything, with a

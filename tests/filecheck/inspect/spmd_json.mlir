@@ -1,5 +1,5 @@
 // REQUIRES: partir-inspect
-// RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4,model=2"},partir-manual-partition{spec="x:0=batch","params/w1:1=model"},partir-lower-spmd' | partir-inspect --format json - | filecheck %s
+// RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4","model=2"},partir-manual-partition{spec="x:0=batch","params/w1:1=model"},partir-lower-spmd' | partir-inspect --format json - | filecheck %s
 
 // partir-inspect reads a stage (here the SPMD stage, from stdin) and reports
 // each value's global shape, distribution and S/B/P property per mesh axis,

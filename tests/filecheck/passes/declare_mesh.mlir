@@ -1,4 +1,4 @@
-// RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4,model=2"},partir-declare-mesh{axes="batch=4,model=2"}' | filecheck %s
+// RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4","model=2"},partir-declare-mesh{axes="batch=4","model=2"}' | filecheck %s
 // RUN: not partir-opt %s -p 'partir-declare-mesh{axes="batch=4"},partir-declare-mesh{axes="batch=2"}' 2>&1 | filecheck %s --check-prefix=CONFLICT
 
 // partir-declare-mesh puts one partir.mesh at the top of the module; declaring

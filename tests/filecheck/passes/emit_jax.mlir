@@ -1,4 +1,4 @@
-// RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4,model=2"},partir-manual-partition{spec="x:0=batch","params/w1:1=model"},partir-lower-spmd,partir-emit-jax' -o %t.py
+// RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4","model=2"},partir-manual-partition{spec="x:0=batch","params/w1:1=model"},partir-lower-spmd,partir-emit-jax' -o %t.py
 // RUN: filecheck %s --input-file %t.py
 // RUN: %python -c "import runpy, numpy as np; m = runpy.run_path('%t.py'); f = m['build'](m['make_mesh']()); (y,) = f(*(np.ones(s, np.float32) for _, s, _ in m['IN_TYPES'])); print(y.shape, y.sharding.spec, float(y[0, 0]))" | filecheck %s --check-prefix=OUT
 

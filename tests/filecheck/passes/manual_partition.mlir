@@ -1,4 +1,4 @@
-// RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4,model=2"},partir-manual-partition{spec="x:0=batch","params/w1:1=model"}' | filecheck %s
+// RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4","model=2"},partir-manual-partition{spec="x:0=batch","params/w1:1=model"}' | filecheck %s
 // RUN: not partir-opt %s -p 'partir-declare-mesh{axes="batch=4"},partir-manual-partition{spec="x=batch"}' 2>&1 | filecheck %s --check-prefix=BAD-SPEC
 
 // partir-manual-partition tiles exactly what the spec names, one

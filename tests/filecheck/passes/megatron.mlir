@@ -1,4 +1,4 @@
-// RUN: partir-opt %examples/block_forward.mlir -p 'partir-declare-mesh{axes="batch=4,model=2"},partir-megatron{axis=model}' -o %t
+// RUN: partir-opt %examples/block_forward.mlir -p 'partir-declare-mesh{axes="batch=4","model=2"},partir-megatron{axis=model}' -o %t
 // RUN: filecheck %s --input-file %t --check-prefix=FUSED
 // RUN: filecheck %s --input-file %t --check-prefix=LOOPS
 

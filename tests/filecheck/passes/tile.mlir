@@ -1,6 +1,6 @@
-// RUN: partir-opt %s -p 'partir-declare-mesh{axes="x=4,y=2"},partir-tile{value="0" dim=0 axis=x}' | filecheck %s --check-prefix=TILE
-// RUN: partir-opt %s -p 'partir-declare-mesh{axes="x=4,y=2"},partir-tile{value=x dim=0 axis=x},partir-propagate' | filecheck %s --check-prefix=FORWARD
-// RUN: partir-opt %s -p 'partir-declare-mesh{axes="x=4,y=2"},partir-tile{value=x dim=1 axis=y},partir-propagate' | filecheck %s --check-prefix=SUM
+// RUN: partir-opt %s -p 'partir-declare-mesh{axes="x=4","y=2"},partir-tile{value="0" dim=0 axis=x}' | filecheck %s --check-prefix=TILE
+// RUN: partir-opt %s -p 'partir-declare-mesh{axes="x=4","y=2"},partir-tile{value=x dim=0 axis=x},partir-propagate' | filecheck %s --check-prefix=FORWARD
+// RUN: partir-opt %s -p 'partir-declare-mesh{axes="x=4","y=2"},partir-tile{value=x dim=1 axis=y},partir-propagate' | filecheck %s --check-prefix=SUM
 
 // partir-tile names an argument by index (quoted: value="0", see
 // tile_index_unquoted.mlir) or by its partir.name, and tiles one of its dims
