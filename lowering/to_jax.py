@@ -223,6 +223,12 @@ def build(mesh):
         with jax.enable_x64(True):
             return fn(*args)
 
+    def lower(*args):
+        """`fn.lower`, under the same mode (the report reads XLA's memory from it)."""
+        with jax.enable_x64(True):
+            return fn.lower(*args)
+
+    with_64bit_types.lower = lower
     return with_64bit_types
 '''
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import partir
+from partir.report.memory import XlaMemory
 from partir.selectors import select
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
@@ -34,6 +35,8 @@ def test_random_programs_with_64bit_internals_run_without_x64(fn, args):
     want = jax.jit(fn)(*args)
     assert got.dtype == want.dtype and not jax.config.jax_enable_x64
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    xla = XlaMemory.of(lowered.compile(), args)  # through build()'s x64 wrapper's .lower
+    assert xla.arguments >= X.nbytes // 4  # x split over "batch" (plus a key)
 
 
 def test_a_key_holding_a_slash_is_one_segment():
