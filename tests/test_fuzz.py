@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -67,6 +68,17 @@ def test_the_oracle_fails_a_wrong_answer_and_passes_float32_noise():
     wrong = ref.compare(off_by_one_term, "partial sum")
     assert wrong.kind == "wrong" and wrong.worst_ratio > 1e3
     assert ref.compare([ref.f32[0], ref.f32[1][:2]], "shape").kind == "wrong"
+
+
+def test_a_gradient_that_cancels_to_zero_may_carry_its_terms_roundoff():
+    """grad(sum(softmax(x))) is exactly 0; jax.jit's order cancels exactly even on
+    nudged inputs, a partitioned order leaves ~ulp(1/8) (seed 101, case 4157)."""
+    f = jax.grad(lambda x: jnp.sum(jax.nn.softmax(x, axis=0)))
+    args = make_args(1883, [((8,), None)])
+    ref = Reference.of(f, args)
+    roundoff = [np.full(8, 2.0**-25, np.float32)]
+    assert ref.compare(roundoff, "reordered").kind == "match"
+    assert ref.compare([np.full(8, 1e-3, np.float32)], "wrong").kind == "wrong"
 
 
 @pytest.mark.parametrize(
