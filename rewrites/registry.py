@@ -67,6 +67,13 @@ class OpRule:
     operands: tuple[Dims, ...]
     results: tuple[Dims, ...]
     localize: Localizer | None = field(default=None, compare=False)
+    unplaced: frozenset[int] = frozenset()
+    """Factors whose place in the *global* shapes these (local) shapes do not
+    fix: a reshape's size-1 dim just major to the factor may be a dim some
+    enclosing loop split down to 1, so a split of the factor's dims on one
+    side may sit on that dim on the other. Tiling the op itself is fine (its
+    shapes are the shapes at its level); reading its dims as the global
+    layout across enclosing loops is not."""
 
     def operand_factor(self, operand: int, dim: int) -> int | None:
         """The factor a tiling of `operand`'s `dim` would tile (its major one)."""
@@ -126,9 +133,13 @@ class _Builder:
         return (self.new(size, FactorKind.BLOCKED, reason),) if size > 1 else ()
 
     def rule(
-        self, operands: Sequence[Dims], results: Sequence[Dims], localize: Localizer | None = None
+        self,
+        operands: Sequence[Dims],
+        results: Sequence[Dims],
+        localize: Localizer | None = None,
+        unplaced: frozenset[int] = frozenset(),
     ) -> OpRule:
-        return OpRule(tuple(self.factors), tuple(operands), tuple(results), localize)
+        return OpRule(tuple(self.factors), tuple(operands), tuple(results), localize, unplaced)
 
 
 def shape(value_or_type: object) -> tuple[int, ...]:
@@ -182,20 +193,26 @@ def reshape_rule(op: shlo.ReshapeOp) -> OpRule:
     running over (H, D): tiling H, the major part of the merged group, passes
     through; tiling D would be a strided split and is refused. Where the shapes
     stop sharing factors (e.g. [2, 3] -> [3, 2]) the remaining dims are blocked.
+    A factor that starts a dim on one side right after size-1 dims were skipped
+    on the other is `unplaced` (see `OpRule.unplaced`).
     """
     b = _Builder()
     src, out = shape(op.operand), shape(op.result)
     src_dims: list[list[int]] = [[] for _ in src]
     out_dims: list[list[int]] = [[] for _ in out]
+    unplaced: set[int] = set()
+    skipped_src = skipped_out = False
     i = j = 0
     ri = src[0] if src else 1
     rj = out[0] if out else 1
     while i < len(src) and j < len(out):
         if ri == 1:
+            skipped_src |= not src_dims[i]
             i += 1
             ri = src[i] if i < len(src) else 1
             continue
         if rj == 1:
+            skipped_out |= not out_dims[j]
             j += 1
             rj = out[j] if j < len(out) else 1
             continue
@@ -208,11 +225,16 @@ def reshape_rule(op: shlo.ReshapeOp) -> OpRule:
                 out_dims[k].extend(b.blocked(out[k], reason))
             break
         f = b.new(g)
+        if (skipped_out and not src_dims[i]) or (skipped_src and not out_dims[j]):
+            unplaced.add(f)
+        skipped_src = skipped_out = False
         src_dims[i].append(f)
         out_dims[j].append(f)
         ri //= g
         rj //= g
-    return b.rule([tuple(map(tuple, src_dims))], [tuple(map(tuple, out_dims))])
+    return b.rule(
+        [tuple(map(tuple, src_dims))], [tuple(map(tuple, out_dims))], unplaced=frozenset(unplaced)
+    )
 
 
 def dot_general_rule(op: shlo.DotGeneralOp) -> OpRule:
