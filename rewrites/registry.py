@@ -36,7 +36,14 @@ from dialects.attributes import ints
 from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
 from dialects.names import op_name
 from dialects.regions import combiner_name
-from dialects.stablehlo_ext import CompareOp, PadOp, ReduceOp, ReverseOp, SliceOp
+from dialects.stablehlo_ext import (
+    CompareOp,
+    DynamicUpdateSliceOp,
+    PadOp,
+    ReduceOp,
+    ReverseOp,
+    SliceOp,
+)
 
 Dims = tuple[tuple[int, ...], ...]
 """Per tensor dimension, the factor ids it runs over, major to minor."""
@@ -342,6 +349,52 @@ def slice_rule(op: SliceOp) -> OpRule:
     return b.rule([operand], [result], _slice_localizer)
 
 
+def _dynamic_slice_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
+    """A dim the window spans whole: each part's window spans the part."""
+    from xdsl.dialects.builtin import DenseArrayBase, i64
+
+    assert isinstance(op, shlo.DynamicSliceOp)
+    d = dynamic_slice_rule(op).operand_dims(factor)[0]
+    assert d is not None
+    sizes = list(ints(op.slice_sizes))
+    sizes[d] = shape(op.operand)[d] // parts
+    return {"slice_sizes": DenseArrayBase.from_list(i64, sizes)}
+
+
+def dynamic_slice_rule(op: shlo.DynamicSliceOp) -> OpRule:
+    """A dim the window spans whole passes through: its start clamps to 0 in
+    every part as in the whole (a scan's per-layer slice keeps the other dims'
+    tiling). A dim the window cuts is blocked: its start is a run-time value,
+    so no part knows whether the window falls in it."""
+    b = _Builder()
+    src, out = shape(op.operand), shape(op.result)
+    keep = [size == n for size, n in zip(ints(op.slice_sizes), src, strict=True)]
+    operand, result = _pass_through_or_blocked(
+        b, src, out, keep, "the window's start along this dimension is a run-time value"
+    )
+    starts: list[Dims] = [() for _ in op.start_indices]
+    return b.rule([operand, *starts], [result], _dynamic_slice_localizer)
+
+
+def dynamic_update_slice_rule(op: DynamicUpdateSliceOp) -> OpRule:
+    """A dim the update spans whole passes through operand, update and result
+    (its start clamps to 0); a dim the update covers in part is blocked."""
+    b = _Builder()
+    reason = "the update's start along this dimension is a run-time value"
+    operand: list[tuple[int, ...]] = []
+    update: list[tuple[int, ...]] = []
+    for n, m in zip(shape(op.operand), shape(op.update), strict=True):
+        if n == m:
+            f = (b.new(n),)
+            operand.append(f)
+            update.append(f)
+        else:
+            operand.append(b.blocked(n, reason))
+            update.append(b.blocked(m, reason))
+    starts: list[Dims] = [() for _ in op.start_indices]
+    return b.rule([tuple(operand), tuple(update), *starts], [tuple(operand)])
+
+
 def pad_rule(op: PadOp) -> OpRule:
     b = _Builder()
     src, out = shape(op.operand), shape(op.result)
@@ -560,6 +613,8 @@ RULES: dict[str, RuleBuilder] = {
     "stablehlo.dot_general": dot_general_rule,
     "stablehlo.reduce": reduce_rule,
     "stablehlo.slice": slice_rule,
+    "stablehlo.dynamic_slice": dynamic_slice_rule,
+    "stablehlo.dynamic_update_slice": dynamic_update_slice_rule,
     "stablehlo.pad": pad_rule,
     "stablehlo.reverse": reverse_rule,
     "stablehlo.concatenate": concatenate_rule,
@@ -577,8 +632,6 @@ for _cls in (*UNARY_CLASSES.values(), *BINARY_CLASSES.values()):
 
 OPAQUE_REASONS: dict[str, str] = {
     "stablehlo.scatter(multi-input)": "a loop has one result; this scatter has several",
-    "stablehlo.dynamic_slice": "the window's start is a run-time value",
-    "stablehlo.dynamic_update_slice": "the window's start is a run-time value",
     "stablehlo.dynamic_broadcast_in_dim": "the result shape is a run-time value",
     "stablehlo.while": "control flow: tiling through loops is not supported yet",
     "stablehlo.if": "control flow: tiling through conditionals is not supported yet",

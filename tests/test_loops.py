@@ -63,3 +63,20 @@ def test_scan_fori_and_data_dependent_while_match_jax_jit(name):
     # BatchParallel splits x, so the data that decides until_program's trip
     # count is tiled.
     assert_matches_jax_jit(fn, args, [partir.BatchParallel("batch", inputs="x")])
+
+
+def test_a_layer_picked_at_run_time_keeps_its_other_dims_tiled():
+    """`ws[i]` (dynamic_slice on the layer dim) and writing a layer back
+    (dynamic_update_slice) keep the tiling of the dims they span whole: no
+    collective touches the stack, including for an out-of-range `i` (clamped)."""
+
+    def program(ws, x, i):
+        w = jax.lax.dynamic_index_in_dim(ws, i, axis=0, keepdims=False)
+        y = x @ w
+        return jax.lax.dynamic_update_index_in_dim(ws, w * 2.0, i, axis=0), y
+
+    p, x = scanned_stack.mlp_args()
+    tactics = [partir.ManualPartition({"ws": {2: "model"}})]
+    for i in (1, 7, -3):
+        lowered = assert_matches_jax_jit(program, (p["w"], x, np.int32(i)), tactics)
+    assert lowered.collectives == []  # y leaves split by columns, as partir returns outputs
