@@ -44,6 +44,7 @@ from xdsl.rewriter import InsertPoint
 from dialects.partir import ORIGIN, LoopOp, MeshOp, SliceOp, TileAttr, YieldOp, find_mesh, part_type
 from rewrites.actions import describe_value
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin, record_conflicts
+from rewrites.control_flow import CARRYING_OPS, TileThroughWhile
 from rewrites.projection import (
     Tiling,
     enclosing_axes,
@@ -436,6 +437,7 @@ class Propagation(RewritePattern):
             PushSliceIntoLoop(),
         )
         self.forward = PushForward(self.mesh, self.log, self.rules)
+        self.carried = TileThroughWhile(self.log)
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         kind = type(op)
@@ -444,6 +446,8 @@ class Propagation(RewritePattern):
                 pattern.match_and_rewrite(op, rewriter)
                 if rewriter.has_done_action:
                     return
+        elif kind in CARRYING_OPS:
+            self.carried.match_and_rewrite(op, rewriter)
         elif kind not in _STRUCTURAL_TYPES:
             self.forward.match_and_rewrite(op, rewriter)
 

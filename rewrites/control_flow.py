@@ -1,0 +1,132 @@
+"""Tiling through `stablehlo.while`: a carried value keeps one tiling.
+
+A loop-carried value (a scan's activations, its stacked parameters, the
+buffers it writes per layer) has one distribution on entry, in the body and
+on exit. Tiling it is the identity action `v ~> loop a [tile d] (r -> slice d
+v[r])` (`rewrites.actions`) applied to every place the value appears: the
+body's and the condition's argument, the loop's result, and its operand. The
+body is then ordinary code for propagation, and the SPMD lowering gives the
+carried value the distribution its body argument is sliced by.
+
+The tiling comes from either end, until neither adds one (a fixpoint; tilings
+are only ever added, so it ends):
+
+- **entry**: an operand produced tiled (by a tile loop);
+- **exit of an iteration**: the value the body returns for it, once
+  propagation has tiled it (a scan's per-layer output buffer, tiled like the
+  rows written into it).
+
+A tiling that disagrees with the one the value already has over the same
+axis is a conflict, recorded by the action (`apply_tile_action`); the
+lowering then redistributes at the loop's boundary, so the numbers stay
+right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.pattern_rewriter import PatternRewriter, RewritePattern
+from xdsl.rewriter import InsertPoint
+from xdsl_jax.dialects import stablehlo as shlo
+
+from dialects.partir import (
+    ORIGIN,
+    LoopOp,
+    MeshOp,
+    OriginAttr,
+    RangeType,
+    SliceOp,
+    TileAttr,
+    YieldOp,
+    find_mesh,
+)
+from dialects.stablehlo_ext import WhileOp
+from rewrites.actions import TileAction, apply_tile_action, existing_tiling
+from rewrites.conflicts import ConflictLog
+from rewrites.projection import Tiling, tilings
+
+CARRYING_OPS = frozenset({WhileOp, shlo.WhileOp, shlo.ReturnOp})
+"""The op types `TileThroughWhile` looks at (a while, and its body's return)."""
+
+
+def enclosing_while(op: Operation) -> shlo.WhileOp | None:
+    """The while whose body `op` (a `stablehlo.return`) ends, if any."""
+    parent = op.parent_op()
+    if isinstance(parent, shlo.WhileOp) and op.parent_region() is parent.body:
+        return parent
+    return None
+
+
+@dataclass
+class TileThroughWhile(RewritePattern):
+    """Give each carried value the tilings its operand or its body's returned
+    value has, in its body and condition arguments, result and operand."""
+
+    log: ConflictLog
+    mesh: MeshOp | None = None
+
+    def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        loop = op if isinstance(op, shlo.WhileOp) else enclosing_while(op)
+        if loop is None:
+            return
+        if self.mesh is None:
+            top = loop.get_toplevel_object()
+            self.mesh = find_mesh(top) if isinstance(top, ModuleOp) else None
+            if self.mesh is None:
+                return
+        returned = loop.body.block.last_op
+        assert returned is not None
+        for k, operand in enumerate(loop.operands):
+            for tiling in (*tilings(operand), *tilings(returned.operands[k])):
+                self._carry(loop, k, tiling, rewriter)
+
+    def _carry(
+        self, loop: shlo.WhileOp, k: int, tiling: Tiling, rewriter: PatternRewriter
+    ) -> None:
+        places = (loop.body.block.args[k], loop.cond.block.args[k], loop.results[k])
+        for value in places:
+            # An unused place needs no tiling (and a dead loop would be erased
+            # and made again, for ever).
+            if value.uses and existing_tiling(value, tiling.axis) is None:
+                self._tile(value, tiling, rewriter)
+        operand = loop.operands[k]
+        if not any(t.axis == tiling.axis for t in tilings(operand)):
+            self._tile_operand(loop, k, tiling, rewriter)
+
+    def _tile(self, value: SSAValue, tiling: Tiling, rewriter: PatternRewriter) -> None:
+        origin = tiling.origin or OriginAttr(0, "propagation", "a loop-carried value")
+        action = TileAction(value, tiling.dim, tiling.axis, origin)
+        assert self.mesh is not None
+        made = apply_tile_action(action, self.mesh, self.log)
+        if made is not None:
+            _wake(rewriter, made)
+
+    def _tile_operand(
+        self, loop: shlo.WhileOp, k: int, tiling: Tiling, rewriter: PatternRewriter
+    ) -> None:
+        """The loop's own use of operand k becomes a tile loop over it (other
+        users of the value keep it as it is)."""
+        value = loop.operands[k]
+        assert self.mesh is not None
+        parts = self.mesh.axes[tiling.axis]
+        block = Block(arg_types=[RangeType(parts)])
+        part = SliceOp(value, tiling.dim, block.args[0])
+        block.add_ops([part, YieldOp(part.result)])
+        attributes = {ORIGIN: tiling.origin} if tiling.origin is not None else {}
+        made = LoopOp(tiling.axis, TileAttr(tiling.dim), Region(block), value.type, attributes)
+        rewriter.insert_op(made, InsertPoint.before(loop))
+        loop.operands[k] = made.result
+        _wake(rewriter, made)
+        rewriter.notify_op_modified(loop)
+
+
+def _wake(rewriter: PatternRewriter, loop: LoopOp) -> None:
+    """Queue a tile loop made outside the rewriter, its body and its users."""
+    rewriter.notify_op_modified(loop)
+    for op in loop.body.block.ops:
+        rewriter.notify_op_modified(op)
+    for use in loop.result.uses:
+        rewriter.notify_op_modified(use.operation)
