@@ -36,6 +36,7 @@ from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
+    PatternRewriterListener,
     PatternRewriteWalker,
     RewritePattern,
 )
@@ -122,8 +123,12 @@ def wake_users(rewriter: PatternRewriter, values: list[SSAValue]) -> None:
     users must be looked at again, or the walker needs another full sweep.
     """
     for value in values:
+        users = {use.operation for use in value.uses}
+        for user in users if len(users) == 1 else ():
+            rewriter.notify_op_modified(user)
         for use in value.uses:
-            rewriter.notify_op_modified(use.operation)
+            if type(use.operation) is SliceOp:
+                rewriter.notify_op_modified(use.operation)
 
 
 def wake_body(rewriter: PatternRewriter, ops: list[Operation]) -> None:
@@ -459,9 +464,55 @@ def propagate(module: ModuleOp, log: ConflictLog | None = None) -> list[Conflict
     if mesh is not None:
         applier = GreedyRewritePatternApplier([Propagation(mesh.axes, log)])
         with paused_gc():
-            PatternRewriteWalker(applier).rewrite_module(module)
+            _Walker(applier).rewrite_module(module)
     record_conflicts(module, log.conflicts)
     return list(log.conflicts)
+
+
+def _idle(op: Operation) -> bool:
+    """Whether visiting `op` would do nothing: it is not dead (a result is used,
+    or it is a terminator) and no propagation pattern can match it (exactly
+    `Propagation`'s and `PushForward`'s early exits). Most visits end here."""
+    kind = type(op)
+    if kind is SliceOp:
+        return False
+    results = op.results
+    if not results:
+        return kind is YieldOp or kind is func.ReturnOp  # terminators are never dead
+    if all(r.first_use is None for r in results):
+        return False  # dead code: the applier erases it
+    if kind in _STRUCTURAL_TYPES or len(results) != 1:
+        return True
+    return not any(type(v.owner) in _TILED_PRODUCERS for v in op.operands)
+
+
+class _Walker(PatternRewriteWalker):
+    """xDSL's walker with the same worklist, listener and visit order, except
+    that visits `_idle` says would do nothing are skipped before the rewriter
+    is reset for them (which costs more than the check)."""
+
+    def _process_worklist(self, listener: PatternRewriterListener) -> bool:
+        worklist = self._worklist
+        done = False
+        rewriter: PatternRewriter | None = None
+        pattern = self.pattern
+        while worklist:
+            op = worklist.pop()
+            if _idle(op):
+                continue
+            if rewriter is None:
+                rewriter = PatternRewriter(op)
+                rewriter.extend_from_listener(listener)
+            rewriter.has_done_action = False
+            rewriter.current_operation = op
+            rewriter.insertion_point = InsertPoint.before(op)
+            rewriter.name_hint = None
+            try:
+                pattern.match_and_rewrite(op, rewriter)
+            except Exception as err:
+                op.emit_error(f"Error while applying pattern: {err}", underlying_error=err)
+            done |= rewriter.has_done_action
+        return done
 
 
 @contextmanager
