@@ -41,6 +41,7 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
 )
 from xdsl.rewriter import InsertPoint
+from xdsl.traits import IsTerminator, SymbolOpInterface
 
 from dialects.partir import ORIGIN, LoopOp, MeshOp, SliceOp, TileAttr, YieldOp, find_mesh, part_type
 from rewrites.actions import describe_value
@@ -83,20 +84,18 @@ class RuleCache:
         return rule
 
 
-def _operand_tilings(op: Operation, mesh: dict[str, int]) -> list[tuple[int, Tiling]]:
+def _operand_tilings(op: Operation) -> list[tuple[int, Tiling]]:
     """(operand index, tiling) pairs over axes `op` is not already looping over."""
-    if not any(type(v.owner) in _TILED_PRODUCERS for v in op.operands):
-        return []
-    busy = enclosing_axes(op)
-    if len(busy) == len(mesh):
-        return []  # inside a loop over every axis: nothing left to push forward
-    return [
+    found = [
         (i, t)
         for i, v in enumerate(op.operands)
         if type(v.owner) in _TILED_PRODUCERS
         for t in tilings(v)
-        if t.axis not in busy
     ]
+    if not found:
+        return found  # most visits: operands sliced from untiled values
+    busy = enclosing_axes(op)
+    return [(i, t) for i, t in found if t.axis not in busy]
 
 
 _TILED_PRODUCERS = (LoopOp, SliceOp)
@@ -154,7 +153,7 @@ class PushForward(RewritePattern):
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         if type(op) in _STRUCTURAL_TYPES or len(op.results) != 1:
             return
-        tilings = _operand_tilings(op, self.mesh)
+        tilings = _operand_tilings(op)
         if not tilings:
             return
         rule = self.rules(op)
@@ -475,15 +474,39 @@ def _idle(op: Operation) -> bool:
     `Propagation`'s and `PushForward`'s early exits). Most visits end here."""
     kind = type(op)
     if kind is SliceOp:
-        return False
+        # The slice patterns need a second slice of the source (dedupe) or a
+        # source made by a loop (fusion, moving in) or by a rule's op (backward).
+        src = op.operands[0]
+        owner = src.owner
+        return (
+            op.results[0].first_use is not None
+            and src.has_one_use()
+            and (
+                not isinstance(owner, Operation)
+                or (isinstance(owner, STRUCTURAL) and type(owner) is not LoopOp)
+            )
+        )
     results = op.results
     if not results:
-        return kind is YieldOp or kind is func.ReturnOp  # terminators are never dead
+        return _never_dead(kind, op)
     if all(r.first_use is None for r in results):
         return False  # dead code: the applier erases it
     if kind in _STRUCTURAL_TYPES or len(results) != 1:
         return True
-    return not any(type(v.owner) in _TILED_PRODUCERS for v in op.operands)
+    return not any(type(v.owner) in _TILED_PRODUCERS and tilings(v) for v in op.operands)
+
+
+_NEVER_DEAD: dict[type[Operation], bool] = {}
+
+
+def _never_dead(kind: type[Operation], op: Operation) -> bool:
+    """Terminators and symbols are never trivially dead (a per-type trait)."""
+    found = _NEVER_DEAD.get(kind)
+    if found is None:
+        found = _NEVER_DEAD[kind] = op.has_trait(
+            IsTerminator, value_if_unregistered=False
+        ) or op.has_trait(SymbolOpInterface, value_if_unregistered=False)
+    return found
 
 
 class _Walker(PatternRewriteWalker):
