@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
@@ -115,16 +115,21 @@ def _candidates(
 
 
 def wake_users(rewriter: PatternRewriter, values: list[SSAValue]) -> None:
-    """Re-queue the users of values whose uses a rewrite changed.
+    """Re-queue the users that read how a value is used, after a rewrite changed it.
 
-    Fusion and backward propagation depend on how a value is used (only by
-    slices, by one op); when a rewrite changes that, the value's remaining
-    users must be looked at again, or the walker needs another full sweep.
+    Fusion, backward propagation and dedupe look at a slice's source's uses,
+    and joining a loop needs its sole user; no other pattern reads uses. So
+    only a value's slices and its sole user are woken: waking every user made
+    a value used everywhere (Adam's bias-correction scalars, by every update)
+    cost O(N) per rewrite of one of them. A rank-0 value has no slices.
     """
     for value in values:
-        users = {use.operation for use in value.uses}
-        for user in users if len(users) == 1 else ():
-            rewriter.notify_op_modified(user)
+        sole = _sole_user(value)
+        if sole is not None:
+            rewriter.notify_op_modified(sole)
+        ty = value.type
+        if isinstance(ty, TensorType) and not ty.get_shape():
+            continue
         for use in value.uses:
             if type(use.operation) is SliceOp:
                 rewriter.notify_op_modified(use.operation)
@@ -137,9 +142,17 @@ def wake_body(rewriter: PatternRewriter, ops: list[Operation]) -> None:
         rewriter.notify_op_modified(op)
 
 
-def _single_user(loop: LoopOp) -> Operation | None:
-    users = {use.operation for use in loop.result.uses}
-    return users.pop() if len(users) == 1 else None
+def _sole_user(value: SSAValue) -> Operation | None:
+    """The one op using `value` (maybe more than once), or None; stops at a
+    second user rather than reading every use."""
+    use = value.first_use
+    if use is None:
+        return None
+    user = use.operation
+    for use in value.uses:
+        if use.operation is not user:
+            return None
+    return user
 
 
 @dataclass
@@ -182,7 +195,7 @@ class PushForward(RewritePattern):
     @staticmethod
     def _can_join(op: Operation, rule: OpRule, chosen: _Candidate, loop: LoopOp) -> bool:
         """`op` is the loop's only user, and uses it only where its part fits."""
-        if loop.result is not op.operands[chosen.operand] or _single_user(loop) is not op:
+        if loop.result is not op.operands[chosen.operand] or _sole_user(loop.result) is not op:
             return False
         dims = rule.operand_dims(chosen.factor)
         return all(
