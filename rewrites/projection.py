@@ -400,8 +400,10 @@ class LoopRelations:
                 for result in op.results
             ]
         partial = {a for r in operands for a in r.dist.partial}
-        dist, lost = result_distribution(rule, project(rule, [r.dist for r in operands]))
-        return [LoopRelation(dist).forget(lost | partial | unknown)]
+        projection = project(rule, [r.dist for r in operands])
+        dist, lost = result_distribution(rule, projection)
+        unplaced = {a for f in rule.unplaced for a in projection.factors[f]}
+        return [LoopRelation(dist).forget(lost | partial | unknown | unplaced)]
 
     # what the lowering relies on ---------------------------------------------------
 
@@ -490,7 +492,7 @@ class LoopRelations:
         else:
             sums = [f for f, fac in enumerate(rule.factors) if fac.kind is FactorKind.SUM]
             factor = sums[0] if len(sums) == 1 else None
-        if factor is None:
+        if factor is None or factor in rule.unplaced:
             return None
         dim = rule.operand_dims(factor)[index]
         return Split(dim) if dim is not None else Replicated()
