@@ -112,14 +112,17 @@ def tilings(value: SSAValue) -> list[Tiling]:
     owner = value.owner
     if type(owner) is LoopOp:
         inner = tilings(owner.yielded)
-        action = owner.action
+        action = owner.properties["action"]  # IRDL's accessors are slow on this path
         if type(action) is TileAttr:
             tiling = Tiling(owner.axis_name, action.dim.data, owner.origin, owner)
             return [tiling, *inner]
         return inner
     if type(owner) is SliceOp:
-        axis = range_axis(owner.index)
-        outer = tilings(owner.src)
+        src, index = owner.operands
+        outer = tilings(src)
+        if not outer:
+            return outer
+        axis = range_axis(index)
         dim = owner.dim_index
         if any(t.axis == axis and t.dim == dim for t in outer):
             return [t for t in outer if t.axis != axis]
