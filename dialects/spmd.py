@@ -58,6 +58,10 @@ from dialects.partir import MeshOp, find_mesh
 DIST = "dist"
 """The attribute on every SPMD-body op holding its result's `DTensorType`."""
 
+CARRIED = "carried"
+"""The attribute on an SPMD `stablehlo.while` holding, per carried value, its
+`DTensorType`: one distribution on entry, in the body and on exit."""
+
 AxesAttr = ArrayAttr[StringAttr]
 
 

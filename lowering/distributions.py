@@ -16,7 +16,8 @@ undistribute never appears.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import StringAttr, TensorType
@@ -127,6 +128,47 @@ class Redistributor:
             return self._apply(placed, AllReduceOp(placed.local, placed.dist.partial))
 
         return self._memo(placed, "reduce", make)
+
+    def convert(self, placed: Placed, target: Distribution) -> Placed:
+        """`placed` distributed as `target` (splits only: a loop-carried value):
+        a local slice where `target` only splits further, a reduce-scatter
+        where it splits a dim over the axes `placed` is partial over, else
+        whole first, then the device's part."""
+        if placed.dist == target:
+            return placed
+
+        def make() -> Placed:
+            current = placed
+            dist = current.dist
+            if dist.partial and not dist.axes and len(target.axes) == len(dist.partial):
+                split = [d for d, axes in enumerate(target.dims) if axes]
+                if len(split) == 1 and set(target.dims[split[0]]) == set(dist.partial):
+                    d, axes = split[0], target.dims[split[0]]
+                    ty = part_type(current.local.type, d, self.mesh.size_of(axes))
+                    return self._apply(current, ReduceScatterOp(current.local, d, axes, ty))
+            further = not dist.partial and all(
+                want[: len(have)] == have for have, want in zip(dist.dims, target.dims, strict=True)
+            )
+            if not further:
+                current = self.replicate(current)
+            for d, want in enumerate(target.dims):
+                more = want[len(current.dist.dims[d]) :]
+                if more:
+                    ty = part_type(current.local.type, d, self.mesh.size_of(more))
+                    current = self._apply(current, LocalSliceOp(current.local, d, more, ty))
+            return current
+
+        return self._memo(placed, f"convert:{target}", make)
+
+    @contextmanager
+    def nested(self) -> Iterator[None]:
+        """Conversions made inside a region are not reused after it (they do
+        not dominate the ops that follow the region's op)."""
+        saved = dict(self._cache)
+        try:
+            yield
+        finally:
+            self._cache = saved
 
     def take_part(self, placed: Placed, dim: int, axis: str) -> Placed:
         """Each device's part along `dim` over `axis` (a `partir.slice` by the

@@ -43,7 +43,14 @@ class ModuleTables:
         self.constants: dict[str, str] = {}
         """`_CONSTANTS` key -> the expression rebuilding the array."""
         self.dtypes: set[np.dtype] = set()
+        self.helpers: dict[str, str] = {}
+        """Name -> source of the module-level helper functions the body calls."""
         self._keys: dict[str, str] = {}
+
+    def helper(self, name: str, source: str) -> str:
+        """`name`, whose definition `source` the module then includes once."""
+        self.helpers.setdefault(name, source)
+        return name
 
     def constant(self, entry: str) -> str:
         """The `_CONSTANTS` key of `entry`: named by content, so equal

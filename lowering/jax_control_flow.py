@@ -9,18 +9,33 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from xdsl.dialects.builtin import ArrayAttr
 from xdsl.ir import Block, Operation
 from xdsl_jax.dialects import stablehlo as shlo
 
+from dialects.spmd import CARRIED, DTensorType
 from lowering.jax_ir import unsupported
-from lowering.jax_literals import tuple_literal
+from lowering.jax_literals import axes_literal, tuple_literal
 
 if TYPE_CHECKING:
     from lowering.jax_body import BodyEmitter
 
 
+VARYING_HELPER = '''
+def _varying(x, axes):
+    """`x`, varying over `axes` (shard_map's type of a value split over them)."""
+    missing = tuple(a for a in axes if a not in jax.typeof(x).mat.varying)
+    return lax.pcast(x, missing, to="varying") if missing else x
+'''
+
+
 def _carry_function(
-    em: BodyEmitter, op: Operation, block: Block, prefix: str, returns_carry: bool
+    em: BodyEmitter,
+    op: Operation,
+    block: Block,
+    prefix: str,
+    returns_carry: bool,
+    axes: list[tuple[str, ...]] | None = None,
 ) -> str:
     """A nested `def prefix_N(carry)`: unpacks the carried values, runs the
     region, returns its one value (`cond`) or the new carry (`body`)."""
@@ -34,14 +49,38 @@ def _carry_function(
             raise unsupported(op, f"its {prefix} region does not end in stablehlo.return")
         em.emit_ops(body)
         values = [em.name(v) for v in ret.operands]
+        if returns_carry:
+            values = _as_varying(em, values, axes)
         em.write(f"return {tuple_literal(values)}" if returns_carry else f"return {values[0]}")
     return name
 
 
+def _varying_axes(op: Operation) -> list[tuple[str, ...]] | None:
+    """Per carried value, the mesh axes it is split over (`spmd.CARRIED`)."""
+    carried = op.attributes.get(CARRIED)
+    if not isinstance(carried, ArrayAttr):
+        return None
+    return [t.distribution.axes if isinstance(t, DTensorType) else () for t in carried]
+
+
+def _as_varying(em: BodyEmitter, names: list[str], axes: list[tuple[str, ...]] | None) -> list[str]:
+    """shard_map types a loop's carry by the axes it varies over, and the
+    body's result must match its input: a part made without the axis index
+    (zeros sliced to a part) is cast to varying over its split axes."""
+    if axes is None:
+        return names
+    helper = em.tables.helper("_varying", VARYING_HELPER)
+    return [
+        f"{helper}({n}, {axes_literal(a)})" if a else n
+        for n, a in zip(names, axes, strict=True)
+    ]
+
+
 def emit_while(em: BodyEmitter, op: shlo.WhileOp) -> str:
     """`lax.while_loop(cond, body, (carried...))`; one result is unpacked."""
-    carried = [em.name(v) for v in op.operand]
+    axes = _varying_axes(op)
+    carried = _as_varying(em, [em.name(v) for v in op.operand], axes)
     cond = _carry_function(em, op, op.cond.block, "cond", returns_carry=False)
-    body = _carry_function(em, op, op.body.block, "body", returns_carry=True)
+    body = _carry_function(em, op, op.body.block, "body", returns_carry=True, axes=axes)
     call = f"lax.while_loop({cond}, {body}, {tuple_literal(carried)})"
     return call if len(op.results) > 1 else f"{call}[0]"

@@ -20,13 +20,16 @@ partial sums are all-reduced, since a partial sum is not a value.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import cast
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp, TensorType
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
+from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.distribution import Distribution
 from dialects.functions import entry_function
@@ -42,7 +45,7 @@ from dialects.partir import (
     YieldOp,
     find_mesh,
 )
-from dialects.spmd import DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
+from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
 from lowering.distributions import Placed, Redistributor
 from rewrites.projection import LoopRelations, range_axis
 
@@ -175,8 +178,86 @@ class SpmdLowering:
             self._lower_loop(op)
         elif isinstance(op, YieldOp | MeshOp):
             pass
+        elif isinstance(op, shlo.WhileOp):
+            self._lower_while(op)
         else:
             self._lower_compute(op)
+
+    def _lower_while(self, op: shlo.WhileOp) -> None:
+        """A loop on the devices' parts: each carried value keeps the
+        distribution its body argument is sliced by (`rewrites.control_flow`
+        tiles it there), on entry, in both regions and on exit; the body's
+        returned values are converted to it, the condition's made whole."""
+        body, cond = op.body.block, op.cond.block
+        dists = [
+            input_dist(arg, self.mesh) if isinstance(arg.type, TensorType) else Distribution(())
+            for arg in body.args
+        ]
+        operands = []
+        for value, dist in zip(op.operands, dists, strict=True):
+            self.redistribute.cause = (op_name(op), self.env[value].origins)
+            operands.append(self.redistribute.convert(self.env[value], dist).local)
+        local_types = [v.type for v in operands]
+
+        def whole(ret: Operation) -> list[SSAValue]:
+            self.redistribute.cause = (f"{op_name(op)} cond", ())
+            return [self.redistribute.replicate(self.env[ret.operands[0]]).local]
+
+        def carried(ret: Operation) -> list[SSAValue]:
+            out = []
+            for value, dist in zip(ret.operands, dists, strict=True):
+                self.redistribute.cause = (f"{op_name(op)} body", self.env[value].origins)
+                out.append(self.redistribute.convert(self.env[value], dist).local)
+            return out
+
+        regions = [
+            Region(self._lower_region(cond, dists, local_types, whole)),
+            Region(self._lower_region(body, dists, local_types, carried)),
+        ]
+        new = type(op).create(
+            operands=operands,
+            result_types=local_types,
+            properties=dict(op.properties),
+            attributes=dict(op.attributes),
+            regions=regions,
+        )
+        if all(isinstance(v.type, TensorType) for v in op.operands):
+            new.attributes[CARRIED] = ArrayAttr(
+                [
+                    DTensorType.of(cast(TensorType, v.type), d)
+                    for v, d in zip(op.operands, dists, strict=True)
+                ]
+            )
+        self._emit(new)
+        for old, result, dist in zip(op.results, new.results, dists, strict=True):
+            result.name_hint = old.name_hint
+            self.env[old] = Placed(result, dist)
+
+    def _lower_region(
+        self,
+        block: Block,
+        dists: list[Distribution],
+        local_types: list[Attribute],
+        returns: Callable[[Operation], list[SSAValue]],
+    ) -> Block:
+        """`block` (ending in `stablehlo.return`) lowered into a new block whose
+        arguments are the parts `dists` give; `returns` makes its results."""
+        outer = self.block
+        self.block = Block(arg_types=local_types)
+        try:
+            with self.redistribute.nested():
+                for arg, new_arg, dist in zip(block.args, self.block.args, dists, strict=True):
+                    new_arg.name_hint = arg.name_hint
+                    self.env[arg] = Placed(new_arg, dist)
+                *ops, ret = list(block.ops)
+                if not isinstance(ret, shlo.ReturnOp):
+                    raise LoweringError(f"{ret.name} ends a stablehlo.while region")
+                for inner in ops:
+                    self._lower_op(inner)
+                self._emit(shlo.ReturnOp(returns(ret)))
+            return self.block
+        finally:
+            self.block = outer
 
     def _lower_slice(self, op: SliceOp) -> None:
         axis = range_axis(op.index)

@@ -24,10 +24,10 @@ right.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter, RewritePattern
 from xdsl.rewriter import InsertPoint
 from xdsl_jax.dialects import stablehlo as shlo
@@ -45,7 +45,7 @@ from dialects.partir import (
 )
 from dialects.stablehlo_ext import WhileOp
 from rewrites.actions import TileAction, apply_tile_action, existing_tiling
-from rewrites.conflicts import ConflictLog
+from rewrites.conflicts import Conflict, ConflictLog, describe_origin
 from rewrites.projection import Tiling, tilings
 
 CARRYING_OPS = frozenset({WhileOp, shlo.WhileOp, shlo.ReturnOp})
@@ -67,6 +67,9 @@ class TileThroughWhile(RewritePattern):
 
     log: ConflictLog
     mesh: MeshOp | None = None
+    carried: dict[tuple[Operation, int, str], int] = field(default_factory=dict)
+    """(loop, carried value, axis) -> the dim it is tiled on."""
+    _conflicts: set[tuple[Operation, int, str, int]] = field(default_factory=set)
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         loop = op if isinstance(op, shlo.WhileOp) else enclosing_while(op)
@@ -86,14 +89,32 @@ class TileThroughWhile(RewritePattern):
     def _carry(
         self, loop: shlo.WhileOp, k: int, tiling: Tiling, rewriter: PatternRewriter
     ) -> None:
-        places = (loop.body.block.args[k], loop.cond.block.args[k], loop.results[k])
-        for value in places:
+        """Tile carried value k on `tiling`'s dim over its axis, once per axis
+        (the wrappers nest, so the places themselves do not show it)."""
+        key = (loop, k, tiling.axis)
+        done = self.carried.get(key)
+        if done is not None:
+            if done != tiling.dim and (*key, tiling.dim) not in self._conflicts:
+                self._conflicts.add((*key, tiling.dim))
+                self.log.record(
+                    Conflict(
+                        op=loop.name,
+                        values=(f"carried value {k}",),
+                        axis=tiling.axis,
+                        winner=f"its tiling on dim {done}",
+                        loser=describe_origin(tiling.origin),
+                        detail=f"tiled on dim {tiling.dim} at the other end of an "
+                        "iteration; the loop's boundary redistributes it",
+                    )
+                )
+            return
+        self.carried[key] = tiling.dim
+        for value in (loop.body.block.args[k], loop.cond.block.args[k], loop.results[k]):
             # An unused place needs no tiling (and a dead loop would be erased
             # and made again, for ever).
             if value.uses and existing_tiling(value, tiling.axis) is None:
                 self._tile(value, tiling, rewriter)
-        operand = loop.operands[k]
-        if not any(t.axis == tiling.axis for t in tilings(operand)):
+        if not any(t.axis == tiling.axis for t in tilings(loop.operands[k])):
             self._tile_operand(loop, k, tiling, rewriter)
 
     def _tile(self, value: SSAValue, tiling: Tiling, rewriter: PatternRewriter) -> None:
@@ -115,7 +136,7 @@ class TileThroughWhile(RewritePattern):
         block = Block(arg_types=[RangeType(parts)])
         part = SliceOp(value, tiling.dim, block.args[0])
         block.add_ops([part, YieldOp(part.result)])
-        attributes = {ORIGIN: tiling.origin} if tiling.origin is not None else {}
+        attributes: dict[str, Attribute] = {ORIGIN: tiling.origin} if tiling.origin else {}
         made = LoopOp(tiling.axis, TileAttr(tiling.dim), Region(block), value.type, attributes)
         rewriter.insert_op(made, InsertPoint.before(loop))
         loop.operands[k] = made.result

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Block, Operation, OpResult, SSAValue
+from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.distribution import Distribution
 from dialects.partir import LoopOp, OriginAttr, RangeType, SliceOp, SumAttr, TileAttr, YieldOp
@@ -347,6 +348,9 @@ class LoopRelations:
         for op in block.ops:
             if type(op) is LoopOp:
                 self._forward(op.body.block, (*axes, op.axis_name))
+            elif isinstance(op, shlo.WhileOp):  # its regions run at its own scope
+                for region in op.regions:
+                    self._forward(region.block, axes)
             if type(op) is YieldOp:
                 continue
             for result, relation in zip(op.results, self._derive(op), strict=True):

@@ -503,6 +503,8 @@ def _idle(op: Operation) -> bool:
                 or (isinstance(owner, STRUCTURAL) and type(owner) is not LoopOp)
             )
         )
+    if kind in CARRYING_OPS:  # a while, or a region's return: carry a tiled value?
+        return not any(type(v.owner) in _TILED_PRODUCERS and tilings(v) for v in op.operands)
     results = op.results
     if not results:
         return _never_dead(kind, op)
