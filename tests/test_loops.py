@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 import partir
+from dialects.interpreter import run_function
+from dialects.interpreter.spmd import run_spmd
 from examples import scanned_stack
 from tests.numerics import assert_close
 from tests.test_names_and_determinism import assert_stages_round_trip
@@ -62,7 +64,14 @@ def test_scan_fori_and_data_dependent_while_match_jax_jit(name):
     args = (p, x) if name == "mlp_program" else (p["w"][0], x)
     # BatchParallel splits x, so the data that decides until_program's trip
     # count is tiled.
-    assert_matches_jax_jit(fn, args, [partir.BatchParallel("batch", inputs="x")])
+    lowered = assert_matches_jax_jit(fn, args, [partir.BatchParallel("batch", inputs="x")])
+    leaves = jax.tree.leaves(args)
+    want = jax.tree.leaves(jax.jit(fn)(*args))
+    core = partir.import_jax(fn, *args)
+    for what, got in (("core interpreter", run_function(core, leaves)),
+                      ("SPMD interpreter", run_spmd(lowered.module, leaves))):
+        for g, w in zip(got, want, strict=True):
+            assert_close(np.asarray(g), np.asarray(w), what=what)
 
 
 def test_a_layer_picked_at_run_time_keeps_its_other_dims_tiled():
