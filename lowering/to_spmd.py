@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 
 from dialects.distribution import Distribution
@@ -236,12 +236,19 @@ class SpmdLowering:
         """Annotate each computed op with its result's global type and
         distribution over the loops around it (`rewrites.projection`); a value
         whose relation to some loop is unknown is left unannotated."""
+        annotations: dict[tuple[Attribute, tuple[int, ...], Distribution], DTensorType] = {}
         for op in self.computed:
             relation = self.relations(op.results[0])
             local = op.results[0].type
             if relation.known and isinstance(local, TensorType):
-                global_type = self._global_type(local, relation.dist)
-                op.attributes[DIST] = DTensorType.of(global_type, relation.dist)
+                # Keyed by shape and element type: hashing a TensorType walks
+                # its attributes, and most ops share a few (type, dist) pairs.
+                key = (local.element_type, local.get_shape(), relation.dist)
+                dtensor = annotations.get(key)
+                if dtensor is None:
+                    global_type = self._global_type(local, relation.dist)
+                    dtensor = annotations[key] = DTensorType.of(global_type, relation.dist)
+                op.attributes[DIST] = dtensor
 
     def _global_type(self, local: TensorType, dist: Distribution) -> TensorType:
         parts = dist.parts(self.mesh)
