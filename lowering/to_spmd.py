@@ -224,7 +224,8 @@ class SpmdLowering:
         self._emit(op)
         for result in op.results:
             if isinstance(result.type, TensorType):
-                self.env[result] = Placed(result, Distribution.replicated(result.type.get_num_dims()))
+                rank = result.type.get_num_dims()
+                self.env[result] = Placed(result, Distribution.replicated(rank))
                 if len(op.results) == 1:
                     self.computed.append(op)
             else:
