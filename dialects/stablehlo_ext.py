@@ -22,6 +22,11 @@ what JAX emits but xdsl-jax 0.6 cannot represent:
   `lax.scan` JAX emits (each step writes its output row). `DynamicUpdateSliceOp`.
 - `stablehlo.reverse`: missing from xdsl-jax, and what `x[::-1]`, `jnp.flip` and
   the gradient of a reversed slice lower to. `ReverseOp`.
+- `stablehlo.while`: xdsl-jax prints the iteration arguments' names for `do`
+  but lets `cond`'s arguments take fresh names that the text never defines, so
+  no program with a `lax.scan` or `fori_loop` printed and parsed back
+  ("values used but not defined"). `WhileOp` names both regions' arguments
+  alike, as the parser reads them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from xdsl.dialects.builtin import AnyTensorType, DenseArrayBase, TensorType, i1, i64
+from xdsl.dialects.utils.format import print_assignment
 from xdsl.ir import Attribute, Dialect, Operation, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
@@ -347,12 +353,39 @@ class ReverseOp(IRDLOperation):
         printer.print_attribute(self.operand.type)
 
 
+class WhileOp(_xj.WhileOp):
+    """xdsl-jax's `stablehlo.while` (its definition, inherited), printing `cond`
+    with `do`'s argument names."""
+
+    def print(self, printer: Printer) -> None:
+        body, cond = self.body.block.args, self.cond.block.args
+        with printer.in_parens():
+            printer.print_list(
+                zip(body, self.operand, strict=True),
+                lambda pair: print_assignment(printer, pair[0], pair[1]),
+            )
+        # MLIR's custom form declares one name per iteration argument for both
+        # regions; xDSL's printer has no public way to alias a name.
+        for cond_arg, body_arg in zip(cond, body, strict=True):
+            printer._ssa_values[cond_arg] = printer._ssa_values[body_arg]
+        if self.operand:
+            printer.print_string(" : ")
+            printer.print_list((v.type for v in self.operand), printer.print_attribute)
+        if self.attributes:
+            printer.print_op_attributes(self.attributes, print_keyword=True)
+        printer.print_string("\ncond ")
+        printer.print_region(self.cond, print_entry_block_args=False)
+        printer.print_string(" do ")
+        printer.print_region(self.body, print_entry_block_args=False)
+
+
 def _stablehlo_dialect() -> Dialect:
     replaced: dict[str, type[Operation]] = {
         CompareOp.name: CompareOp,
         ReduceOp.name: ReduceOp,
         PadOp.name: PadOp,
         SliceOp.name: SliceOp,
+        WhileOp.name: WhileOp,
     }
     ops: list[type[Operation]] = [replaced.get(op.name, op) for op in _xj.StableHLO.operations]
     ops.extend((DynamicUpdateSliceOp, ReverseOp))

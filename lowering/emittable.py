@@ -14,9 +14,12 @@ from collections.abc import Callable
 
 from xdsl.dialects.builtin import ModuleOp, StringAttr
 from xdsl.ir import Operation
+from xdsl.passes import ModulePass, PassPipeline
 
 from dialects.names import op_name
-from lowering.jax_ir import UnsupportedOpError
+from dialects.partir import Partir
+from dialects.spmd import SPMD
+from lowering.jax_ir import UnsupportedOpError, op_position
 from lowering.jax_ops import EMITTERS
 
 STRUCTURAL = frozenset(
@@ -64,9 +67,14 @@ ALTERNATIVES: dict[str, str] = {
 DEFAULT_ALTERNATIVE = "compute it outside the partir.jit function"
 
 
+PARTIR_OPS = frozenset(op.name for dialect in (Partir, SPMD) for op in dialect.operations)
+"""partir's own ops (`partir-opt` reads any stage): the SPMD lowering and the
+collective emitters own them (tests/test_spmd_coverage.py checks they do)."""
+
+
 def emittable(op: Operation) -> bool:
     name = op_name(op)
-    return name in STRUCTURAL or name in EMITTERS
+    return name in STRUCTURAL or name in EMITTERS or name in PARTIR_OPS
 
 
 def _label(op: Operation) -> str:
@@ -109,3 +117,18 @@ def refuse_unemittable(module: ModuleOp, where: Callable[[Operation], str | None
         "partir cannot partition this program (refused before partitioning); "
         + "; ".join(parts)
     )
+
+
+def refusing_unemittable(pipeline: PassPipeline) -> PassPipeline:
+    """`pipeline`, refusing the module before its first pass if it holds an op
+    the emitter cannot write (`partir-opt` with `partir-emit-jax`: the same
+    early refusal `partir.jit` gives, with the op's position in the text)."""
+    inner = pipeline.callback
+
+    def callback(done: ModulePass | None, module: ModuleOp, following: ModulePass | None) -> None:
+        if done is None:
+            refuse_unemittable(module, op_position)
+        if inner is not None:
+            inner(done, module, following)
+
+    return PassPipeline(pipeline.passes, callback)

@@ -8,7 +8,9 @@ It is xDSL's `xdsl-opt` driver with partir's dialects (StableHLO with its gaps
 closed, CHLO, partir core, SPMD), partir's parser (hex float literals read as
 MLIR does), every pass of `partir.passes.PASSES` next to xDSL's own, and a
 `jax` target: when `partir-emit-jax` ends the pipeline, the output is the
-Python module. Errors print one clear message and exit with status 1;
+Python module (and an op the emitter cannot write is refused before the first
+pass, as `partir.jit` refuses it after import). Errors print one clear
+message and exit with status 1;
 `--traceback` shows the Python traceback instead.
 """
 
@@ -36,6 +38,7 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 from dialects.context import DIALECTS
 from dialects.errors import PartirError, PartirValueError
 from dialects.parser import PartirParser
+from lowering.emittable import refusing_unemittable
 from lowering.to_jax import emit_jax
 from partir.cli_errors import one_line
 from partir.passes import PASSES, EmitJaxPass
@@ -160,6 +163,8 @@ class PartirOptMain(xDSLOptMain):
             from partir.validation import checking_numerics
 
             self.pipeline = checking_numerics(self.pipeline)
+        if any(isinstance(p, EmitJaxPass) for p in passes):
+            self.pipeline = refusing_unemittable(self.pipeline)
 
     def _bad_option(self) -> str:
         """Which pass option has a value of the wrong type (xDSL's message

@@ -113,14 +113,17 @@ def tilings(value: SSAValue) -> list[Tiling]:
     owner = value.owner
     if type(owner) is LoopOp:
         inner = tilings(owner.yielded)
-        action = owner.action
+        action = owner.properties["action"]  # IRDL's accessors are slow on this path
         if type(action) is TileAttr:
             tiling = Tiling(owner.axis_name, action.dim.data, owner.origin, owner)
             return [tiling, *inner]
         return inner
     if type(owner) is SliceOp:
-        axis = range_axis(owner.index)
-        outer = tilings(owner.src)
+        src, index = owner.operands
+        outer = tilings(src)
+        if not outer:
+            return outer
+        axis = range_axis(index)
         dim = owner.dim_index
         if any(t.axis == axis and t.dim == dim for t in outer):
             return [t for t in outer if t.axis != axis]
@@ -410,8 +413,10 @@ class LoopRelations:
                 for result in op.results
             ]
         partial = {a for r in operands for a in r.dist.partial}
-        dist, lost = result_distribution(rule, project(rule, [r.dist for r in operands]))
-        return [LoopRelation(dist).forget(lost | partial | unknown)]
+        projection = project(rule, [r.dist for r in operands])
+        dist, lost = result_distribution(rule, projection)
+        unplaced = {a for f in rule.unplaced for a in projection.factors[f]}
+        return [LoopRelation(dist).forget(lost | partial | unknown | unplaced)]
 
     # what the lowering relies on ---------------------------------------------------
 
@@ -506,7 +511,7 @@ class LoopRelations:
         else:
             sums = [f for f, fac in enumerate(rule.factors) if fac.kind is FactorKind.SUM]
             factor = sums[0] if len(sums) == 1 else None
-        if factor is None:
+        if factor is None or factor in rule.unplaced:
             return None
         dim = rule.operand_dims(factor)[index]
         return Split(dim) if dim is not None else Replicated()

@@ -30,16 +30,18 @@ from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
+    PatternRewriterListener,
     PatternRewriteWalker,
     RewritePattern,
 )
 from xdsl.rewriter import InsertPoint
+from xdsl.traits import IsTerminator, SymbolOpInterface
 
 from dialects.partir import ORIGIN, LoopOp, MeshOp, SliceOp, TileAttr, YieldOp, find_mesh, part_type
 from rewrites.actions import describe_value
@@ -82,20 +84,18 @@ class RuleCache:
         return rule
 
 
-def _operand_tilings(op: Operation, mesh: dict[str, int]) -> list[tuple[int, Tiling]]:
+def _operand_tilings(op: Operation) -> list[tuple[int, Tiling]]:
     """(operand index, tiling) pairs over axes `op` is not already looping over."""
-    if not any(type(v.owner) in _TILED_PRODUCERS for v in op.operands):
-        return []
-    busy = enclosing_axes(op)
-    if len(busy) == len(mesh):
-        return []  # inside a loop over every axis: nothing left to push forward
-    return [
+    found = [
         (i, t)
         for i, v in enumerate(op.operands)
         if type(v.owner) in _TILED_PRODUCERS
         for t in tilings(v)
-        if t.axis not in busy
     ]
+    if not found:
+        return found  # most visits: operands sliced from untiled values
+    busy = enclosing_axes(op)
+    return [(i, t) for i, t in found if t.axis not in busy]
 
 
 _TILED_PRODUCERS = (LoopOp, SliceOp)
@@ -115,15 +115,24 @@ def _candidates(
 
 
 def wake_users(rewriter: PatternRewriter, values: list[SSAValue]) -> None:
-    """Re-queue the users of values whose uses a rewrite changed.
+    """Re-queue the users that read how a value is used, after a rewrite changed it.
 
-    Fusion and backward propagation depend on how a value is used (only by
-    slices, by one op); when a rewrite changes that, the value's remaining
-    users must be looked at again, or the walker needs another full sweep.
+    Fusion, backward propagation and dedupe look at a slice's source's uses,
+    and joining a loop needs its sole user; no other pattern reads uses. So
+    only a value's slices and its sole user are woken: waking every user made
+    a value used everywhere (Adam's bias-correction scalars, by every update)
+    cost O(N) per rewrite of one of them. A rank-0 value has no slices.
     """
     for value in values:
+        sole = _sole_user(value)
+        if sole is not None:
+            rewriter.notify_op_modified(sole)
+        ty = value.type
+        if isinstance(ty, TensorType) and not ty.get_shape():
+            continue
         for use in value.uses:
-            rewriter.notify_op_modified(use.operation)
+            if type(use.operation) is SliceOp:
+                rewriter.notify_op_modified(use.operation)
 
 
 def wake_body(rewriter: PatternRewriter, ops: list[Operation]) -> None:
@@ -133,9 +142,17 @@ def wake_body(rewriter: PatternRewriter, ops: list[Operation]) -> None:
         rewriter.notify_op_modified(op)
 
 
-def _single_user(loop: LoopOp) -> Operation | None:
-    users = {use.operation for use in loop.result.uses}
-    return users.pop() if len(users) == 1 else None
+def _sole_user(value: SSAValue) -> Operation | None:
+    """The one op using `value` (maybe more than once), or None; stops at a
+    second user rather than reading every use."""
+    use = value.first_use
+    if use is None:
+        return None
+    user = use.operation
+    for use in value.uses:
+        if use.operation is not user:
+            return None
+    return user
 
 
 @dataclass
@@ -149,7 +166,7 @@ class PushForward(RewritePattern):
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         if type(op) in _STRUCTURAL_TYPES or len(op.results) != 1:
             return
-        tilings = _operand_tilings(op, self.mesh)
+        tilings = _operand_tilings(op)
         if not tilings:
             return
         rule = self.rules(op)
@@ -178,7 +195,7 @@ class PushForward(RewritePattern):
     @staticmethod
     def _can_join(op: Operation, rule: OpRule, chosen: _Candidate, loop: LoopOp) -> bool:
         """`op` is the loop's only user, and uses it only where its part fits."""
-        if loop.result is not op.operands[chosen.operand] or _single_user(loop) is not op:
+        if loop.result is not op.operands[chosen.operand] or _sole_user(loop.result) is not op:
             return False
         dims = rule.operand_dims(chosen.factor)
         return all(
@@ -459,9 +476,79 @@ def propagate(module: ModuleOp, log: ConflictLog | None = None) -> list[Conflict
     if mesh is not None:
         applier = GreedyRewritePatternApplier([Propagation(mesh.axes, log)])
         with paused_gc():
-            PatternRewriteWalker(applier).rewrite_module(module)
+            _Walker(applier).rewrite_module(module)
     record_conflicts(module, log.conflicts)
     return list(log.conflicts)
+
+
+def _idle(op: Operation) -> bool:
+    """Whether visiting `op` would do nothing: it is not dead (a result is used,
+    or it is a terminator) and no propagation pattern can match it (exactly
+    `Propagation`'s and `PushForward`'s early exits). Most visits end here."""
+    kind = type(op)
+    if kind is SliceOp:
+        # The slice patterns need a second slice of the source (dedupe) or a
+        # source made by a loop (fusion, moving in) or by a rule's op (backward).
+        src = op.operands[0]
+        owner = src.owner
+        return (
+            op.results[0].first_use is not None
+            and src.has_one_use()
+            and (
+                not isinstance(owner, Operation)
+                or (isinstance(owner, STRUCTURAL) and type(owner) is not LoopOp)
+            )
+        )
+    results = op.results
+    if not results:
+        return _never_dead(kind, op)
+    if all(r.first_use is None for r in results):
+        return False  # dead code: the applier erases it
+    if kind in _STRUCTURAL_TYPES or len(results) != 1:
+        return True
+    return not any(type(v.owner) in _TILED_PRODUCERS and tilings(v) for v in op.operands)
+
+
+_NEVER_DEAD: dict[type[Operation], bool] = {}
+
+
+def _never_dead(kind: type[Operation], op: Operation) -> bool:
+    """Terminators and symbols are never trivially dead (a per-type trait)."""
+    found = _NEVER_DEAD.get(kind)
+    if found is None:
+        found = _NEVER_DEAD[kind] = op.has_trait(
+            IsTerminator, value_if_unregistered=False
+        ) or op.has_trait(SymbolOpInterface, value_if_unregistered=False)
+    return found
+
+
+class _Walker(PatternRewriteWalker):
+    """xDSL's walker with the same worklist, listener and visit order, except
+    that visits `_idle` says would do nothing are skipped before the rewriter
+    is reset for them (which costs more than the check)."""
+
+    def _process_worklist(self, listener: PatternRewriterListener) -> bool:
+        worklist = self._worklist
+        done = False
+        rewriter: PatternRewriter | None = None
+        pattern = self.pattern
+        while worklist:
+            op = worklist.pop()
+            if _idle(op):
+                continue
+            if rewriter is None:
+                rewriter = PatternRewriter(op)
+                rewriter.extend_from_listener(listener)
+            rewriter.has_done_action = False
+            rewriter.current_operation = op
+            rewriter.insertion_point = InsertPoint.before(op)
+            rewriter.name_hint = None
+            try:
+                pattern.match_and_rewrite(op, rewriter)
+            except Exception as err:
+                op.emit_error(f"Error while applying pattern: {err}", underlying_error=err)
+            done |= rewriter.has_done_action
+        return done
 
 
 @contextmanager

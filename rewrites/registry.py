@@ -36,7 +36,14 @@ from dialects.attributes import ints
 from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
 from dialects.names import op_name
 from dialects.regions import combiner_name
-from dialects.stablehlo_ext import CompareOp, PadOp, ReduceOp, ReverseOp, SliceOp
+from dialects.stablehlo_ext import (
+    CompareOp,
+    DynamicUpdateSliceOp,
+    PadOp,
+    ReduceOp,
+    ReverseOp,
+    SliceOp,
+)
 
 Dims = tuple[tuple[int, ...], ...]
 """Per tensor dimension, the factor ids it runs over, major to minor."""
@@ -67,6 +74,13 @@ class OpRule:
     operands: tuple[Dims, ...]
     results: tuple[Dims, ...]
     localize: Localizer | None = field(default=None, compare=False)
+    unplaced: frozenset[int] = frozenset()
+    """Factors whose place in the *global* shapes these (local) shapes do not
+    fix: a reshape's size-1 dim just major to the factor may be a dim some
+    enclosing loop split down to 1, so a split of the factor's dims on one
+    side may sit on that dim on the other. Tiling the op itself is fine (its
+    shapes are the shapes at its level); reading its dims as the global
+    layout across enclosing loops is not."""
 
     def operand_factor(self, operand: int, dim: int) -> int | None:
         """The factor a tiling of `operand`'s `dim` would tile (its major one)."""
@@ -126,9 +140,13 @@ class _Builder:
         return (self.new(size, FactorKind.BLOCKED, reason),) if size > 1 else ()
 
     def rule(
-        self, operands: Sequence[Dims], results: Sequence[Dims], localize: Localizer | None = None
+        self,
+        operands: Sequence[Dims],
+        results: Sequence[Dims],
+        localize: Localizer | None = None,
+        unplaced: frozenset[int] = frozenset(),
     ) -> OpRule:
-        return OpRule(tuple(self.factors), tuple(operands), tuple(results), localize)
+        return OpRule(tuple(self.factors), tuple(operands), tuple(results), localize, unplaced)
 
 
 def shape(value_or_type: object) -> tuple[int, ...]:
@@ -182,20 +200,26 @@ def reshape_rule(op: shlo.ReshapeOp) -> OpRule:
     running over (H, D): tiling H, the major part of the merged group, passes
     through; tiling D would be a strided split and is refused. Where the shapes
     stop sharing factors (e.g. [2, 3] -> [3, 2]) the remaining dims are blocked.
+    A factor that starts a dim on one side right after size-1 dims were skipped
+    on the other is `unplaced` (see `OpRule.unplaced`).
     """
     b = _Builder()
     src, out = shape(op.operand), shape(op.result)
     src_dims: list[list[int]] = [[] for _ in src]
     out_dims: list[list[int]] = [[] for _ in out]
+    unplaced: set[int] = set()
+    skipped_src = skipped_out = False
     i = j = 0
     ri = src[0] if src else 1
     rj = out[0] if out else 1
     while i < len(src) and j < len(out):
         if ri == 1:
+            skipped_src |= not src_dims[i]
             i += 1
             ri = src[i] if i < len(src) else 1
             continue
         if rj == 1:
+            skipped_out |= not out_dims[j]
             j += 1
             rj = out[j] if j < len(out) else 1
             continue
@@ -208,11 +232,16 @@ def reshape_rule(op: shlo.ReshapeOp) -> OpRule:
                 out_dims[k].extend(b.blocked(out[k], reason))
             break
         f = b.new(g)
+        if (skipped_out and not src_dims[i]) or (skipped_src and not out_dims[j]):
+            unplaced.add(f)
+        skipped_src = skipped_out = False
         src_dims[i].append(f)
         out_dims[j].append(f)
         ri //= g
         rj //= g
-    return b.rule([tuple(map(tuple, src_dims))], [tuple(map(tuple, out_dims))])
+    return b.rule(
+        [tuple(map(tuple, src_dims))], [tuple(map(tuple, out_dims))], unplaced=frozenset(unplaced)
+    )
 
 
 def dot_general_rule(op: shlo.DotGeneralOp) -> OpRule:
@@ -318,6 +347,52 @@ def slice_rule(op: SliceOp) -> OpRule:
         b, src, out, keep, "a slice cuts this dimension; each part would need its own window"
     )
     return b.rule([operand], [result], _slice_localizer)
+
+
+def _dynamic_slice_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
+    """A dim the window spans whole: each part's window spans the part."""
+    from xdsl.dialects.builtin import DenseArrayBase, i64
+
+    assert isinstance(op, shlo.DynamicSliceOp)
+    d = dynamic_slice_rule(op).operand_dims(factor)[0]
+    assert d is not None
+    sizes = list(ints(op.slice_sizes))
+    sizes[d] = shape(op.operand)[d] // parts
+    return {"slice_sizes": DenseArrayBase.from_list(i64, sizes)}
+
+
+def dynamic_slice_rule(op: shlo.DynamicSliceOp) -> OpRule:
+    """A dim the window spans whole passes through: its start clamps to 0 in
+    every part as in the whole (a scan's per-layer slice keeps the other dims'
+    tiling). A dim the window cuts is blocked: its start is a run-time value,
+    so no part knows whether the window falls in it."""
+    b = _Builder()
+    src, out = shape(op.operand), shape(op.result)
+    keep = [size == n for size, n in zip(ints(op.slice_sizes), src, strict=True)]
+    operand, result = _pass_through_or_blocked(
+        b, src, out, keep, "the window's start along this dimension is a run-time value"
+    )
+    starts: list[Dims] = [() for _ in op.start_indices]
+    return b.rule([operand, *starts], [result], _dynamic_slice_localizer)
+
+
+def dynamic_update_slice_rule(op: DynamicUpdateSliceOp) -> OpRule:
+    """A dim the update spans whole passes through operand, update and result
+    (its start clamps to 0); a dim the update covers in part is blocked."""
+    b = _Builder()
+    reason = "the update's start along this dimension is a run-time value"
+    operand: list[tuple[int, ...]] = []
+    update: list[tuple[int, ...]] = []
+    for n, m in zip(shape(op.operand), shape(op.update), strict=True):
+        if n == m:
+            f = (b.new(n),)
+            operand.append(f)
+            update.append(f)
+        else:
+            operand.append(b.blocked(n, reason))
+            update.append(b.blocked(m, reason))
+    starts: list[Dims] = [() for _ in op.start_indices]
+    return b.rule([tuple(operand), tuple(update), *starts], [tuple(operand)])
 
 
 def pad_rule(op: PadOp) -> OpRule:
@@ -538,6 +613,8 @@ RULES: dict[str, RuleBuilder] = {
     "stablehlo.dot_general": dot_general_rule,
     "stablehlo.reduce": reduce_rule,
     "stablehlo.slice": slice_rule,
+    "stablehlo.dynamic_slice": dynamic_slice_rule,
+    "stablehlo.dynamic_update_slice": dynamic_update_slice_rule,
     "stablehlo.pad": pad_rule,
     "stablehlo.reverse": reverse_rule,
     "stablehlo.concatenate": concatenate_rule,
@@ -555,8 +632,6 @@ for _cls in (*UNARY_CLASSES.values(), *BINARY_CLASSES.values()):
 
 OPAQUE_REASONS: dict[str, str] = {
     "stablehlo.scatter(multi-input)": "a loop has one result; this scatter has several",
-    "stablehlo.dynamic_slice": "the window's start is a run-time value",
-    "stablehlo.dynamic_update_slice": "the window's start is a run-time value",
     "stablehlo.dynamic_broadcast_in_dim": "the result shape is a run-time value",
     "stablehlo.while": "control flow: tiling through loops is not supported yet",
     "stablehlo.if": "control flow: tiling through conditionals is not supported yet",

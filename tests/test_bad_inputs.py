@@ -306,6 +306,11 @@ MLP = (
     "  func.return %y : tensor<8x6xf32>\n}\n"
 )
 MESH_X = 'partir.mesh @mesh ["x" = 4, "y" = 2]\n'
+BARRIER = _func(
+    "  %y = stablehlo.optimization_barrier %x : tensor<8x4xf32>\n  func.return %y : tensor<8x4xf32>",
+    args='%x: tensor<8x4xf32> {partir.name = "x"}',
+)
+"""An op partir-opt reads but cannot emit (lax.optimization_barrier)."""
 DECLARE = 'partir-declare-mesh{axes="x=4","y=2"}'
 
 
@@ -386,6 +391,11 @@ OPT_CASES = [
     opt("tile-indivisible", PLAIN, 'partir-declare-mesh{axes="x=3"},partir-tile{value=x dim=1 axis=x}', r'error: .*does not divide'),
     opt("tile-dim-out-of-range", PLAIN, f"{DECLARE},partir-tile{{value=x dim=5 axis=x}}", r"error: .*dim 5"),
     opt("emit-core-ir", PLAIN, f"{DECLARE},partir-emit-jax", r"error: .*!spmd\.dtensor"),
+    opt("emit-unsupported-op", BARRIER, f"{DECLARE},partir-batch-parallel{{axis=x}},partir-lower-spmd,partir-emit-jax",
+        r"error: partir cannot partition this program \(refused before partitioning\); "
+        r"stablehlo\.optimization_barrier at op #0 of @main: instead, drop jax\.lax\.optimization_barrier"),
+    opt("unregistered-op", PLAIN.replace("stablehlo.exponential %x :", '"stablehlo.reduce_window"(%x) ({}) {} : (tensor<8x4xf32>) ->'),
+        None, r"\S+:2:\d+: error: Operation stablehlo\.reduce_window is not registered"),
     opt("unknown-target", PLAIN, None, r"error: argument -t/--target: invalid choice: 'wasm'.*--help lists the options", "-t", "wasm"),
 ]
 

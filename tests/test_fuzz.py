@@ -24,7 +24,14 @@ import partir
 from lowering.jax_ir import UnsupportedOpError
 from rewrites.actions import ActionError
 from tests.fuzz.grammar import MESHES, Case, Input, Program, TacticSpec, cases
-from tests.fuzz.oracle import Reference, classify_error, make_args, run_case
+from tests.fuzz.oracle import (
+    Reference,
+    classify_error,
+    float64_second_opinion,
+    make_args,
+    run_case,
+    run_program,
+)
 from tests.fuzz.profile import FAILURES, explore
 
 CASES = 75
@@ -81,13 +88,70 @@ def test_a_gradient_that_cancels_to_zero_may_carry_its_terms_roundoff():
     assert ref.compare([np.full(8, 1e-3, np.float32)], "wrong").kind == "wrong"
 
 
+def long_sums(a0, i1, a2):
+    v0 = jnp.take(a0, i1, axis=0)
+    v1 = jnp.concatenate([v0, v0], axis=2)
+    v3 = jnp.einsum("abc,cedb->cade", v0, a2)
+    return jnp.mean(jnp.tanh(jnp.min(v3, axis=(1, 2)))) + jnp.sum(v3) + jnp.sum(v1)
+
+
+LONG_SUMS_ARGS = [((12, 16), None), ((2, 8), 12), ((16, 16, 8, 8), None)]
+
+
+def test_a_long_sum_split_into_partial_sums_is_roundoff_not_wrong():
+    """Seed 201, case 3791: partir's float32 loss missed the bound by 1.4x (its
+    partial sums add in another order); its float64 run is 1e-15 relative."""
+    f = jax.value_and_grad(long_sums, argnums=(0, 2))
+    args = make_args(192, LONG_SUMS_ARGS)
+    outcome = run_program(
+        f,
+        args,
+        partir.Mesh({"a": 2, "b": 4}),
+        [partir.ManualPartition({"i1": {0: "a", 1: "b"}})],
+        check_spmd=True,
+    )
+    assert outcome.kind == "match"
+
+
+def test_the_float64_second_opinion_keeps_a_wrong_answer_wrong():
+    f = jax.value_and_grad(long_sums, argnums=(0, 2))
+    args = make_args(192, LONG_SUMS_ARGS)
+    ref = Reference.of(f, args)
+    missed = ref.compare([ref.f32[0] + 7e-5, *ref.f32[1:]], "off by a little")
+    assert missed.kind == "wrong" and 1 < missed.worst_ratio < 10
+
+    def off_by_the_same(*xs):  # a "partitioning" error that precision does not shrink
+        value, grads = f(*xs)
+        return value + 7e-5, grads
+
+    mesh = partir.Mesh({"a": 2, "b": 4})
+    again = float64_second_opinion(off_by_the_same, args, mesh, [], ref, missed)
+    assert again is missed
+    assert float64_second_opinion(f, args, mesh, [], ref, missed).kind == "match"
+
+
 @pytest.mark.parametrize(
     ("error", "kind"),
     [
-        (partir.TacticError('ManualPartition: dim 0 of x (shape (3,)) has size 3, which mesh axis "a" of size 2 does not divide'), "refusal"),
+        (
+            partir.TacticError(
+                'ManualPartition: dim 0 of x (shape (3,)) has size 3, which mesh axis "a" of size 2 does not divide'
+            ),
+            "refusal",
+        ),
         (ActionError('%x: unknown mesh axis "z" (the mesh has "a")'), "refusal"),
-        (UnsupportedOpError("cannot emit stablehlo.sort (op #3 of @main) as JAX: no JAX translation for this op: ..."), "refusal"),
-        (UnsupportedOpError("partir cannot partition this program (refused before partitioning); stablehlo.sort at f.py:3:4 (in f): instead, ..."), "refusal"),
+        (
+            UnsupportedOpError(
+                "cannot emit stablehlo.sort (op #3 of @main) as JAX: no JAX translation for this op: ..."
+            ),
+            "refusal",
+        ),
+        (
+            UnsupportedOpError(
+                "partir cannot partition this program (refused before partitioning); stablehlo.sort at f.py:3:4 (in f): instead, ..."
+            ),
+            "refusal",
+        ),
         (UnsupportedOpError("value %3 is used before it is defined"), "internal"),
         (VerifyException("a mesh axis is used twice in distribution ['a', 'a']"), "internal"),
         (TypeError("slice limit_indices must be less than or equal to operand shape"), "internal"),
@@ -100,8 +164,11 @@ def test_only_partirs_deliberate_errors_count_as_refusals(error, kind):
 
 def test_a_case_replays_from_its_printed_script():
     case = Case(
-        Program((Input("a0", (8, 4)),), ("v0 = jnp.sum(jnp.tanh(a0), axis=(1,), keepdims=True)",),
-                (("v0", (8, 1)),)),
+        Program(
+            (Input("a0", (8, 4)),),
+            ("v0 = jnp.sum(jnp.tanh(a0), axis=(1,), keepdims=True)",),
+            (("v0", (8, 1)),),
+        ),
         {"a": 2, "b": 4},
         (TacticSpec("ManualPartition", spec=(("a0", ((0, "b"), (1, "a"))),)),),
         data_seed=5,

@@ -129,3 +129,56 @@ def test_a_summand_inside_a_sum_loop_is_partial():
     assert relations(values["m"]).on("a") == Partial()
     # negate of a summand: unknown going forward, a summand as the yield says.
     assert relations(values["n"]).on("a") == Partial()
+
+
+RESHAPE_UNDER_TWO_LOOPS = """\
+builtin.module {
+  partir.mesh @mesh ["a" = 2, "b" = 4]
+  func.func @main(%x: tensor<1x2048xf32>) -> tensor<4x4x128xf32> {
+    %y = partir.loop "b" [#partir.tile<0>] (%rb: !partir.range<4>) {
+      %xb = partir.slice 1 %x[%rb] : tensor<1x2048xf32> -> tensor<1x512xf32>
+      %z = partir.loop "a" [#partir.tile<1>] (%ra: !partir.range<2>) {
+        %xa = partir.slice 1 %xb[%ra] : tensor<1x512xf32> -> tensor<1x256xf32>
+        %r = stablehlo.reshape %xa : (tensor<1x256xf32>) -> tensor<1x2x128xf32>
+        %n = stablehlo.negate %r : tensor<1x2x128xf32>
+        partir.yield %n : tensor<1x2x128xf32>
+      } : tensor<1x4x128xf32>
+      partir.yield %z : tensor<1x4x128xf32>
+    } : tensor<4x4x128xf32>
+    func.return %y : tensor<4x4x128xf32>
+  }
+}
+"""
+
+
+def test_a_reshape_does_not_guess_which_size_1_dim_an_outer_split_took():
+    # Locally (1x256 -> 1x2x128) the split of dim 1 would land on dim 1, but
+    # globally (1x2048 -> 4x4x128) "b" took dim 0, whose part is size 1: the
+    # reshape's factor is unplaced, and the loops that yield the value decide.
+    module = parse(RESHAPE_UNDER_TWO_LOOPS)
+    module.verify()
+    reshape = the_op(module, "stablehlo.reshape")
+    assert rule_for(reshape).unplaced
+    relations = LoopRelations.of(entry_function(module).body.block)
+    values = {v.name_hint: v for op in module.walk() for v in op.results if v.name_hint}
+    assert relations(values["n"]).dist == Distribution((("b",), ("a",), ()))
+    assert relations(values["r"]).dist == Distribution((("b",), ("a",), ()))
+
+
+def reshape_rule_of(src: str, out: str):
+    text = f"""builtin.module {{
+  func.func @main(%x: tensor<{src}xf32>) -> tensor<{out}xf32> {{
+    %r = stablehlo.reshape %x : (tensor<{src}xf32>) -> tensor<{out}xf32>
+    func.return %r : tensor<{out}xf32>
+  }}
+}}"""
+    return rule_for(the_op(parse(text), "stablehlo.reshape"))
+
+
+def test_only_factors_next_to_skipped_size_1_dims_are_unplaced():
+    assert not reshape_rule_of("256", "2x128").unplaced
+    assert not reshape_rule_of("8x32", "256").unplaced
+    assert not reshape_rule_of("16", "2x1x8").unplaced  # the size-1 dim is minor to a split
+    assert reshape_rule_of("256", "1x256").unplaced == {0}
+    assert reshape_rule_of("1x256", "2x128").unplaced == {0}
+    assert reshape_rule_of("4x1x64", "4x2x32").unplaced == {1}

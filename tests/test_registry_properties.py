@@ -648,6 +648,51 @@ def _slice() -> Generator:
     return Generator("stablehlo.slice", cases(), examples=80)
 
 
+@st.composite
+def window(draw: st.DrawFn) -> tuple[int, tuple[int, ...], list[int], list[int]]:
+    """(parts, shape, window sizes, run-time starts): dim `kept` spans whole; the
+    others whole or cut; starts anywhere from below 0 to past the end (clamped)."""
+    parts, kept, src = draw(kept_dim_shapes())
+    sizes = [n if d == kept or draw(st.booleans()) else draw(st.integers(1, n))
+             for d, n in enumerate(src)]
+    starts = [draw(st.integers(-2, n + 1)) for n in src]
+    return parts, src, sizes, starts
+
+
+def _dynamic_slice() -> Generator:
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts, src, sizes, starts = draw(window())
+        t = tensor_type(sizes, F32)
+        scalars = [np.asarray(i, np.int32) for i in starts]
+        operands = ["%arg0", *(f"%arg{i + 1}" for i in range(len(src)))]
+        types = [tensor_type(src, F32), *(tensor_type((), I32) for _ in src)]
+        line = op_line("stablehlo.dynamic_slice", operands, types, t,
+                       f"slice_sizes = {array_attr(sizes)}")
+        cut = [d for d, (n, m) in enumerate(zip(src, sizes, strict=True)) if n != m]
+        return Case(parts, (REAL(draw(rngs), src), *scalars), (line,), t,
+                    _expect_blocked(cut, cut))
+
+    return Generator("stablehlo.dynamic_slice", cases(), examples=60)
+
+
+def _dynamic_update_slice() -> Generator:
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts, src, sizes, starts = draw(window())
+        rng = draw(rngs)
+        t = tensor_type(src, F32)
+        scalars = [np.asarray(i, np.int32) for i in starts]
+        operands = ["%arg0", "%arg1", *(f"%arg{i + 2}" for i in range(len(src)))]
+        types = [t, tensor_type(sizes, F32), *(tensor_type((), I32) for _ in src)]
+        line = op_line("stablehlo.dynamic_update_slice", operands, types, t)
+        cut = [d for d, (n, m) in enumerate(zip(src, sizes, strict=True)) if n != m]
+        return Case(parts, (REAL(rng, src), REAL(rng, sizes), *scalars), (line,), t,
+                    _expect_blocked(cut, cut))
+
+    return Generator("stablehlo.dynamic_update_slice", cases(), examples=60)
+
+
 def _pad(domain: Domain, xfail: str | None = None) -> Generator:
     """Some dims unpadded, the others with random low, high and interior padding."""
 
@@ -888,6 +933,8 @@ def _generators() -> dict[str, Generator]:
     for kind in REDUCTIONS:
         table[f"stablehlo.reduce[{kind}]"] = _reduce(kind)
     table["stablehlo.slice"] = _slice()
+    table["stablehlo.dynamic_slice"] = _dynamic_slice()
+    table["stablehlo.dynamic_update_slice"] = _dynamic_update_slice()
     table["stablehlo.pad(int)"] = _pad(INT)
     table["stablehlo.pad(real)"] = _pad(REAL)
     table["stablehlo.concatenate"] = _concatenate()

@@ -23,6 +23,7 @@ from xdsl.utils.exceptions import InterpretationError
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.interpreter.common import run_region
+from dialects.stablehlo_ext import WhileOp
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,8 @@ class ControlFlowFunctions(InterpreterFunctions):
         branch = branches[index] if 0 <= index < len(branches) else branches[-1]
         return run_region(interp, branch, (), "stablehlo.case")
 
-    @impl(shlo.WhileOp)
-    def run_while(self, interp: Interpreter, op: shlo.WhileOp, args: PythonValues) -> PythonValues:
+    @impl(WhileOp)
+    def run_while(self, interp: Interpreter, op: WhileOp, args: PythonValues) -> PythonValues:
         values = tuple(args)
         while bool(np.asarray(run_region(interp, op.cond, values, "stablehlo.while cond")[0])):
             values = run_region(interp, op.body, values, "stablehlo.while body")

@@ -15,7 +15,12 @@ the gradient of `sum(softmax(x))`, where jax.jit's order happens to cancel
 exactly even on nudged inputs, may carry the roundoff of its terms, which are
 of the inputs' scale: seed 101 found partir's 2.98e-08 against a bound of
 5.6e-16 there). Errors are
-max-norms over the leaf. Where `jax.jit` gives inf/NaN, partir must give the
+max-norms over the leaf. A float leaf over this bound gets a second opinion:
+partir run at float64 (inputs widened exactly) must then be within
+`FLOAT64_SHRINK` of the bound, or the case is wrong. The nudge does not model
+summation order, and a long sum partir splits into partial sums can miss the
+float32 bound by reordering alone (seed 201 case 3791: 1.4x, and 1e-15
+relative at float64); a partitioning error is as large at either precision. Where `jax.jit` gives inf/NaN, partir must give the
 same; where it is finite, partir must be too. Integer leaves compare exactly.
 The long profile prints the largest fraction of this bound a matching case
 used, and that case (at most 0.87 over the first ~3,000 cases, seeds 0-3);
@@ -49,6 +54,9 @@ __all__ = ["Outcome", "classify_error", "make_args", "run_case", "run_program"]
 MARGIN = 10.0
 FLOOR_UNITS = 4.0
 UNIT_ROUNDOFF = float(np.finfo(np.float32).eps) / 2
+FLOAT64_SHRINK = 1e-3
+"""At float64, partir's error must be this fraction of the float32 bound:
+roundoff shrinks ~5e8x with the precision, a partitioning error not at all."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,11 @@ def classify_error(err: BaseException, stage: str) -> Outcome:
     refusal = _is_refusal(err)
     text = f"{type(err).__name__}: {err}"
     if refusal is not None:
-        key = refusal if refusal.startswith("unsupported") else f"{refusal}: {message_pattern(str(err))}"
+        key = (
+            refusal
+            if refusal.startswith("unsupported")
+            else f"{refusal}: {message_pattern(str(err))}"
+        )
         return Outcome("refusal", key, text)
     return Outcome("internal", f"{stage}: {type(err).__name__}: {message_pattern(str(err))}", text)
 
@@ -150,34 +162,42 @@ class Reference:
         with jax.enable_x64(True):
             wide = jax.tree_util.tree_leaves(jax.jit(f)(*_widen(args)))
             wide = [np.asarray(x) for x in wide]
-        floats = [np.abs(a[np.isfinite(a)]) for a in map(np.asarray, args)
-                  if np.issubdtype(a.dtype, np.floating)]
+        floats = [
+            np.abs(a[np.isfinite(a)])
+            for a in map(np.asarray, args)
+            if np.issubdtype(a.dtype, np.floating)
+        ]
         input_scale = max((float(a.max()) for a in floats if a.size), default=0.0)
         return Reference(
-            [np.asarray(x) for x in leaves], [np.asarray(x) for x in nudged], wide, tree,
+            [np.asarray(x) for x in leaves],
+            [np.asarray(x) for x in nudged],
+            wide,
+            tree,
             input_scale,
         )
 
-    def compare(self, got: Sequence[Any], where: str) -> Outcome:
+    def compare(self, got: Sequence[Any], where: str, *, at_float64: bool = False) -> Outcome:
+        """`got` against the float64 run; `at_float64`: `got` is itself a float64
+        run, held to `FLOAT64_SHRINK` times the float32 bound."""
         if len(got) != len(self.f32):
             return Outcome("wrong", f"{where}: {len(got)} results, expected {len(self.f32)}")
         worst = 0.0
         for i, g in enumerate(got):
             g = np.asarray(g)
-            ref = self.f32[i]
+            ref = self.f64[i] if at_float64 else self.f32[i]
             if g.shape != ref.shape or g.dtype != ref.dtype:
                 return Outcome(
                     "wrong",
                     f"{where}: result {i} shape/dtype",
                     f"got {g.dtype}{g.shape}, jax.jit gives {ref.dtype}{ref.shape}",
                 )
-            ratio, detail = self._leaf_ratio(g, i)
+            ratio, detail = self._leaf_ratio(g, i, FLOAT64_SHRINK if at_float64 else 1.0)
             if ratio > 1.0:
                 return Outcome("wrong", f"{where}: result {i} values", detail, ratio)
             worst = max(worst, ratio)
         return Outcome("match", worst_ratio=worst)
 
-    def _leaf_ratio(self, got: np.ndarray, i: int) -> tuple[float, str]:
+    def _leaf_ratio(self, got: np.ndarray, i: int, shrink: float) -> tuple[float, str]:
         """partir's error on leaf `i` divided by the bound (> 1 fails), and why."""
         j, n, w = self.f32[i], self.nudged[i], self.f64[i]
         if not np.issubdtype(j.dtype, np.inexact):
@@ -194,7 +214,7 @@ class Reference:
             return 0.0, ""
         err = lambda x: float(np.abs(x[finite] - w[finite]).max())  # noqa: E731
         scale = max(float(np.abs(w[finite]).max()), self.input_scale)
-        bound = MARGIN * max(err(j), err(n)) + FLOOR_UNITS * UNIT_ROUNDOFF * scale
+        bound = shrink * (MARGIN * max(err(j), err(n)) + FLOOR_UNITS * UNIT_ROUNDOFF * scale)
         e = err(g)
         if bound == 0.0:
             return (np.inf if e else 0.0), f"error {e:.3g} where float32 is exact"
@@ -230,6 +250,8 @@ def run_program(
     except Exception as err:
         return classify_error(err, "run")
     outcome = ref.compare(got, "partir.jit")
+    if outcome.kind == "wrong" and np.isfinite(outcome.worst_ratio):
+        outcome = float64_second_opinion(f, args, mesh, tactics, ref, outcome)
     if outcome.kind != "match" or not check_spmd:
         return outcome
     try:
@@ -240,6 +262,29 @@ def run_program(
     if checked.kind != "match":
         return checked
     return Outcome("match", worst_ratio=max(outcome.worst_ratio, checked.worst_ratio))
+
+
+def float64_second_opinion(
+    f: Callable,
+    args: Sequence[np.ndarray],
+    mesh: partir.Mesh,
+    tactics: Sequence[partir.Tactic],
+    ref: Reference,
+    wrong: Outcome,
+) -> Outcome:
+    """A float32 miss that is only summation order: partir's own float64 run
+    is then far inside the float32 bound, while a partitioning error stays as
+    large at float64. (The nudge does not model reordering: a long sum
+    that partir splits into partial sums moves by ~ulp(|terms|) * sqrt(n); seed
+    201 case 3791 missed by 1.4x at float32 and was 5e-16 relative at float64.)"""
+    try:
+        with jax.enable_x64(True):
+            wide = _widen(args)
+            got = jax.tree_util.tree_leaves(partir.jit(f, mesh=mesh, tactics=tactics)(*wide))
+    except Exception:
+        return wrong
+    again = ref.compare(got, "partir.jit at float64", at_float64=True)
+    return again if again.kind == "match" else wrong
 
 
 def build(case: Case) -> tuple[Callable, list[np.ndarray], partir.Mesh, list[partir.Tactic]]:

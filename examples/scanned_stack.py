@@ -1,0 +1,114 @@
+"""Layer stacks written as loops, the way large models are written.
+
+- `program` / `train_step`: N GPT-2 blocks whose parameters are stacked on a
+  leading layer dim (`params["blocks"]["attn"]["wq"]` is `[N, C, C]`) and run
+  by `lax.scan`, as flax `nn.scan`, MaxText and equinox write them; the
+  training step is `value_and_grad` + Adam, as in `examples.stack_train_step`.
+- `mlp_program`: a plain `lax.scan` over a stacked MLP (`p["w"]` is `[N, D, D]`).
+- `fori_program`: a `fori_loop` carrying an activation through one shared
+  layer N times.
+- `until_program`: a `while_loop` whose trip count the data decides.
+
+Each unrolls to the same numbers as its Python-loop form (the tests check it).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from examples import layers
+from examples.block_forward import HEADS
+
+
+def stack(per_layer: list[layers.Params]) -> layers.Params:
+    """One pytree whose leaves have a leading layer dim, from per-layer pytrees."""
+    return jax.tree.map(lambda *leaves: np.stack(leaves), *per_layer)
+
+
+def program(params: layers.Params, x):
+    def one_block(h, block_params):
+        return layers.block(block_params, h, HEADS), None
+
+    h, _ = jax.lax.scan(one_block, x, params["blocks"])
+    return layers.layer_norm(params["ln_f"], h)
+
+
+def loss(params: layers.Params, x, y):
+    return layers.mse(program(params, x), y)
+
+
+def train_step(params: layers.Params, opt_state: layers.Params, x, y):
+    value, grads = jax.value_and_grad(loss)(params, x, y)
+    new_params, new_state = layers.adam_update(params, grads, opt_state)
+    return value, new_params, new_state
+
+
+def make_args(
+    seed: int = 0,
+    layers_: int = 4,
+    batch: int = 8,
+    seq: int = 8,
+    width: int = 32,
+    mlp_width: int = 64,
+):
+    """(params, opt_state, x, y) for `train_step`; `program` takes (params, x)."""
+    rng = np.random.default_rng(seed)
+    params = {
+        "blocks": stack([layers.init_block(rng, width, mlp_width) for _ in range(layers_)]),
+        "ln_f": {"scale": 1 + layers.normal(rng, width), "bias": layers.normal(rng, width)},
+    }
+    x = layers.normal(rng, batch, seq, width, scale=1.0)
+    opt_state = layers.adam_init(params)
+    opt_state["m"] = jax.tree.map(lambda p: layers.normal(rng, *p.shape, scale=0.01), params)
+    opt_state["v"] = jax.tree.map(
+        lambda p: np.abs(layers.normal(rng, *p.shape, scale=0.01)), params
+    )
+    opt_state["count"] = np.int32(3)
+    return params, opt_state, x, layers.normal(rng, *x.shape)
+
+
+def unrolled(params: layers.Params, x):
+    """`program` with a Python loop: the reference the loop form must equal."""
+    blocks = params["blocks"]
+    for i in range(jax.tree.leaves(blocks)[0].shape[0]):
+        x = layers.block(jax.tree.map(lambda leaf, i=i: leaf[i], blocks), x, HEADS)
+    return layers.layer_norm(params["ln_f"], x)
+
+
+# --- smaller loops ---------------------------------------------------------------
+
+
+def mlp_program(p: layers.Params, x):
+    def layer(h, w_b):
+        w, b = w_b
+        return jnp.tanh(h @ w + b), None
+
+    h, _ = jax.lax.scan(layer, x, (p["w"], p["b"]))
+    return h
+
+
+def mlp_args(seed: int = 0, layers_: int = 4, batch: int = 16, width: int = 32):
+    rng = np.random.default_rng(seed)
+    p = {"w": layers.normal(rng, layers_, width, width), "b": layers.normal(rng, layers_, width)}
+    return p, layers.normal(rng, batch, width, scale=1.0)
+
+
+def fori_program(w, x, steps: int = 3):
+    return jax.lax.fori_loop(0, steps, lambda i, h: jnp.tanh(h @ w) + 0.1 * i, x)
+
+
+def until_program(w, x):
+    """Apply the layer until the activations' mean magnitude falls below 0.1
+    (at most 20 times): the data decides how often."""
+
+    def cond(state):
+        i, h = state
+        return (i < 20) & (jnp.mean(jnp.abs(h)) > 0.1)
+
+    def body(state):
+        i, h = state
+        return i + 1, 0.5 * jnp.tanh(h @ w)
+
+    return jax.lax.while_loop(cond, body, (jnp.int32(0), x))
