@@ -12,6 +12,7 @@ collective op's own `result_distribution` (dialects/spmd.py).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -29,6 +30,7 @@ class Distribution:
     partial: tuple[str, ...] = ()
 
     @staticmethod
+    @functools.cache
     def replicated(rank: int) -> Distribution:
         return Distribution(tuple(() for _ in range(rank)))
 
@@ -36,9 +38,10 @@ class Distribution:
     def is_replicated(self) -> bool:
         return not self.partial and not any(self.dims)
 
-    @property
+    @functools.cached_property
     def axes(self) -> tuple[str, ...]:
-        """Every axis the value is split or partial over (split first, by dim)."""
+        """Every axis the value is split or partial over (split first, by dim;
+        cached: the lowering and the projection ask for it per value and use)."""
         return (*(a for d in self.dims for a in d), *self.partial)
 
     def split_dim_of(self, axis: str) -> int | None:

@@ -9,8 +9,10 @@ so the interpreter's arrays have exactly the dtypes JAX returns.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
+from collections.abc import Sequence
 
 import ml_dtypes
 import numpy as np
@@ -74,6 +76,17 @@ def numpy_dtype(element_type: Attribute) -> np.dtype:
         if dtype is not None:
             return dtype
     raise ElementTypeError(f"the interpreter has no NumPy dtype for element type {element_type}")
+
+
+def tensor_type(element_type: Attribute, shape: Sequence[int]) -> TensorType:
+    """The one `TensorType` of `shape` and `element_type`: types repeat a lot, and
+    building one runs xDSL's attribute verifiers (tens of µs each)."""
+    return _interned_tensor_type(element_type, tuple(shape))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _interned_tensor_type(element_type: Attribute, shape: tuple[int, ...]) -> TensorType:
+    return TensorType(element_type, shape)
 
 
 def tensor_bytes(ty: TensorType) -> int:

@@ -70,6 +70,7 @@ from xdsl.traits import (
 )
 from xdsl.utils.exceptions import VerifyException
 
+from dialects.dtypes import tensor_type
 from dialects.escaping import quoted
 from dialects.mesh import Mesh
 
@@ -362,7 +363,7 @@ def part_type(ty: TensorType, dim: int, parts: int) -> TensorType:
     """`ty` with dimension `dim` split into `parts` (memoised: types repeat a lot)."""
     shape = list(ty.get_shape())
     shape[dim] //= parts
-    return TensorType(ty.element_type, shape)
+    return tensor_type(ty.element_type, shape)
 
 
 @lru_cache(maxsize=256)

@@ -50,7 +50,7 @@ from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 from dialects.distribution import Distribution
-from dialects.dtypes import tensor_bytes
+from dialects.dtypes import tensor_bytes, tensor_type
 from dialects.escaping import quoted
 from dialects.mesh import Mesh
 from dialects.partir import MeshOp, find_mesh
@@ -143,7 +143,7 @@ class DTensorType(ParametrizedAttribute, TypeAttribute):
                         f"{mesh[a]}"
                     )
                 shape[d] //= mesh[a]
-        return TensorType(self.global_type.element_type, shape)
+        return tensor_type(self.global_type.element_type, shape)
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:

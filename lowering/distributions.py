@@ -24,6 +24,7 @@ from xdsl.dialects.builtin import StringAttr, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from dialects.distribution import Distribution
+from dialects.dtypes import tensor_type
 from dialects.mesh import Mesh
 from dialects.partir import ORIGIN, OriginAttr, part_type
 from dialects.spmd import (
@@ -60,7 +61,7 @@ class Placed:
 def grow_type(ty: TensorType, dim: int, factor: int) -> TensorType:
     shape = list(ty.get_shape())
     shape[dim] *= factor
-    return TensorType(ty.element_type, shape)
+    return tensor_type(ty.element_type, shape)
 
 
 class Redistributor:

@@ -32,6 +32,7 @@ from xdsl.passes import ModulePass
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.distribution import Distribution
+from dialects.dtypes import tensor_type
 from dialects.functions import entry_function
 from dialects.mesh import Mesh
 from dialects.names import op_name
@@ -48,6 +49,7 @@ from dialects.partir import (
 from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
 from lowering.distributions import Placed, Redistributor
 from rewrites.projection import LoopRelations, range_axis
+from rewrites.propagation import paused_gc
 
 
 class LoweringError(ValueError):
@@ -113,8 +115,8 @@ class SpmdLowering:
         self.env: dict[SSAValue, Placed] = {}
         self.relations = LoopRelations()
         self.redistribute = Redistributor(mesh, self._emit)
-        self.computed: list[tuple[Operation, Operation]] = []
-        """(core op, its SPMD clone), for the annotations."""
+        self.computed: list[Operation] = []
+        """The ops moved into the SPMD body, for the annotations."""
 
     def _emit(self, op: Operation) -> Operation:
         self.block.add_op(op)
@@ -137,7 +139,7 @@ class SpmdLowering:
             local = to_local.results[0]
             local.name_hint = arg.name_hint
             self.env[arg] = Placed(local, dtensor.distribution, slicing_origins(arg))
-        for op in entry.body.block.ops:
+        for op in list(entry.body.block.ops):  # compute ops move out as they lower
             if isinstance(op, func.ReturnOp):
                 return self._finish(entry, op)
             self._lower_op(op)
@@ -272,7 +274,7 @@ class SpmdLowering:
         self.env[op.result] = placed
 
     def _lower_loop(self, op: LoopOp) -> None:
-        for body_op in op.body.block.ops:
+        for body_op in list(op.body.block.ops):  # compute ops move out as they lower
             self._lower_op(body_op)
         yielded = self.env[op.yielded]
         axis = op.axis_name
@@ -289,23 +291,26 @@ class SpmdLowering:
             raise LoweringError(f"{op.name}: ops with successors are not supported")
         operands = []
         for value in op.operands:
-            if value not in self.env:
+            placed = self.env.get(value)
+            if placed is None:
                 raise LoweringError(f"{op.name} uses a value the lowering has not seen: {value}")
-            self.redistribute.cause = (op_name(op), self.env[value].origins)
-            operands.append(self.redistribute.replicate(self.env[value]).local)
-        new = op.clone()
-        for i, v in enumerate(operands):
-            new.operands[i] = v
-        self._emit(new)
-        for old, result in zip(op.results, new.results, strict=True):
-            result.name_hint = old.name_hint
-            if isinstance(old.type, TensorType):
-                rank = old.type.get_num_dims()
-                self.env[old] = Placed(result, Distribution.replicated(rank))
+            if not placed.dist.is_replicated:
+                self.redistribute.cause = (op_name(op), placed.origins)
+                placed = self.redistribute.replicate(placed)
+            operands.append(placed.local)
+        # The op itself moves into the SPMD body (the core function is erased
+        # afterwards): cloning each op cost more than the rest of the lowering.
+        op.detach()
+        op.operands = operands
+        self._emit(op)
+        for result in op.results:
+            if isinstance(result.type, TensorType):
+                rank = result.type.get_num_dims()
+                self.env[result] = Placed(result, Distribution.replicated(rank))
                 if len(op.results) == 1:
-                    self.computed.append((op, new))
+                    self.computed.append(op)
             else:
-                self.env[old] = Placed(result, Distribution(()))
+                self.env[result] = Placed(result, Distribution(()))
 
     # --- annotations ------------------------------------------------------------
 
@@ -313,17 +318,24 @@ class SpmdLowering:
         """Annotate each computed op with its result's global type and
         distribution over the loops around it (`rewrites.projection`); a value
         whose relation to some loop is unknown is left unannotated."""
-        for op, new in self.computed:
+        annotations: dict[tuple[Attribute, tuple[int, ...], Distribution], DTensorType] = {}
+        for op in self.computed:
             relation = self.relations(op.results[0])
             local = op.results[0].type
             if relation.known and isinstance(local, TensorType):
-                global_type = self._global_type(local, relation.dist)
-                new.attributes[DIST] = DTensorType.of(global_type, relation.dist)
+                # Keyed by shape and element type: hashing a TensorType walks
+                # its attributes, and most ops share a few (type, dist) pairs.
+                key = (local.element_type, local.get_shape(), relation.dist)
+                dtensor = annotations.get(key)
+                if dtensor is None:
+                    global_type = self._global_type(local, relation.dist)
+                    dtensor = annotations[key] = DTensorType.of(global_type, relation.dist)
+                op.attributes[DIST] = dtensor
 
     def _global_type(self, local: TensorType, dist: Distribution) -> TensorType:
         parts = dist.parts(self.mesh)
         shape = [n * k for n, k in zip(local.get_shape(), parts, strict=True)]
-        return TensorType(local.element_type, shape)
+        return tensor_type(local.element_type, shape)
 
 
 def annotate_collectives(block: Block) -> None:
@@ -343,9 +355,10 @@ def lower_to_spmd(module: ModuleOp) -> None:
     if mesh_op is None:
         raise LoweringError("the module declares no partir.mesh; partition it first")
     entry = entry_function(module)
-    lowered = SpmdLowering(mesh_op.mesh).lower(entry)
-    module.body.block.insert_op_before(lowered, entry)
-    module.body.block.erase_op(entry)
+    with paused_gc():
+        lowered = SpmdLowering(mesh_op.mesh).lower(entry)
+        module.body.block.insert_op_before(lowered, entry)
+        module.body.block.erase_op(entry)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ here: the projection reads only `OpRule`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -308,6 +309,13 @@ def _rank(value: SSAValue) -> int:
     return ty.get_num_dims() if isinstance(ty, TensorType) else 0
 
 
+@functools.cache
+def _same(rank: int) -> LoopRelation:
+    """The relation of a rank-`rank` value that is the same in every iteration
+    (one shared object: most values inside loops are)."""
+    return LoopRelation(Distribution.replicated(rank))
+
+
 @dataclass
 class LoopRelations:
     """Every value's `LoopRelation` in a function of core IR.
@@ -327,12 +335,13 @@ class LoopRelations:
     relations: dict[SSAValue, LoopRelation] = field(default_factory=dict)
     _values: list[SSAValue] = field(default_factory=list)
     _open: dict[SSAValue, set[str]] = field(default_factory=dict)
-    """Per value, the free or unknown axes that a user may still settle."""
+    """Per value with any (in program order), the free or unknown axes that a
+    user may still settle."""
     _rules: dict[Operation, OpRule | None] = field(default_factory=dict)
 
     def __call__(self, value: SSAValue) -> LoopRelation:
         found = self.relations.get(value)
-        return found if found is not None else LoopRelation(Distribution.replicated(_rank(value)))
+        return found if found is not None else _same(_rank(value))
 
     @staticmethod
     def of(block: Block) -> LoopRelations:
@@ -345,20 +354,22 @@ class LoopRelations:
     # forward ---------------------------------------------------------------------
 
     def _forward(self, block: Block, axes: tuple[str, ...]) -> None:
+        relations, values, open_ = self.relations, self._values, self._open
         for op in block.ops:
             if type(op) is LoopOp:
                 self._forward(op.body.block, (*axes, op.axis_name))
             elif isinstance(op, shlo.WhileOp):  # its regions run at its own scope
                 for region in op.regions:
                     self._forward(region.block, axes)
-            if type(op) is YieldOp:
+            elif type(op) is YieldOp:
                 continue
             for result, relation in zip(op.results, self._derive(op), strict=True):
-                self.relations[result] = relation
-                self._values.append(result)
-                self._open[result] = {
-                    a for a in axes if a in relation.unknown or a not in relation.dist.axes
-                }
+                relations[result] = relation
+                values.append(result)
+                unknown, known = relation.unknown, relation.dist.axes
+                still = {a for a in axes if a in unknown or a not in known}
+                if still:
+                    open_[result] = still
 
     def _derive(self, op: Operation) -> list[LoopRelation]:
         """The relations of `op`'s results, from its operands'."""
@@ -396,6 +407,8 @@ class LoopRelations:
     def _compute(self, op: Operation) -> list[LoopRelation]:
         operands = [self(v) for v in op.operands]
         unknown = frozenset().union(*(r.unknown for r in operands))
+        if not unknown and not any(r.dist.axes for r in operands):
+            return [_same(_rank(result)) for result in op.results]
         rule = self._rule(op) if any(r.dist.axes for r in operands) else None
         if rule is None:
             axes = {a for r in operands for a in r.dist.axes}
@@ -411,6 +424,12 @@ class LoopRelations:
 
     # what the lowering relies on ---------------------------------------------------
 
+    def _settle(self, value: SSAValue, axis: str) -> None:
+        """`axis` is no longer open for `value`."""
+        still = self._open.get(value)
+        if still is not None:
+            still.discard(axis)
+
     def _pin(self) -> None:
         for value in self._values:
             for use in value.uses:
@@ -421,14 +440,14 @@ class LoopRelations:
                         continue
                     if axis in self(value).dist.axes:  # depends on the range slicing it
                         self.relations[value] = self(value).forget([axis])
-                    self._open[value].discard(axis)
+                    self._settle(value, axis)
                 elif type(user) is YieldOp:
                     loop = user.parent_op()
                     assert isinstance(loop, LoopOp)
                     relation = loop_relation(loop.action)
                     if self(value).on(loop.axis_name) != relation:
                         self.relations[value] = self(value).with_axis(loop.axis_name, relation)
-                    self._open[value].discard(loop.axis_name)
+                    self._settle(value, loop.axis_name)
 
     # backward --------------------------------------------------------------------
 
@@ -436,7 +455,7 @@ class LoopRelations:
         changed = True
         while changed:
             changed = self._refine_forward()
-            for value in reversed(self._values):
+            for value in reversed(list(self._open)):
                 for axis in sorted(self._open[value]):
                     found = self._from_users(value, axis)
                     if found is not None:
@@ -447,7 +466,7 @@ class LoopRelations:
     def _refine_forward(self) -> bool:
         """Settle open axes that operands settled since (program order)."""
         changed = False
-        for value in self._values:
+        for value in list(self._open):
             if not self._open[value]:
                 continue
             assert isinstance(value, OpResult)  # only op results are kept open

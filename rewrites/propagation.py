@@ -277,23 +277,27 @@ class DedupeSlice(RewritePattern):
     valid), which avoids finding which of the two comes first."""
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, SliceOp) or op.src.uses.get_length() < 2:
+        if not isinstance(op, SliceOp):
+            return
+        src, index = op.operands  # IRDL's accessors are slow on this hot path
+        if not src.has_more_than_one_use():
             return
         block = op.parent_block()
-        source = op.src.owner
+        source = src.owner
         defined_here = source is block or (
             isinstance(source, Operation) and source.parent_block() is block
         )
         if block is None or defined_here:
             return
-        for use in op.src.uses:
+        dim = op.dim_index
+        for use in src.uses:
             other = use.operation
             if (
                 other is not op
                 and type(other) is SliceOp
                 and other.parent_block() is block
-                and other.index is op.index
-                and other.dim_index == op.dim_index
+                and other.operands[1] is index
+                and other.dim_index == dim
             ):
                 first = block.first_op
                 if other is not first:
@@ -318,10 +322,13 @@ class FuseSliceOfTile(RewritePattern):
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         if not isinstance(op, SliceOp):
             return
-        loop = op.src.owner
-        if not isinstance(loop, LoopOp) or not isinstance(loop.action, TileAttr):
+        loop = op.operands[0].owner
+        if type(loop) is not LoopOp:
             return
-        if loop.action.dim.data != op.dim_index or loop.axis_name != range_axis(op.index):
+        action = loop.properties["action"]
+        if type(action) is not TileAttr or action.dim.data != op.dim_index:
+            return
+        if loop.axis_name != range_axis(op.operands[1]):
             return
         if loop.result.uses.get_length() == 1:
             if nests_loop_over(loop, enclosing_axes(op)):
@@ -356,12 +363,13 @@ class PullSliceIntoProducer(RewritePattern):
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         if not isinstance(op, SliceOp):
             return
-        producer = op.src.owner
+        src = op.operands[0]
+        producer = src.owner
         if not isinstance(producer, Operation) or isinstance(producer, STRUCTURAL):
             return
         if len(producer.results) != 1:
             return
-        if not all(isinstance(use.operation, SliceOp) for use in op.src.uses):
+        if not all(isinstance(use.operation, SliceOp) for use in src.uses):
             return
         rule = self.rules(producer)
         if rule is None:
@@ -407,9 +415,11 @@ class PushSliceIntoLoop(RewritePattern):
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         if not isinstance(op, SliceOp):
             return
-        loop = op.src.owner
-        axis = range_axis(op.index)
-        if not isinstance(loop, LoopOp) or loop.axis_name == axis:
+        loop = op.operands[0].owner
+        if type(loop) is not LoopOp:
+            return
+        axis = range_axis(op.operands[1])
+        if loop.axis_name == axis:
             return
         if isinstance(loop.action, TileAttr) and loop.action.dim.data == op.dim_index:
             return
