@@ -138,7 +138,7 @@ class TileThroughWhile(RewritePattern):
         block.add_ops([part, YieldOp(part.result)])
         attributes: dict[str, Attribute] = {ORIGIN: tiling.origin} if tiling.origin else {}
         made = LoopOp(tiling.axis, TileAttr(tiling.dim), Region(block), value.type, attributes)
-        rewriter.insert_op(made, InsertPoint.before(loop))
+        rewriter.insert(made, InsertPoint.before(loop))
         loop.operands[k] = made.result
         _wake(rewriter, made)
         rewriter.notify_op_modified(loop)

@@ -19,8 +19,10 @@ import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.interpreter import Interpreter, InterpreterFunctions, PythonValues, impl, register_impls
-from xdsl.ir import SSAValue
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.traits import IsTerminator
 from xdsl.utils.exceptions import InterpretationError
+from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.distribution import Distribution
 from dialects.functions import entry_function
@@ -182,22 +184,64 @@ def run_spmd(module: ModuleOp, args: Sequence[Any]) -> list[np.ndarray]:
         array = _as_argument(i, value, ty.global_type)
         dist = ty.distribution
         values[arg] = [device_part(array, dist, d, mesh) for d in range(len(mesh.devices))]
-    for op in entry.body.block.ops:
-        if isinstance(op, func.ReturnOp):
-            arrays = []
-            for i, v in enumerate(op.arguments):
-                assert isinstance(v.type, DTensorType)  # the entry returns from_local results
-                arrays.append(assemble(values[v], v.type, mesh, f"result {i}"))
-            return arrays
-        operands = tuple(values[v] for v in op.operands)
-        if op.dialect_name() == SPMD.name:
-            results = spmd.run_op(op, operands)
-        else:
-            each = [
-                per_device.run_op(op, tuple(o[d] for o in operands))
-                for d in range(len(mesh.devices))
-            ]
-            results = tuple([np.asarray(r[k]) for r in each] for k in range(len(op.results)))
-        for result, value in zip(op.results, results, strict=True):
-            values[result] = value
-    raise InterpretationError("the entry function has no func.return")
+    returned, ret = _Lockstep(mesh, per_device, spmd, values).run(entry.body.block)
+    if not isinstance(ret, func.ReturnOp):
+        raise InterpretationError("the entry function has no func.return")
+    arrays = []
+    for i, (v, parts) in enumerate(zip(ret.arguments, returned, strict=True)):
+        assert isinstance(v.type, DTensorType)  # the entry returns from_local results
+        arrays.append(assemble(parts, v.type, mesh, f"result {i}"))
+    return arrays
+
+
+class _Lockstep:
+    """Runs a block on every device, op by op, so that a collective finds
+    every device's operand; a `stablehlo.while` runs its regions the same way
+    (collectives inside the loop), iterating while the devices' condition,
+    which must agree, holds."""
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        per_device: Interpreter,
+        spmd: Interpreter,
+        values: dict[SSAValue, PerDevice],
+    ):
+        self.mesh, self.per_device, self.spmd, self.values = mesh, per_device, spmd, values
+
+    def run(self, block: Block) -> tuple[list[PerDevice], Operation]:
+        """Run `block` up to its terminator; its operands' values, and it."""
+        devices = range(len(self.mesh.devices))
+        for op in block.ops:
+            if op.has_trait(IsTerminator):
+                return [self.values[v] for v in op.operands], op
+            operands = tuple(self.values[v] for v in op.operands)
+            if isinstance(op, shlo.WhileOp):
+                results = tuple(self._while(op, list(operands)))
+            elif op.dialect_name() == SPMD.name:
+                results = self.spmd.run_op(op, operands)
+            else:
+                each = [self.per_device.run_op(op, tuple(o[d] for o in operands)) for d in devices]
+                results = tuple([np.asarray(r[k]) for r in each] for k in range(len(op.results)))
+            for result, value in zip(op.results, results, strict=True):
+                self.values[result] = value
+        raise InterpretationError(f"a block of {block.parent_op()} has no terminator")
+
+    def _region(self, block: Block, args: list[PerDevice]) -> list[PerDevice]:
+        for arg, value in zip(block.args, args, strict=True):
+            self.values[arg] = value
+        return self.run(block)[0]
+
+    def _while(self, op: shlo.WhileOp, carried: list[PerDevice]) -> list[PerDevice]:
+        while True:
+            (flags,) = self._region(op.cond.block, carried)
+            go = {bool(np.asarray(f)) for f in flags}
+            if len(go) != 1:
+                raise InterpretationError(
+                    f"{op.name}: the devices disagree on the loop condition"
+                )
+            if not go.pop():
+                return carried
+            carried = self._region(op.body.block, carried)
+
+
