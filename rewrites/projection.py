@@ -288,20 +288,38 @@ class LoopRelation:
         dim = self.dist.split_dim_of(axis)
         return Split(dim) if dim is not None else Replicated()
 
-    def with_axis(self, axis: str, relation: AxisRelation) -> LoopRelation:
-        """The relation with `axis`'s replaced (a split is minor to the dim's others)."""
+    def with_axis(
+        self, axis: str, relation: AxisRelation, nesting: Sequence[str] = ()
+    ) -> LoopRelation:
+        """The relation with `axis`'s replaced. A split is minor to the dim's
+        others, or, given `nesting` (the enclosing loops' axes, outermost
+        first), placed by it: a loop's result concatenates its body's parts,
+        so an outer loop's axis is major to an inner one's on the same dim
+        (a relation settled from a user can name an outer axis last)."""
         known = self.forget([axis])
         dist = known.dist
         if isinstance(relation, Partial):
             dist = Distribution(dist.dims, tuple(sorted((*dist.partial, axis))))
         elif isinstance(relation, Split):
             dist = dist.split_further(relation.dim, (axis,))
+            if nesting:
+                rank = {a: i for i, a in enumerate(nesting)}
+                axes = dist.dims[relation.dim]
+                ordered = tuple(sorted(axes, key=lambda a: rank.get(a, len(rank))))
+                dist = dist.with_dim(relation.dim, ordered)
         return LoopRelation(dist, known.unknown - {axis})
 
 
 def loop_relation(action: TileAttr | SumAttr) -> Split | Partial:
     """What a loop's body yields: the part along the tiled dim, or a summand."""
     return Split(action.dim.data) if isinstance(action, TileAttr) else Partial()
+
+
+def _nesting(value: SSAValue) -> list[str]:
+    """The axes of the loops around `value`'s definition, outermost first."""
+    owner = value.owner
+    op = owner if isinstance(owner, Operation) else owner.parent_op()
+    return loop_axes(op)[::-1] if op is not None else []
 
 
 def _rank(value: SSAValue) -> int:
@@ -446,7 +464,9 @@ class LoopRelations:
                     assert isinstance(loop, LoopOp)
                     relation = loop_relation(loop.action)
                     if self(value).on(loop.axis_name) != relation:
-                        self.relations[value] = self(value).with_axis(loop.axis_name, relation)
+                        self.relations[value] = self(value).with_axis(
+                            loop.axis_name, relation, _nesting(value)
+                        )
                     self._settle(value, loop.axis_name)
 
     # backward --------------------------------------------------------------------
@@ -459,7 +479,9 @@ class LoopRelations:
                 for axis in sorted(self._open[value]):
                     found = self._from_users(value, axis)
                     if found is not None:
-                        self.relations[value] = self(value).with_axis(axis, found)
+                        self.relations[value] = self(value).with_axis(
+                            axis, found, _nesting(value)
+                        )
                         self._open[value].discard(axis)
                         changed = True
 
@@ -474,7 +496,7 @@ class LoopRelations:
             for axis in sorted(self._open[value]):
                 found = fresh.on(axis)
                 if isinstance(found, Split | Partial):
-                    self.relations[value] = self(value).with_axis(axis, found)
+                    self.relations[value] = self(value).with_axis(axis, found, _nesting(value))
                     self._open[value].discard(axis)
                     changed = True
         return changed

@@ -139,3 +139,20 @@ def test_gather_grad_reshaped_through_size_1_dims_on_two_axes():
     i1 = jax.random.randint(jax.random.fold_in(k, 1), (8, 16), 0, 2)
     tactics = [partir.ManualPartition({"result/1": {1: "b", 2: "a"}, "a0": {0: "b", 1: "a"}})]
     check(jax.value_and_grad(loss), (a0, i1), tactics, AB)
+
+
+def test_a_reshape_merging_three_split_dims_orders_their_axes_by_loop_nesting():
+    # Fuzz seed 300, case 3108: (2,2,4) split [a][c][b] reshaped to (1,8,2)
+    # puts a, c and b on one dim; the relation settled "b" first (from the
+    # result's tiling) and named it major, so the all-to-all after it was
+    # annotated with "b" twice. An outer loop's axis is major to an inner's.
+    def program(a0):
+        v1 = (a0 + a0) * 2
+        return jnp.reshape(jnp.abs(v1), (1, 8, 2)), v1
+
+    a0 = jax.random.normal(jax.random.PRNGKey(5), (2, 2, 4))
+    tactics = [
+        partir.BatchParallel("a", inputs="a0"),
+        partir.ManualPartition({"a0": {1: "c", 2: "b"}, "result/0": {2: "b"}}),
+    ]
+    check(program, (a0,), tactics, ABC)
