@@ -109,6 +109,16 @@ def adam_init(params: Params) -> Params:
     return {"m": zeros, "v": jax.tree.map(np.zeros_like, params), "count": np.int32(0)}
 
 
+def adam_state_in_training(params: Params, rng: np.random.Generator) -> Params:
+    """Adam's state some steps into training. From zeros, Adam's first update
+    is g/|g|, which turns rounding noise in near-zero gradients into O(lr) jumps."""
+    state = adam_init(params)
+    state["m"] = jax.tree.map(lambda p: normal(rng, *p.shape, scale=0.01), params)
+    state["v"] = jax.tree.map(lambda p: np.abs(normal(rng, *p.shape, scale=0.01)), params)
+    state["count"] = np.int32(3)
+    return state
+
+
 def adam_update(
     params: Params,
     grads: Params,

@@ -60,12 +60,7 @@ def make_args(
         "ln_f": {"scale": 1 + layers.normal(rng, width), "bias": layers.normal(rng, width)},
     }
     x = layers.normal(rng, batch, seq, width, scale=1.0)
-    opt_state = layers.adam_init(params)
-    opt_state["m"] = jax.tree.map(lambda p: layers.normal(rng, *p.shape, scale=0.01), params)
-    opt_state["v"] = jax.tree.map(
-        lambda p: np.abs(layers.normal(rng, *p.shape, scale=0.01)), params
-    )
-    opt_state["count"] = np.int32(3)
+    opt_state = layers.adam_state_in_training(params, rng)
     return params, opt_state, x, layers.normal(rng, *x.shape)
 
 

@@ -31,12 +31,5 @@ def make_args(
 ):
     params, x = transformer_stack.make_args(seed, layers_, batch, seq, width, mlp_width)
     rng = np.random.default_rng(seed + 1)
-    # A state some steps into training: from zeros, Adam's first update is
-    # g/|g|, which turns rounding noise in near-zero gradients into O(lr) jumps.
-    opt_state = layers.adam_init(params)
-    opt_state["m"] = jax.tree.map(lambda p: layers.normal(rng, *p.shape, scale=0.01), params)
-    opt_state["v"] = jax.tree.map(
-        lambda p: np.abs(layers.normal(rng, *p.shape, scale=0.01)), params
-    )
-    opt_state["count"] = np.int32(3)
+    opt_state = layers.adam_state_in_training(params, rng)
     return params, opt_state, x, layers.normal(rng, *x.shape)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType, i64
-from xdsl.ir import Block, BlockArgument, OpResult, Region, SSAValue
+from xdsl.ir import Attribute, Block, BlockArgument, OpResult, Region, SSAValue
 
 from dialects.escaping import quoted
 from dialects.partir import (
@@ -103,6 +103,18 @@ def existing_tiling(value: SSAValue, axis: str) -> int | None:
     return None
 
 
+def identity_tile_loop(
+    value: SSAValue, dim: int, axis: str, parts: int, origin: OriginAttr | None
+) -> LoopOp:
+    """`loop axis [tile dim] (\\r -> slice dim value[r])`, equal to `value`
+    (not inserted)."""
+    block = Block(arg_types=[RangeType(parts)])
+    part = SliceOp(value, dim, block.args[0])
+    block.add_ops([part, YieldOp(part.result)])
+    attributes: dict[str, Attribute] = {ORIGIN: origin} if origin is not None else {}
+    return LoopOp(axis, TileAttr(dim), Region(block), value.type, attributes)
+
+
 def apply_tile_action(action: TileAction, mesh: MeshOp, log: ConflictLog) -> LoopOp | None:
     """Insert the action's loop and redirect the value's uses to it.
 
@@ -124,13 +136,10 @@ def apply_tile_action(action: TileAction, mesh: MeshOp, log: ConflictLog) -> Loo
                 )
             )
         return None
-    parts = mesh.axes[action.axis]
-    block = Block(arg_types=[RangeType(parts)])
-    part = SliceOp(action.value, action.dim, block.args[0])
-    block.add_ops([part, YieldOp(part.result)])
-    loop = LoopOp(
-        action.axis, TileAttr(action.dim), Region(block), action.value.type, {ORIGIN: action.origin}
+    loop = identity_tile_loop(
+        action.value, action.dim, action.axis, mesh.axes[action.axis], action.origin
     )
+    part = loop.body.block.first_op  # the slice: its use of the value stays
     owner = action.value.owner
     if isinstance(owner, Block):
         first = owner.first_op

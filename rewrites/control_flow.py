@@ -27,24 +27,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter, RewritePattern
 from xdsl.rewriter import InsertPoint
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.partir import (
-    ORIGIN,
     LoopOp,
     MeshOp,
     OriginAttr,
-    RangeType,
-    SliceOp,
-    TileAttr,
-    YieldOp,
     find_mesh,
 )
 from dialects.stablehlo_ext import WhileOp
-from rewrites.actions import TileAction, apply_tile_action, existing_tiling
+from rewrites.actions import (
+    TileAction,
+    apply_tile_action,
+    existing_tiling,
+    identity_tile_loop,
+)
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin
 from rewrites.projection import Tiling, tilings
 
@@ -130,14 +130,9 @@ class TileThroughWhile(RewritePattern):
     ) -> None:
         """The loop's own use of operand k becomes a tile loop over it (other
         users of the value keep it as it is)."""
-        value = loop.operands[k]
         assert self.mesh is not None
         parts = self.mesh.axes[tiling.axis]
-        block = Block(arg_types=[RangeType(parts)])
-        part = SliceOp(value, tiling.dim, block.args[0])
-        block.add_ops([part, YieldOp(part.result)])
-        attributes: dict[str, Attribute] = {ORIGIN: tiling.origin} if tiling.origin else {}
-        made = LoopOp(tiling.axis, TileAttr(tiling.dim), Region(block), value.type, attributes)
+        made = identity_tile_loop(loop.operands[k], tiling.dim, tiling.axis, parts, tiling.origin)
         rewriter.insert(made, InsertPoint.before(loop))
         loop.operands[k] = made.result
         _wake(rewriter, made)
