@@ -32,12 +32,7 @@ from xdsl.pattern_rewriter import PatternRewriter, RewritePattern
 from xdsl.rewriter import InsertPoint
 from xdsl_jax.dialects import stablehlo as shlo
 
-from dialects.partir import (
-    LoopOp,
-    MeshOp,
-    OriginAttr,
-    find_mesh,
-)
+from dialects.partir import LoopOp, MeshOp, OriginAttr, SliceOp, find_mesh
 from dialects.stablehlo_ext import WhileOp
 from rewrites.actions import (
     TileAction,
@@ -46,7 +41,7 @@ from rewrites.actions import (
     identity_tile_loop,
 )
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin
-from rewrites.projection import Tiling, tilings
+from rewrites.projection import Tiling, range_axis, tilings
 
 CARRYING_OPS = frozenset({WhileOp, shlo.WhileOp, shlo.ReturnOp})
 """The op types `TileThroughWhile` looks at (a while, and its body's return)."""
@@ -83,7 +78,8 @@ class TileThroughWhile(RewritePattern):
         returned = loop.body.block.last_op
         assert returned is not None
         for k, operand in enumerate(loop.operands):
-            for tiling in (*tilings(operand), *tilings(returned.operands[k])):
+            found = (*tilings(operand), *tilings(returned.operands[k]), *_sliced(loop.results[k]))
+            for tiling in found:
                 self._carry(loop, k, tiling, rewriter)
 
     def _carry(
@@ -137,6 +133,24 @@ class TileThroughWhile(RewritePattern):
         loop.operands[k] = made.result
         _wake(rewriter, made)
         rewriter.notify_op_modified(loop)
+
+
+def _sliced(result: SSAValue) -> list[Tiling]:
+    """The tiling every use of a loop's result takes, if they all slice it
+    the same way over one axis (ZeRO's updates slicing a scan's gradients)."""
+    found: set[tuple[str, int]] = set()
+    first: SliceOp | None = None
+    for use in result.uses:
+        user = use.operation
+        if type(user) is not SliceOp or range_axis(user.index) is None:
+            return []
+        found.add((range_axis(user.index) or "", user.dim_index))
+        first = first or user
+    if len(found) != 1 or first is None:
+        return []
+    (axis, dim), loop = found.pop(), first.index.owner.parent_op()
+    assert isinstance(loop, LoopOp)  # a range belongs to a loop
+    return [Tiling(axis, dim, loop.origin, loop)]
 
 
 def _wake(rewriter: PatternRewriter, loop: LoopOp) -> None:

@@ -473,6 +473,9 @@ class Propagation(RewritePattern):
                 pattern.match_and_rewrite(op, rewriter)
                 if rewriter.has_done_action:
                     return
+            source = op.operands[0].owner
+            if isinstance(source, Operation) and type(source) in CARRYING_OPS:
+                self.carried.match_and_rewrite(source, rewriter)  # a loop's result, sliced
         elif kind in CARRYING_OPS:
             self.carried.match_and_rewrite(op, rewriter)
         elif kind not in _STRUCTURAL_TYPES:
