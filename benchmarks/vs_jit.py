@@ -1,7 +1,8 @@
 """partir's compiled program against `jax.jit` with the same shardings, in one run.
 
 For the MLP and transformer-block training steps under DP, TP, DP+TP and
-ZeRO-3 on the 4x2 CPU mesh: partir's `shard_map` program, and `jax.jit(fn,
+ZeRO-3, and a 4-layer `lax.scan` transformer step under DP and layered ZeRO-3,
+on the 4x2 CPU mesh: partir's `shard_map` program, and `jax.jit(fn,
 in_shardings=..., out_shardings=...)` given exactly the shardings partir's
 program takes and returns. Collectives and bytes per device come from each
 compiled HLO; runtime is a paired ratio (alternating runs, medians, inputs
@@ -28,7 +29,7 @@ from jax.sharding import NamedSharding
 
 import partir
 from benchmarks.hlo_stats import collective_stats, describe
-from examples import block_train_step, mlp_train_step
+from examples import block_train_step, mlp_train_step, scanned_stack
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
 STRATEGIES = {
@@ -37,6 +38,27 @@ STRATEGIES = {
     "DP+TP": [partir.BatchParallel("batch"), partir.Megatron("model")],
     "ZeRO-3": [partir.BatchParallel("batch"), partir.ZeRO("batch", 3)],
 }
+
+
+LAYERED_ZERO3 = [
+    partir.BatchParallel("batch"),
+    partir.ManualPartition(
+        {"params/blocks/**": {1: "batch"}, "opt_state/*/blocks/**": {1: "batch"}}
+    ),
+]
+"""ZeRO-3 over a scanned stack: each stacked leaf split on its first non-layer dim."""
+
+SCANNED_STRATEGIES = {"DP": STRATEGIES["DP"], "layered ZeRO-3": LAYERED_ZERO3}
+"""For `lax.scan` over stacked layers (Megatron does not yet know a stack's layer dim)."""
+
+
+def scanned(small: bool):
+    """The scanned transformer training step (examples.scanned_stack)."""
+    if small:
+        shapes = {"seq": 32, "width": 64, "mlp_width": 256}
+    else:
+        shapes = {"seq": 128, "width": 256, "mlp_width": 1024}
+    return scanned_stack.train_step, scanned_stack.make_args(layers_=4, batch=8, **shapes)
 
 
 def programs(small: bool):
@@ -126,6 +148,9 @@ def main() -> None:
     for prog_name, (program, args) in programs(opts.small).items():
         for strat, tactics in STRATEGIES.items():
             rows.append(measure(f"{prog_name} {strat}", program, args, tactics, opts.rounds))
+    program, args = scanned(opts.small)
+    for strat, tactics in SCANNED_STRATEGIES.items():
+        rows.append(measure(f"scanned step {strat}", program, args, tactics, opts.rounds))
     print(
         "| program | partir collectives | jax.jit collectives | partir bytes/dev | jit bytes/dev "
         "| partir ms | jit ms | ratio | temp KiB partir/jit |"
