@@ -8,13 +8,15 @@ body's and the condition's argument, the loop's result, and its operand. The
 body is then ordinary code for propagation, and the SPMD lowering gives the
 carried value the distribution its body argument is sliced by.
 
-The tiling comes from either end, until neither adds one (a fixpoint; tilings
-are only ever added, so it ends):
+The tiling comes from either end, until none adds one (a fixpoint; tilings
+are only ever added, once per value and axis, so it ends):
 
 - **entry**: an operand produced tiled (by a tile loop);
 - **exit of an iteration**: the value the body returns for it, once
   propagation has tiled it (a scan's per-layer output buffer, tiled like the
-  rows written into it).
+  rows written into it);
+- **exit of the loop**: its result, when every user slices it the same way
+  (ZeRO's update slicing the gradients a backward scan accumulates).
 
 A tiling that disagrees with the one the value already has over the same
 axis is a conflict, recorded by the action (`apply_tile_action`); the
