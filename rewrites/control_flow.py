@@ -28,13 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter, RewritePattern
 from xdsl.rewriter import InsertPoint
 from xdsl_jax.dialects import stablehlo as shlo
 
-from dialects.partir import LoopOp, MeshOp, OriginAttr, SliceOp, find_mesh
+from dialects.partir import LoopOp, MeshOp, OriginAttr, SliceOp
 from dialects.stablehlo_ext import WhileOp
 from rewrites.actions import (
     TileAction,
@@ -62,8 +61,8 @@ class TileThroughWhile(RewritePattern):
     """Give each carried value the tilings its operand or its body's returned
     value has, in its body and condition arguments, result and operand."""
 
+    mesh: MeshOp
     log: ConflictLog
-    mesh: MeshOp | None = None
     carried: dict[tuple[Operation, int, str], int] = field(default_factory=dict)
     """(loop, carried value, axis) -> the dim it is tiled on."""
     _conflicts: set[tuple[Operation, int, str, int]] = field(default_factory=set)
@@ -72,11 +71,6 @@ class TileThroughWhile(RewritePattern):
         loop = op if isinstance(op, shlo.WhileOp) else enclosing_while(op)
         if loop is None:
             return
-        if self.mesh is None:
-            top = loop.get_toplevel_object()
-            self.mesh = find_mesh(top) if isinstance(top, ModuleOp) else None
-            if self.mesh is None:
-                return
         returned = loop.body.block.last_op
         assert returned is not None
         for k, operand in enumerate(loop.operands):
@@ -118,7 +112,6 @@ class TileThroughWhile(RewritePattern):
     def _tile(self, value: SSAValue, tiling: Tiling, rewriter: PatternRewriter) -> None:
         origin = tiling.origin or OriginAttr(0, "propagation", "a loop-carried value")
         action = TileAction(value, tiling.dim, tiling.axis, origin)
-        assert self.mesh is not None
         made = apply_tile_action(action, self.mesh, self.log)
         if made is not None:
             _wake(rewriter, made)
@@ -128,7 +121,6 @@ class TileThroughWhile(RewritePattern):
     ) -> None:
         """The loop's own use of operand k becomes a tile loop over it (other
         users of the value keep it as it is)."""
-        assert self.mesh is not None
         parts = self.mesh.axes[tiling.axis]
         made = identity_tile_loop(loop.operands[k], tiling.dim, tiling.axis, parts, tiling.origin)
         rewriter.insert(made, InsertPoint.before(loop))

@@ -452,7 +452,7 @@ class PushSliceIntoLoop(RewritePattern):
 class Propagation(RewritePattern):
     """All propagation rewrites behind one type check per visited op."""
 
-    mesh: dict[str, int]
+    mesh: MeshOp
     log: ConflictLog
     rules: RuleCache = field(default_factory=RuleCache)
 
@@ -463,8 +463,8 @@ class Propagation(RewritePattern):
             PullSliceIntoProducer(self.rules),
             PushSliceIntoLoop(),
         )
-        self.forward = PushForward(self.mesh, self.log, self.rules)
-        self.carried = TileThroughWhile(self.log)
+        self.forward = PushForward(self.mesh.axes, self.log, self.rules)
+        self.carried = TileThroughWhile(self.mesh, self.log)
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         kind = type(op)
@@ -491,7 +491,7 @@ def propagate(module: ModuleOp, log: ConflictLog | None = None) -> list[Conflict
     log = log if log is not None else ConflictLog()
     mesh = find_mesh(module)
     if mesh is not None:
-        applier = GreedyRewritePatternApplier([Propagation(mesh.axes, log)])
+        applier = GreedyRewritePatternApplier([Propagation(mesh, log)])
         with paused_gc():
             _Walker(applier).rewrite_module(module)
     record_conflicts(module, log.conflicts)

@@ -27,3 +27,13 @@ def assert_close(got: Any, ref: Any, *, what: str = "") -> None:
     finite = np.isfinite(r)
     scale = float(np.abs(r[finite]).max()) if finite.any() else 0.0
     np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5 * scale, err_msg=what, equal_nan=True)
+
+
+def assert_leaves_close(got: Any, ref: Any, *, what: str = "") -> None:
+    """`assert_close` leaf by leaf over two pytrees (or lists) with as many leaves."""
+    import jax
+
+    got_leaves, ref_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref)
+    assert len(got_leaves) == len(ref_leaves), f"{what}: {len(got_leaves)} leaves, {len(ref_leaves)} expected"
+    for i, (g, r) in enumerate(zip(got_leaves, ref_leaves, strict=True)):
+        assert_close(g, r, what=f"{what} leaf {i}")

@@ -11,7 +11,7 @@ import partir
 from dialects.interpreter import run_function
 from dialects.partir import LoopOp, SumAttr
 from rewrites.projection import loop_axes
-from tests.numerics import assert_close
+from tests.numerics import assert_leaves_close
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
 
@@ -22,10 +22,7 @@ def partition_and_check(program, args, tactics, mesh: partir.Mesh = MESH) -> par
     module = partir.import_jax(program, *args)
     result = partir.partition(module, mesh, tactics, verify=True)
     got = run_function(module, jax.tree_util.tree_leaves(args))
-    ref = jax.tree_util.tree_leaves(jax.jit(program)(*args))
-    assert len(got) == len(ref)
-    for i, (g, r) in enumerate(zip(got, ref, strict=True)):
-        assert_close(g, r, what=f"result leaf {i}")
+    assert_leaves_close(got, jax.jit(program)(*args), what="result")
     return result
 
 

@@ -17,7 +17,7 @@ from dialects.interpreter import run_function
 from dialects.interpreter.spmd import run_spmd
 from dialects.spmd import CollectiveOp
 from examples import scanned_stack
-from tests.numerics import assert_close
+from tests.numerics import assert_close, assert_leaves_close
 from tests.test_names_and_determinism import assert_stages_round_trip
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
@@ -25,11 +25,7 @@ MESH = partir.Mesh({"batch": 4, "model": 2})
 
 def assert_matches_jax_jit(fn, args, tactics):
     compiled = partir.jit(fn, mesh=MESH, tactics=tactics)
-    got = jax.tree.leaves(compiled(*args))
-    want = jax.tree.leaves(jax.jit(fn)(*args))
-    assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
-        assert_close(np.asarray(g), np.asarray(w), what=getattr(fn, "__name__", "fn"))
+    assert_leaves_close(compiled(*args), jax.jit(fn)(*args), what=getattr(fn, "__name__", "fn"))
     return compiled.lower(*args)
 
 
@@ -67,12 +63,10 @@ def test_scan_fori_and_data_dependent_while_match_jax_jit(name):
     # count is tiled.
     lowered = assert_matches_jax_jit(fn, args, [partir.BatchParallel("batch", inputs="x")])
     leaves = jax.tree.leaves(args)
-    want = jax.tree.leaves(jax.jit(fn)(*args))
+    want = jax.jit(fn)(*args)
     core = partir.import_jax(fn, *args)
-    for what, got in (("core interpreter", run_function(core, leaves)),
-                      ("SPMD interpreter", run_spmd(lowered.module, leaves))):
-        for g, w in zip(got, want, strict=True):
-            assert_close(np.asarray(g), np.asarray(w), what=what)
+    assert_leaves_close(run_function(core, leaves), want, what="core interpreter")
+    assert_leaves_close(run_spmd(lowered.module, leaves), want, what="SPMD interpreter")
 
 
 def test_a_layer_picked_at_run_time_keeps_its_other_dims_tiled():
