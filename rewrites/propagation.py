@@ -409,7 +409,9 @@ class PushSliceIntoLoop(RewritePattern):
     The loop moves to the slice (its only user) and computes only that part;
     not when its body holds a loop over an axis the slice is inside (the axis
     would be nested twice), unless that loop is the one yielded and the moved
-    slice fuses with it.
+    slice fuses with it. A loop that is only slices (an identity tiling, such
+    as a loop-carried value tiled after its uses were sliced over another
+    axis) moves as a copy per user, so every use slices the value itself.
     """
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
@@ -423,11 +425,16 @@ class PushSliceIntoLoop(RewritePattern):
             return
         if isinstance(loop.action, TileAttr) and loop.action.dim.data == op.dim_index:
             return
-        if loop.result.uses.get_length() != 1:
+        shared = loop.result.uses.get_length() != 1
+        if shared and not _only_slices(loop):
             return
         around = enclosing_axes(op)
         if loop.axis_name in around or _nests_unfusable(loop, op, around):
             return
+        if shared:  # this use gets its own copy, which moves in below
+            loop = loop.clone()
+            rewriter.insert(loop, InsertPoint.before(op))
+            rewriter.replace_uses_with_if(op.src, loop.result, lambda use: use.operation is op)
         region = rewriter.move_region_contents_to_new_regions(loop.body)
         block = region.block
         old_yield = block.last_op

@@ -12,6 +12,9 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
 
 import partir
+from dialects.context import make_context
+from dialects.interpreter import run_function
+from dialects.parser import PartirParser
 from dialects.partir import LoopOp, OriginAttr, SumAttr
 from examples import (
     block_forward,
@@ -21,8 +24,10 @@ from examples import (
     mlp_train_step,
     stack_train_step,
 )
+from lowering.to_spmd import input_slices
 from partir.importer import entry_function
 from rewrites.propagation import propagate
+from tests.numerics import assert_leaves_close
 from tests.partitioning import MESH, enclosing_loop_axes, loop_counts, partition_and_check
 
 BATCH = 12  # a size no other dimension of the test programs has
@@ -235,3 +240,40 @@ def test_a_program_with_other_names_and_layouts():
     result = partition_and_check(step, (weights, batch), tactics, partir.Mesh({"b": 5, "m": 2}))
     counts = loop_counts(result.module)
     assert counts[("m", "sum")] >= 1 and counts[("b", "sum")] >= 1
+
+
+SHARED_IDENTITY_TILING = """
+partir.mesh @mesh ["batch" = 4, "model" = 2]
+func.func @main(%x: tensor<8x6xf32>) -> (tensor<8x6xf32>, tensor<8x6xf32>) {
+  %m = partir.loop "model" [#partir.tile<1>] (%q: !partir.range<2>) {
+    %xm = partir.slice 1 %x[%q] : tensor<8x6xf32> -> tensor<8x3xf32>
+    partir.yield %xm : tensor<8x3xf32>
+  } : tensor<8x6xf32>
+  %a = partir.loop "batch" [#partir.tile<0>] (%r: !partir.range<4>) {
+    %s = partir.slice 0 %m[%r] : tensor<8x6xf32> -> tensor<2x6xf32>
+    %e = stablehlo.exponential %s : tensor<2x6xf32>
+    partir.yield %e : tensor<2x6xf32>
+  } : tensor<8x6xf32>
+  %b = partir.loop "batch" [#partir.tile<0>] (%r: !partir.range<4>) {
+    %s = partir.slice 0 %m[%r] : tensor<8x6xf32> -> tensor<2x6xf32>
+    %n = stablehlo.negate %s : tensor<2x6xf32>
+    partir.yield %n : tensor<2x6xf32>
+  } : tensor<8x6xf32>
+  func.return %a, %b : tensor<8x6xf32>, tensor<8x6xf32>
+}
+"""
+
+
+def test_an_identity_tiling_with_several_users_moves_into_each():
+    """A value tiled over "model" after its users were sliced over "batch"
+    (a loop-carried value tiled late): each user gets its own copy of the
+    identity loop, so every use slices the value itself (the chain the SPMD
+    lowering reads a distribution from), and the numbers stay the same."""
+    module = PartirParser(make_context(), SHARED_IDENTITY_TILING).parse_module()
+    x = np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32)
+    want = run_function(module, [x])
+    assert propagate(module) == []
+    module.verify()
+    assert_leaves_close(run_function(module, [x]), want, what="after propagation")
+    (arg,) = entry_function(module).body.block.args
+    assert input_slices(arg) == [(1, "model"), (0, "batch")]
