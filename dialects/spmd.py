@@ -173,6 +173,19 @@ class DTensorType(ParametrizedAttribute, TypeAttribute):
                 _print_axis_set(printer, self.partial_axes)
 
 
+def result_dtensors(op: Operation) -> list[DTensorType | None]:
+    """The global type and distribution of each of `op`'s results, from its
+    `DIST` (one result) or `CARRIED` (a loop's) attribute; None where neither
+    says."""
+    carried = op.attributes.get(CARRIED)
+    if isinstance(carried, ArrayAttr) and len(carried.data) == len(op.results):
+        return [d if isinstance(d, DTensorType) else None for d in carried.data]
+    dist = op.attributes.get(DIST)
+    if len(op.results) == 1 and isinstance(dist, DTensorType):
+        return [dist]
+    return [None] * len(op.results)
+
+
 def mesh_of(op: Operation) -> Mesh:
     """The mesh of the module enclosing `op` (SPMD ops are typed against it)."""
     mesh = find_mesh(op)

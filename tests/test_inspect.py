@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import jax
@@ -22,7 +23,7 @@ from jax.sharding import NamedSharding
 import partir
 from dialects.functions import entry_function
 from dialects.partir import LoopOp
-from examples import block_forward, block_train_step
+from examples import block_forward, block_train_step, scanned_stack
 from partir import inspect as cli
 from partir.report import XlaMemory, build_report, parse_module, report_text
 from rewrites.conflicts import recorded_conflicts
@@ -128,6 +129,35 @@ def test_console_script_collectives_match_the_emitted_step(step):
     assert all(c["needed_by"] and c["tactic"] in ("BatchParallel", "Megatron")
                for c in data["collectives"])
     assert data["memory"]["arguments_bytes_per_device"] == step.xla_stats.argument_size_in_bytes
+
+
+def test_inspect_reads_a_scanned_step_with_collectives_inside_its_loops(tmp_path, capsys):
+    """A `lax.scan` training step under DP + Megatron: `partir-inspect` on the
+    SPMD stage lists the collectives inside the loops (as the emitted jaxpr
+    has them, with their bytes), knows every loop result's sharding, and reads
+    the core stage, where the loops are whole ops run on the devices' parts."""
+    example = types.SimpleNamespace(
+        program=scanned_stack.train_step, make_args=lambda: scanned_stack.make_args(layers_=2)
+    )
+    built = Built(example, [partir.BatchParallel("batch"), partir.Megatron("model")], tmp_path)
+    code, out, _ = run_main([str(built.files["spmd"]), "--format", "json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    reported = collections.Counter((c["kind"], tuple(c["axes"])) for c in data["collectives"])
+    assert reported == emitted_collectives(built.compiled, built.args)
+    with_bytes = collections.Counter(
+        (c["kind"], tuple(c["axes"]), c["bytes_per_device"]) for c in data["collectives"])
+    assert with_bytes == jaxpr_collectives(built.compiled, built.args)
+    in_loops = collections.Counter(c["loop"] for c in data["collectives"])
+    assert len(in_loops) == 3, in_loops  # the forward loop, the backward loop, and outside
+    assert all(loop is None or loop.endswith("stablehlo.while") for loop in in_loops)
+    loop_values = [v for v in data["values"] if v["op"] == "stablehlo.while"]
+    assert loop_values and all(v["properties"] != "unknown" for v in loop_values)
+    code, out, _ = run_main([str(built.files["Megatron"]), "--format", "json"], capsys)
+    assert code == 0
+    core = json.loads(out)
+    loops = [r for r in core["replicated_ops"] if r["op"] == "stablehlo.while"]
+    assert len(loops) == 2 and all("carried" in r["detail"] for r in loops)
 
 
 @pytest.mark.parametrize("which", ["forward", "step"])

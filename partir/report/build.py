@@ -6,7 +6,8 @@ from dataclasses import replace
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
-from xdsl.ir import Attribute, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.context import make_context
 from dialects.dtypes import tensor_bytes
@@ -15,7 +16,7 @@ from dialects.mesh import Mesh
 from dialects.names import op_name
 from dialects.parser import PartirParser
 from dialects.partir import ORIGIN, LoopOp, MeshOp, OriginAttr, find_mesh
-from dialects.spmd import DIST, SPMD, DTensorType
+from dialects.spmd import SPMD, DTensorType, result_dtensors
 from lowering.collectives import collectives
 from lowering.distributions import NEEDED_BY
 from lowering.to_spmd import lower_to_spmd
@@ -128,8 +129,7 @@ def _values(
         if info is not None:
             out[arg] = info
     for n, op in enumerate(entry.body.block.ops):
-        for r in op.results:
-            dist = op.attributes.get(DIST) if len(op.results) == 1 else None
+        for r, dist in zip(op.results, result_dtensors(op), strict=True):
             info = _value_info(names.get(r, f"%{n}"), op_name(op), None, r.type, dist, mesh)
             if info is not None:
                 out[r] = info
@@ -165,6 +165,19 @@ def _collectives(module: ModuleOp, names: dict[SSAValue, str]) -> list[Collectiv
                 origin.action.data if origin is not None else None,
                 origin.tactic.data if origin is not None else None,
                 (origin.value.data or None) if origin is not None else None,
+                _enclosing_loop(c.op, names),
             )
         )
     return out
+
+
+def _enclosing_loop(op: Operation, names: dict[SSAValue, str]) -> str | None:
+    """The innermost loop whose body runs `op` (`%4 stablehlo.while`), if any."""
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, func.FuncOp):
+        if isinstance(parent, shlo.WhileOp):
+            first = parent.results[0] if parent.results else None
+            name = names.get(first) if first is not None else None
+            return f"{name} {parent.name}" if name else parent.name
+        parent = parent.parent_op()
+    return None

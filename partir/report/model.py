@@ -119,7 +119,10 @@ class Report:
         out.append(
             Table(
                 "collectives",
-                ("name", "kind", "axes", "operand", "result", "bytes", "needed by", "caused by"),
+                (
+                    "name", "kind", "axes", "operand", "result", "bytes", "needed by",
+                    "caused by", "per iteration of",
+                ),
                 [
                     (
                         c.name,
@@ -130,6 +133,7 @@ class Report:
                         str(c.bytes_per_device),
                         c.needed_by or "",
                         c.cause,
+                        c.loop or "",
                     )
                     for c in self.collectives
                 ],

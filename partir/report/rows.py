@@ -54,8 +54,9 @@ class ValueInfo:
 
 @dataclass(frozen=True)
 class CollectiveInfo:
-    """One collective: what it moves per device, the op that needed it, and
-    the action (tactic and value) that made the value distributed."""
+    """One collective: what it moves per device, the op that needed it, the
+    action (tactic and value) that made the value distributed, and the loop
+    whose body runs it once per iteration, if any."""
 
     name: str
     kind: str
@@ -67,6 +68,7 @@ class CollectiveInfo:
     action: int | None
     tactic: str | None
     value: str | None
+    loop: str | None = None
 
     @property
     def cause(self) -> str:
@@ -87,6 +89,7 @@ class CollectiveInfo:
             "action": self.action,
             "tactic": self.tactic,
             "value": self.value,
+            "loop": self.loop,
         }
 
 
