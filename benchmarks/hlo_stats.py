@@ -3,6 +3,10 @@
 Bytes per device are the larger of what a collective takes and gives (an
 all-gather's result, a reduce-scatter's operand), as XLA accounts them.
 Combined (tuple) collectives count each element; async pairs count once.
+A collective inside a `while` counts once per iteration when XLA knows the
+trip count (`known_trip_count`, as for `lax.scan` and `fori_loop`): the
+stats are what one run of the program moves, not how often a collective is
+written.
 """
 
 from __future__ import annotations
@@ -55,10 +59,55 @@ def _group_size(line: str) -> int:
     return 1
 
 
-def collective_stats(hlo_text: str) -> dict[str, dict[str, int]]:
-    """{kind: {"count": n, "bytes": per-device bytes}} plus a "total" entry."""
-    stats: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+_COMPUTATION = re.compile(r"^(?P<entry>ENTRY )?%(?P<name>[\w.\-]+) ")
+_CALLEE = re.compile(r"\b(?:body|condition|to_apply|calls)=%(?P<name>[\w.\-]+)")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(?P<n>\d+)"\}')
+
+
+def runs_per_step(hlo_text: str) -> dict[str, int]:
+    """How often each computation runs per run of the program: the entry
+    once, a while's body and condition `known_trip_count` times per run of
+    the computation holding the while (once when XLA does not know it)."""
+    calls: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
+    entry = None
+    current = None
     for line in hlo_text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            current = header.group("name")
+            entry = current if header.group("entry") else entry
+            continue
+        if current is None:
+            continue
+        callees = _CALLEE.findall(line)
+        if callees:
+            trips = _TRIP_COUNT.search(line)
+            times = int(trips.group("n")) if trips and " while(" in line else 1
+            calls[current].extend((callee, times) for callee in callees)
+    runs: dict[str, int] = collections.Counter()
+    if entry is None:
+        return runs
+
+    def visit(name: str, times: int) -> None:
+        runs[name] += times
+        for callee, factor in calls.get(name, ()):
+            visit(callee, times * factor)
+
+    visit(entry, 1)
+    return runs
+
+
+def collective_stats(hlo_text: str) -> dict[str, dict[str, int]]:
+    """{kind: {"count": n, "bytes": per-device bytes}} plus a "total" entry,
+    per run of the program (`runs_per_step`)."""
+    stats: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    runs = runs_per_step(hlo_text)
+    times = 1
+    for line in hlo_text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            times = runs.get(header.group("name"), 1)
+            continue
         m = _LINE.search(line)
         if not m or "-done" in line.split("=")[0]:
             continue
@@ -71,10 +120,9 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, int]]:
         size = _bytes(result)
         if kind == "reduce-scatter":
             size *= _group_size(line)
-        stats[kind]["count"] += 1
-        stats[kind]["bytes"] += size
-        stats["total"]["count"] += 1
-        stats["total"]["bytes"] += size
+        for key in (kind, "total"):
+            stats[key]["count"] += times
+            stats[key]["bytes"] += size * times
     return {k: dict(v) for k, v in stats.items()}
 
 

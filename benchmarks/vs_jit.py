@@ -1,12 +1,13 @@
 """partir's compiled program against `jax.jit` with the same shardings, in one run.
 
 For the MLP and transformer-block training steps under DP, TP, DP+TP and
-ZeRO-3, and a 4-layer `lax.scan` transformer step under DP and layered ZeRO-3,
-on the 4x2 CPU mesh: partir's `shard_map` program, and `jax.jit(fn,
+ZeRO-3, and a 4-layer `lax.scan` transformer step under DP, DP+TP and layered
+ZeRO-3, on the 4x2 CPU mesh: partir's `shard_map` program, and `jax.jit(fn,
 in_shardings=..., out_shardings=...)` given exactly the shardings partir's
 program takes and returns. Collectives and bytes per device come from each
-compiled HLO; runtime is a paired ratio (alternating runs, medians, inputs
-pre-sharded, same process). Goal: bytes <= jax.jit's on every row, ratio <= 1.
+compiled HLO, per run (a collective inside a loop counts once per iteration);
+runtime is a paired ratio (alternating runs, medians, inputs pre-sharded, same
+process). Goal: bytes <= jax.jit's on every row, ratio <= 1.
 
 CPU caveat (see shared/guides/jax.md): 8 virtual devices share 2 cores, so
 time tracks total work; only same-run paired ratios are meaningful.
@@ -48,8 +49,13 @@ LAYERED_ZERO3 = [
 ]
 """ZeRO-3 over a scanned stack: each stacked leaf split on its first non-layer dim."""
 
-SCANNED_STRATEGIES = {"DP": STRATEGIES["DP"], "layered ZeRO-3": LAYERED_ZERO3}
-"""For `lax.scan` over stacked layers (Megatron does not yet know a stack's layer dim)."""
+SCANNED_STRATEGIES = {
+    "DP": STRATEGIES["DP"],
+    "DP+TP": STRATEGIES["DP+TP"],
+    "layered ZeRO-3": LAYERED_ZERO3,
+}
+"""For `lax.scan` over stacked layers (Megatron's column/row dims count from
+the end, so they are the same on a stack)."""
 
 
 def scanned(small: bool):

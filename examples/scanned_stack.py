@@ -4,10 +4,12 @@
   leading layer dim (`params["blocks"]["attn"]["wq"]` is `[N, C, C]`) and run
   by `lax.scan`, as flax `nn.scan`, MaxText and equinox write them; the
   training step is `value_and_grad` + Adam, as in `examples.stack_train_step`.
-- `mlp_program`: a plain `lax.scan` over a stacked MLP (`p["w"]` is `[N, D, D]`).
+- `mlp_program`: a plain `lax.scan` over a stacked residual MLP
+  (`layers["w_in"]` is `[N, D, H]`, `layers["w_out"]` is `[N, H, D]`).
 - `fori_program`: a `fori_loop` carrying an activation through one shared
-  layer N times.
-- `until_program`: a `while_loop` whose trip count the data decides.
+  MLP layer (`layer(layers, 0)`) a fixed number of times.
+- `until_program`: a `while_loop` through that layer whose trip count the
+  data decides.
 
 Each unrolls to the same numbers as its Python-loop form (the tests check it).
 """
@@ -72,29 +74,51 @@ def unrolled(params: layers.Params, x):
     return layers.layer_norm(params["ln_f"], x)
 
 
+def unrolled_loss(params: layers.Params, x, y):
+    return layers.mse(unrolled(params, x), y)
+
+
+def unrolled_train_step(params: layers.Params, opt_state: layers.Params, x, y):
+    """`train_step` on the Python-loop form."""
+    value, grads = jax.value_and_grad(unrolled_loss)(params, x, y)
+    new_params, new_state = layers.adam_update(params, grads, opt_state)
+    return value, new_params, new_state
+
+
 # --- smaller loops ---------------------------------------------------------------
 
 
-def mlp_program(p: layers.Params, x):
-    def layer(h, w_b):
-        w, b = w_b
-        return jnp.tanh(h @ w + b), None
+def mlp_layer(p: layers.Params, h):
+    """One residual MLP layer: `h + tanh(h @ w_in + b_in) @ w_out`."""
+    return h + jnp.tanh(h @ p["w_in"] + p["b_in"]) @ p["w_out"]
 
-    h, _ = jax.lax.scan(layer, x, (p["w"], p["b"]))
+
+def mlp_program(blocks: layers.Params, x):
+    h, _ = jax.lax.scan(lambda h, p: (mlp_layer(p, h), None), x, blocks)
     return h
 
 
-def mlp_args(seed: int = 0, layers_: int = 4, batch: int = 16, width: int = 32):
+def mlp_args(seed: int = 0, layers_: int = 4, batch: int = 16, width: int = 32, hidden: int = 64):
+    """(stacked layers, x) for `mlp_program`."""
     rng = np.random.default_rng(seed)
-    p = {"w": layers.normal(rng, layers_, width, width), "b": layers.normal(rng, layers_, width)}
-    return p, layers.normal(rng, batch, width, scale=1.0)
+    stacked = {
+        "w_in": layers.normal(rng, layers_, width, hidden),
+        "b_in": layers.normal(rng, layers_, hidden),
+        "w_out": layers.normal(rng, layers_, hidden, width),
+    }
+    return stacked, layers.normal(rng, batch, width, scale=1.0)
 
 
-def fori_program(w, x, steps: int = 3):
-    return jax.lax.fori_loop(0, steps, lambda i, h: jnp.tanh(h @ w) + 0.1 * i, x)
+def layer(stacked: layers.Params, i: int) -> layers.Params:
+    """Layer `i` of a stack: the shared layer of `fori_program` and `until_program`."""
+    return jax.tree.map(lambda leaf: leaf[i], stacked)
 
 
-def until_program(w, x):
+def fori_program(p: layers.Params, x, steps: int = 3):
+    return jax.lax.fori_loop(0, steps, lambda i, h: mlp_layer(p, h) + 0.1 * i, x)
+
+
+def until_program(p: layers.Params, x):
     """Apply the layer until the activations' mean magnitude falls below 0.1
     (at most 20 times): the data decides how often."""
 
@@ -104,6 +128,6 @@ def until_program(w, x):
 
     def body(state):
         i, h = state
-        return i + 1, 0.5 * jnp.tanh(h @ w)
+        return i + 1, 0.5 * jnp.tanh(mlp_layer(p, h))
 
     return jax.lax.while_loop(cond, body, (jnp.int32(0), x))

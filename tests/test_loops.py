@@ -1,22 +1,27 @@
 """Programs with loops (`lax.scan`, `fori_loop`, `while_loop`) under partir.jit.
 
-Today a `stablehlo.while` is opaque to propagation: each runs whole on every
-device, with its operands gathered first. These tests hold the numbers (equal
-to `jax.jit`, and the scanned stack equal to its unrolled form) and the stage
-texts (each prints and parses back) for the loop styles large models use.
+A loop-carried value keeps one tiling (`rewrites.control_flow`), so a scanned
+layer stack runs on local shards: these tests hold the numbers (equal to
+`jax.jit`, the scanned stack equal to its unrolled form), the collectives
+(what a hand-written `shard_map` uses, per iteration inside the loop), the
+per-device work and memory, and the stage texts (each prints and parses back).
 """
 
 from __future__ import annotations
 
+import collections
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import partir
+from benchmarks.hlo_stats import collective_stats
 from dialects.interpreter import run_function
 from dialects.interpreter.spmd import run_spmd
 from dialects.spmd import CollectiveOp
-from examples import scanned_stack
+from examples import layers, scanned_stack
 from tests.numerics import assert_close, assert_leaves_close
 from tests.test_names_and_determinism import assert_stages_round_trip
 
@@ -54,19 +59,53 @@ def test_a_scanned_transformer_training_step_matches_jax_jit(tactics):
     assert_stages_round_trip(lowered)
 
 
+MEGATRON_MLP = partir.Megatron("model", column=("**/w_in",), column_bias=("**/b_in",),
+                               row=("**/w_out",))
+"""Megatron on the small loops, whose parameters are not under `params`."""
+DATA = partir.BatchParallel("batch", inputs="x")
+"""BatchParallel on the small loops' data (by default every argument not
+under a parameter root such as `params` is data, `blocks` and `p` too)."""
+STRATEGIES = {
+    "dp": [DATA],
+    "dp+megatron": [DATA, MEGATRON_MLP],
+    "zero3": [DATA, partir.ZeRO("batch", 3, params=("blocks/**", "p/**"))],
+}
+
+
+def small_loop_args(name: str):
+    blocks, x = scanned_stack.mlp_args()
+    return (blocks, x) if name == "mlp_program" else (scanned_stack.layer(blocks, 0), x)
+
+
+def test_the_emitted_program_keeps_the_loop_whatever_the_depth():
+    """The emitted shard_map program of the scanned step is the same size at 2
+    and at 8 layers: the layer count is only data (the stacked arguments'
+    shapes and the loop bound)."""
+    tactics = [partir.BatchParallel("batch"), partir.Megatron("model")]
+
+    def emitted_lines(layers_: int) -> int:
+        args = scanned_stack.make_args(layers_=layers_)
+        lowered = partir.jit(scanned_stack.train_step, mesh=MESH, tactics=tactics).lower(*args)
+        assert "lax.while_loop" in lowered.source
+        return len(lowered.source.splitlines())
+
+    assert emitted_lines(2) == emitted_lines(8)
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 @pytest.mark.parametrize("name", ["mlp_program", "fori_program", "until_program"])
-def test_scan_fori_and_data_dependent_while_match_jax_jit(name):
-    p, x = scanned_stack.mlp_args()
+def test_scan_fori_and_data_dependent_while_match_jax_jit(name, strategy):
     fn = getattr(scanned_stack, name)
-    args = (p, x) if name == "mlp_program" else (p["w"][0], x)
+    args = small_loop_args(name)
     # BatchParallel splits x, so the data that decides until_program's trip
     # count is tiled.
-    lowered = assert_matches_jax_jit(fn, args, [partir.BatchParallel("batch", inputs="x")])
-    leaves = jax.tree.leaves(args)
-    want = jax.jit(fn)(*args)
-    core = partir.import_jax(fn, *args)
-    assert_leaves_close(run_function(core, leaves), want, what="core interpreter")
-    assert_leaves_close(run_spmd(lowered.module, leaves), want, what="SPMD interpreter")
+    lowered = assert_matches_jax_jit(fn, args, STRATEGIES[strategy])
+    if strategy == "dp":
+        leaves = jax.tree.leaves(args)
+        want = jax.jit(fn)(*args)
+        core = partir.import_jax(fn, *args)
+        assert_leaves_close(run_function(core, leaves), want, what="core interpreter")
+        assert_leaves_close(run_spmd(lowered.module, leaves), want, what="SPMD interpreter")
 
 
 def test_a_layer_picked_at_run_time_keeps_its_other_dims_tiled():
@@ -79,10 +118,11 @@ def test_a_layer_picked_at_run_time_keeps_its_other_dims_tiled():
         y = x @ w
         return jax.lax.dynamic_update_index_in_dim(ws, w * 2.0, i, axis=0), y
 
-    p, x = scanned_stack.mlp_args()
+    blocks, x = scanned_stack.mlp_args()
+    ws = blocks["w_in"]
     tactics = [partir.ManualPartition({"ws": {2: "model"}})]
     for i in (1, 7, -3):
-        lowered = assert_matches_jax_jit(program, (p["w"], x, np.int32(i)), tactics)
+        lowered = assert_matches_jax_jit(program, (ws, x, np.int32(i)), tactics)
     assert lowered.collectives == []  # y leaves split by columns, as partir returns outputs
 
 
@@ -154,3 +194,145 @@ def test_layered_zero3_gathers_each_layer_inside_the_loop():
                              tactics=[partir.BatchParallel("batch"),
                                       partir.ZeRO("batch", stage=3)]).lower(*args)
     assert per_device_bytes(lowered, args) < per_device_bytes(whole_stack, args)
+
+
+def hlo_collectives(lowered, args) -> dict[str, dict[str, int]]:
+    """Collectives of partir's compiled program per run (loop bodies times
+    their trip count)."""
+    return collective_stats(xla_compiled(lowered, args).as_text())
+
+
+def by_hand(fn, in_specs, out_specs, args) -> dict[str, dict[str, int]]:
+    """Collectives per run of `fn` written by hand as a `shard_map` on the same
+    mesh, the classic way: every collective explicit (no `check_vma`, whose
+    autodiff would sum replicated parameters' gradients itself)."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("batch", "model"))
+    mapped = jax.jit(
+        jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    )
+    placed = jax.tree.map(
+        lambda spec, subtree: jax.device_put(subtree, NamedSharding(mesh, spec)),
+        in_specs,
+        args,
+        is_leaf=lambda x: isinstance(x, P),
+    )
+    return collective_stats(mapped.lower(*placed).compile().as_text())
+
+
+def megatron_layer_by_hand(p, h):
+    """`scanned_stack.mlp_layer` on column/row parts: one sum over "model"."""
+    part = jnp.tanh(h @ p["w_in"] + p["b_in"]) @ p["w_out"]
+    return h + jax.lax.psum(part, "model")
+
+
+def test_tensor_parallel_loops_all_reduce_once_per_iteration_like_shard_map():
+    """DP + Megatron column/row tiling of a stacked MLP scanned by `lax.scan`,
+    and of a shared layer in a `fori_loop`: the loop runs on local shards with
+    one all-reduce over "model" per iteration, exactly the collectives of the
+    hand-written shard_map, and 1/8 of the replicated program's FLOPs."""
+    from jax.sharding import PartitionSpec as P
+
+    tactics = STRATEGIES["dp+megatron"]
+    specs = {"w_in": P(None, "model"), "b_in": P("model"), "w_out": P("model", None)}
+    stacked_specs = {k: P(None, *spec) for k, spec in specs.items()}
+
+    def scanned(blocks, x):
+        h, _ = jax.lax.scan(lambda h, p: (megatron_layer_by_hand(p, h), None), x, blocks)
+        return h
+
+    def fori(p, x):
+        return jax.lax.fori_loop(0, 3, lambda i, h: megatron_layer_by_hand(p, h) + 0.1 * i, x)
+
+    for name, hand, param_specs in [
+        ("mlp_program", scanned, stacked_specs),
+        ("fori_program", fori, specs),
+    ]:
+        args = small_loop_args(name)
+        lowered = assert_matches_jax_jit(getattr(scanned_stack, name), args, tactics)
+        (loop,) = [op for op in lowered.module.walk() if op.name == "stablehlo.while"]
+        assert [(c.kind, c.axes) for c in lowered.collectives] == [("all_reduce", ("model",))]
+        assert lowered.collectives[0].op.parent_op() is loop
+        want = by_hand(hand, (param_specs, P("batch")), P("batch"), args)
+        assert hlo_collectives(lowered, args) == want, name
+        replicated = partir.jit(getattr(scanned_stack, name), mesh=MESH, tactics=[]).lower(*args)
+        ratio = per_device_flops(lowered, args) / per_device_flops(replicated, args)
+        assert ratio <= 1 / 8 * 1.2, (name, ratio)
+
+
+def test_data_parallel_scanned_step_moves_the_bytes_of_a_hand_written_pmean():
+    """DP on the scanned training step all-reduces each layer's gradients
+    inside the backward loop; per run that is exactly the bytes of the
+    hand-written shard_map that `pmean`s all gradients after the loop."""
+    from jax.sharding import PartitionSpec as P
+
+    args = scanned_stack.make_args(layers_=2)
+    lowered = assert_matches_jax_jit(scanned_stack.train_step, args, STRATEGIES["dp"])
+
+    def step_by_hand(params, opt_state, x, y):
+        value, grads = jax.value_and_grad(scanned_stack.loss)(params, x, y)
+        value, grads = jax.lax.pmean((value, grads), "batch")
+        new_params, new_state = layers.adam_update(params, grads, opt_state)
+        return value, new_params, new_state
+
+    want = by_hand(step_by_hand, (P(), P(), P("batch"), P("batch")), P(), args)
+    got = hlo_collectives(lowered, args)
+    assert set(got) == set(want) == {"all-reduce", "total"}
+    assert got["total"]["bytes"] == want["total"]["bytes"]
+
+
+def test_tensor_parallel_scanned_step_all_reduces_like_its_unrolled_form():
+    """Issue 11's DP + TP acceptance on the scanned transformer step: the
+    activation all-reduces over "model" per iteration equal the unrolled
+    program's per layer, and the bytes per device per run are equal."""
+    layers_ = 2
+    args = scanned_stack.make_args(layers_=layers_)
+    tactics = [partir.BatchParallel("batch"), partir.Megatron("model")]  # default names
+    scanned = assert_matches_jax_jit(scanned_stack.train_step, args, tactics)
+    unrolled = assert_matches_jax_jit(scanned_stack.unrolled_train_step, args, tactics)
+    assert scanned.conflicts == []
+
+    def per_run(lowered) -> collections.Counter:
+        runs = collections.Counter()
+        for c in lowered.collectives:
+            inside = any(p.name == "stablehlo.while" for p in parents(c.op))
+            runs[(c.kind, c.axes)] += layers_ if inside else 1
+        return runs
+
+    assert per_run(scanned) == per_run(unrolled)
+    assert {kind for kind, _ in per_run(scanned)} == {"all_reduce"}
+    got, want = hlo_collectives(scanned, args), hlo_collectives(unrolled, args)
+    assert got["total"]["bytes"] == want["total"]["bytes"]
+    replicated = partir.jit(scanned_stack.train_step, mesh=MESH, tactics=[]).lower(*args)
+    ratio = per_device_flops(scanned, args) / per_device_flops(replicated, args)
+    assert ratio <= 0.2, ratio  # 1/8 of the blocks' work; Adam's update is divided by 2
+
+
+def parents(op):
+    while (op := op.parent_op()) is not None:
+        yield op
+
+
+def test_a_carried_tiling_the_body_does_not_keep_is_a_recorded_conflict():
+    """The body returns its carried value transposed, so the tiling it enters
+    with (rows over "batch") comes back on the columns: the conflict names the
+    loop, the carried value and the axis; the loop's boundary redistributes it,
+    the numbers stay right, and the report shows each loop result's sharding."""
+
+    def swap(x):
+        return jax.lax.fori_loop(0, 3, lambda i, h: jnp.tanh(h.T) * 1.5, x)
+
+    x = np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32)
+    lowered = assert_matches_jax_jit(swap, (x,), [partir.BatchParallel("batch")])
+    (conflict,) = lowered.conflicts
+    assert (conflict.op, conflict.axis, conflict.values) == (
+        "stablehlo.while", "batch", ("carried value 2",)
+    )
+    assert "dim 1" in conflict.detail and "BatchParallel" in conflict.loser
+    assert [(c.kind, c.needed_by) for c in lowered.report().collectives] == [
+        ("all_gather", "stablehlo.while body")
+    ]
+    carried = [v for v in lowered.report().values if v.op == "stablehlo.while"]
+    assert [v.sharding for v in carried][-1] == "batch=S(0), model=B"
