@@ -12,7 +12,7 @@ process). Goal: bytes <= jax.jit's on every row, ratio <= 1.
 CPU caveat (see shared/guides/jax.md): 8 virtual devices share 2 cores, so
 time tracks total work; only same-run paired ratios are meaningful.
 
-    python -m benchmarks.vs_jit [--rounds 20] [--small]
+    python -m benchmarks.vs_jit [--rounds 20] [--small] [--only scanned]
 """
 
 from __future__ import annotations
@@ -149,14 +149,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--small", action="store_true", help="small shapes, for a quick check")
+    parser.add_argument("--only", default="", help="the rows whose name contains this")
     opts = parser.parse_args()
-    rows = []
-    for prog_name, (program, args) in programs(opts.small).items():
-        for strat, tactics in STRATEGIES.items():
-            rows.append(measure(f"{prog_name} {strat}", program, args, tactics, opts.rounds))
+    cases = [
+        (f"{prog_name} {strat}", program, args, tactics)
+        for prog_name, (program, args) in programs(opts.small).items()
+        for strat, tactics in STRATEGIES.items()
+    ]
     program, args = scanned(opts.small)
-    for strat, tactics in SCANNED_STRATEGIES.items():
-        rows.append(measure(f"scanned step {strat}", program, args, tactics, opts.rounds))
+    cases += [(f"scanned step {s}", program, args, t) for s, t in SCANNED_STRATEGIES.items()]
+    rows = [
+        measure(name, program, args, tactics, opts.rounds)
+        for name, program, args, tactics in cases
+        if opts.only in name
+    ]
     print(
         "| program | partir collectives | jax.jit collectives | partir bytes/dev | jit bytes/dev "
         "| partir ms | jit ms | ratio | temp KiB partir/jit |"
