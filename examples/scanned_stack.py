@@ -42,7 +42,12 @@ def loss(params: layers.Params, x, y):
 
 
 def train_step(params: layers.Params, opt_state: layers.Params, x, y):
-    value, grads = jax.value_and_grad(loss)(params, x, y)
+    return adam_step(loss, params, opt_state, x, y)
+
+
+def adam_step(loss_fn, params: layers.Params, opt_state: layers.Params, x, y):
+    """`value_and_grad` of `loss_fn`, then Adam: one training step."""
+    value, grads = jax.value_and_grad(loss_fn)(params, x, y)
     new_params, new_state = layers.adam_update(params, grads, opt_state)
     return value, new_params, new_state
 
@@ -80,9 +85,7 @@ def unrolled_loss(params: layers.Params, x, y):
 
 def unrolled_train_step(params: layers.Params, opt_state: layers.Params, x, y):
     """`train_step` on the Python-loop form."""
-    value, grads = jax.value_and_grad(unrolled_loss)(params, x, y)
-    new_params, new_state = layers.adam_update(params, grads, opt_state)
-    return value, new_params, new_state
+    return adam_step(unrolled_loss, params, opt_state, x, y)
 
 
 # --- smaller loops ---------------------------------------------------------------

@@ -103,15 +103,22 @@ def spec_axes(spec, rank: int) -> tuple[tuple[str, ...], ...]:
 # --- the SPMD stage: collectives and memory ----------------------------------
 
 
+def assert_collectives_are_the_emitted(data: dict, built: Built) -> collections.Counter:
+    """The reported collectives (JSON) are the emitted program's, kind, axes
+    and bytes; returns them with their bytes."""
+    reported = collections.Counter((c["kind"], tuple(c["axes"])) for c in data["collectives"])
+    assert reported == emitted_collectives(built.compiled, built.args)
+    with_bytes = collections.Counter(
+        (c["kind"], tuple(c["axes"]), c["bytes_per_device"]) for c in data["collectives"])
+    assert with_bytes == jaxpr_collectives(built.compiled, built.args)
+    return with_bytes
+
+
 def test_json_collectives_match_the_emitted_forward(forward, capsys):
     code, out, _ = run_main([str(forward.files["spmd"]), "--format", "json"], capsys)
     assert code == 0
     data = json.loads(out)
-    reported = collections.Counter((c["kind"], tuple(c["axes"])) for c in data["collectives"])
-    assert reported == emitted_collectives(forward.compiled, forward.args)
-    with_bytes = collections.Counter(
-        (c["kind"], tuple(c["axes"]), c["bytes_per_device"]) for c in data["collectives"])
-    assert with_bytes == jaxpr_collectives(forward.compiled, forward.args)
+    with_bytes = assert_collectives_are_the_emitted(data, forward)
     assert data["bytes_communicated_per_device"] == sum(
         n * size for (_, _, size), n in with_bytes.items())
 
@@ -120,11 +127,7 @@ def test_console_script_collectives_match_the_emitted_step(step):
     done = run_script(str(step.files["spmd"]), "--format", "json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    reported = collections.Counter((c["kind"], tuple(c["axes"])) for c in data["collectives"])
-    assert reported == emitted_collectives(step.compiled, step.args)
-    with_bytes = collections.Counter(
-        (c["kind"], tuple(c["axes"]), c["bytes_per_device"]) for c in data["collectives"])
-    assert with_bytes == jaxpr_collectives(step.compiled, step.args)
+    assert_collectives_are_the_emitted(data, step)
     # every collective says which op needed it and which action caused it
     assert all(c["needed_by"] and c["tactic"] in ("BatchParallel", "Megatron")
                for c in data["collectives"])
@@ -143,11 +146,7 @@ def test_inspect_reads_a_scanned_step_with_collectives_inside_its_loops(tmp_path
     code, out, _ = run_main([str(built.files["spmd"]), "--format", "json"], capsys)
     assert code == 0
     data = json.loads(out)
-    reported = collections.Counter((c["kind"], tuple(c["axes"])) for c in data["collectives"])
-    assert reported == emitted_collectives(built.compiled, built.args)
-    with_bytes = collections.Counter(
-        (c["kind"], tuple(c["axes"]), c["bytes_per_device"]) for c in data["collectives"])
-    assert with_bytes == jaxpr_collectives(built.compiled, built.args)
+    assert_collectives_are_the_emitted(data, built)
     in_loops = collections.Counter(c["loop"] for c in data["collectives"])
     assert len(in_loops) == 3, in_loops  # the forward loop, the backward loop, and outside
     assert all(loop is None or loop.endswith("stablehlo.while") for loop in in_loops)
