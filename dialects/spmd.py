@@ -59,8 +59,9 @@ DIST = "dist"
 """The attribute on every SPMD-body op holding its result's `DTensorType`."""
 
 CARRIED = "carried"
-"""The attribute on an SPMD `stablehlo.while` holding, per carried value, its
-`DTensorType`: one distribution on entry, in the body and on exit."""
+"""The attribute on an SPMD `stablehlo.while` (or `optimization_barrier`)
+holding, per carried value, its `DTensorType`: one distribution on entry, in
+the body and on exit."""
 
 AxesAttr = ArrayAttr[StringAttr]
 

@@ -56,8 +56,6 @@ ALTERNATIVES: dict[str, str] = {
     "stablehlo.case": "compute every branch and pick with jnp.where (lax.select)",
     "stablehlo.rng_bit_generator": "jax.random with its default threefry keys "
     "(jax.random.PRNGKey), which lowers to integer ops partir supports",
-    "stablehlo.optimization_barrier": "drop jax.lax.optimization_barrier (and "
-    "jax.checkpoint's barrier: use jax.checkpoint(..., prevent_cse=False))",
     "stablehlo.cholesky": "factorise outside the partir.jit function",
     "stablehlo.triangular_solve": "solve outside the partir.jit function",
     "stablehlo.map": "apply the function elementwise with jnp ops (vectorised), not lax.map",

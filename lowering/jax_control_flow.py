@@ -1,4 +1,5 @@
-"""Control flow as JAX: `stablehlo.while` -> `lax.while_loop`.
+"""Control flow as JAX: `stablehlo.while` -> `lax.while_loop`,
+`stablehlo.optimization_barrier` -> `lax.optimization_barrier`.
 
 The loop's regions become nested functions over the carried tuple; JAX's
 lowering makes every value a region uses a carried value or a constant made
@@ -84,3 +85,28 @@ def emit_while(em: BodyEmitter, op: shlo.WhileOp) -> str:
     body = _carry_function(em, op, op.body.block, "body", returns_carry=True, axes=axes)
     call = f"lax.while_loop({cond}, {body}, {tuple_literal(carried)})"
     return call if len(op.results) > 1 else f"{call}[0]"
+
+
+def emit_optimization_barrier(em: BodyEmitter, op: shlo.OptimizationBarrierOp) -> str:
+    """`lax.optimization_barrier((values...))`, kept so XLA does not move the
+    rematerialised computation (`jax.checkpoint`) across it.
+
+    shard_map types a barrier's results as varying over every axis any of its
+    operands varies over, so values split over different axes go through one
+    barrier per set of axes (each stays as its distribution says)."""
+    names = [em.name(v) for v in op.operands]
+    axes = _varying_axes(op) or [()] * len(names)
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for k, a in enumerate(axes):
+        groups.setdefault(tuple(sorted(a)), []).append(k)
+    if len(groups) == 1:
+        call = f"lax.optimization_barrier({tuple_literal(names)})"
+        return call if len(names) > 1 else f"{call}[0]"
+    fenced = [""] * len(names)
+    for members in groups.values():
+        group = em.fresh_function("fenced")
+        values = tuple_literal([names[k] for k in members])
+        em.write(f"{group} = lax.optimization_barrier({values})")
+        for i, k in enumerate(members):
+            fenced[k] = f"{group}[{i}]"
+    return tuple_literal(fenced)

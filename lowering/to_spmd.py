@@ -182,8 +182,33 @@ class SpmdLowering:
             pass
         elif isinstance(op, shlo.WhileOp):
             self._lower_while(op)
+        elif isinstance(op, shlo.OptimizationBarrierOp):
+            self._lower_barrier(op)
         else:
             self._lower_compute(op)
+
+    def _lower_barrier(self, op: shlo.OptimizationBarrierOp) -> None:
+        """A barrier on the devices' parts: each value passes through with the
+        distribution it arrives with (`rewrites.control_flow` tiles its result
+        as its operand), so the fence needs no collective."""
+        placed = [self.env[v] for v in op.operands]
+        new = type(op).create(
+            operands=[p.local for p in placed],
+            result_types=[p.local.type for p in placed],
+            properties=dict(op.properties),
+            attributes=dict(op.attributes),
+        )
+        if all(isinstance(v.type, TensorType) for v in op.operands):
+            new.attributes[CARRIED] = ArrayAttr(
+                [
+                    DTensorType.of(cast(TensorType, v.type), p.dist)
+                    for v, p in zip(op.operands, placed, strict=True)
+                ]
+            )
+        self._emit(new)
+        for old, result, p in zip(op.results, new.results, placed, strict=True):
+            result.name_hint = old.name_hint
+            self.env[old] = Placed(result, p.dist, p.origins)
 
     def _lower_while(self, op: shlo.WhileOp) -> None:
         """A loop on the devices' parts: each carried value keeps the

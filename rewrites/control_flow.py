@@ -1,12 +1,16 @@
-"""Tiling through `stablehlo.while`: a carried value keeps one tiling.
+"""Tiling through `stablehlo.while` and `optimization_barrier`: a carried
+value keeps one tiling.
 
 A loop-carried value (a scan's activations, its stacked parameters, the
 buffers it writes per layer) has one distribution on entry, in the body and
-on exit. Tiling it is the identity action `v ~> loop a [tile d] (r -> slice d
-v[r])` (`rewrites.actions`) applied to every place the value appears: the
-body's and the condition's argument, the loop's result, and its operand. The
-body is then ordinary code for propagation, and the SPMD lowering gives the
-carried value the distribution its body argument is sliced by.
+on exit; a value passed through an optimization barrier (`jax.checkpoint`'s
+rematerialisation fence) has the one it came with. Tiling it is the identity
+action `v ~> loop a [tile d] (r -> slice d v[r])` (`rewrites.actions`)
+applied to every place the value appears: the body's and the condition's
+argument, the op's result, and its operand. The body is then ordinary code
+for propagation, and the SPMD lowering gives the carried value the
+distribution its body argument is sliced by (a barrier's result: its
+operand's).
 
 The tiling comes from either end, until none adds one (a fixpoint; tilings
 are only ever added, once per value and axis, so it ends):
@@ -15,7 +19,7 @@ are only ever added, once per value and axis, so it ends):
 - **exit of an iteration**: the value the body returns for it, once
   propagation has tiled it (a scan's per-layer output buffer, tiled like the
   rows written into it);
-- **exit of the loop**: its result, when every user slices it the same way
+- **exit of the op**: its result, when every user slices it the same way
   (ZeRO's update slicing the gradients a backward scan accumulates).
 
 A tiling that disagrees with the one the value already has over the same
@@ -44,8 +48,8 @@ from rewrites.actions import (
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin
 from rewrites.projection import Tiling, range_axis, tilings
 
-CARRYING_OPS = frozenset({WhileOp, shlo.WhileOp, shlo.ReturnOp})
-"""The op types `TileThroughWhile` looks at (a while, and its body's return)."""
+CARRYING_OPS = frozenset({WhileOp, shlo.WhileOp, shlo.ReturnOp, shlo.OptimizationBarrierOp})
+"""The op types `TileCarriedValues` looks at (a while, its body's return, a barrier)."""
 
 
 def enclosing_while(op: Operation) -> shlo.WhileOp | None:
@@ -57,17 +61,23 @@ def enclosing_while(op: Operation) -> shlo.WhileOp | None:
 
 
 @dataclass
-class TileThroughWhile(RewritePattern):
-    """Give each carried value the tilings its operand or its body's returned
-    value has, in its body and condition arguments, result and operand."""
+class TileCarriedValues(RewritePattern):
+    """Give each value a while carries (or a barrier passes through) the
+    tilings its operand, its body's returned value or its result's users
+    have, in its body and condition arguments, result and operand."""
 
     mesh: MeshOp
     log: ConflictLog
     carried: dict[tuple[Operation, int, str], int] = field(default_factory=dict)
-    """(loop, carried value, axis) -> the dim it is tiled on."""
+    """(op, carried value, axis) -> the dim it is tiled on."""
     _conflicts: set[tuple[Operation, int, str, int]] = field(default_factory=set)
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
+        if isinstance(op, shlo.OptimizationBarrierOp):
+            for k, operand in enumerate(op.operands):
+                for tiling in (*tilings(operand), *_sliced(op.results[k])):
+                    self._carry(op, k, tiling, rewriter)
+            return
         loop = op if isinstance(op, shlo.WhileOp) else enclosing_while(op)
         if loop is None:
             return
@@ -78,9 +88,7 @@ class TileThroughWhile(RewritePattern):
             for tiling in found:
                 self._carry(loop, k, tiling, rewriter)
 
-    def _carry(
-        self, loop: shlo.WhileOp, k: int, tiling: Tiling, rewriter: PatternRewriter
-    ) -> None:
+    def _carry(self, loop: Operation, k: int, tiling: Tiling, rewriter: PatternRewriter) -> None:
         """Tile carried value k on `tiling`'s dim over its axis, once per axis
         (the wrappers nest, so the places themselves do not show it)."""
         key = (loop, k, tiling.axis)
@@ -95,13 +103,17 @@ class TileThroughWhile(RewritePattern):
                         axis=tiling.axis,
                         winner=f"its tiling on dim {done}",
                         loser=describe_origin(tiling.origin),
-                        detail=f"tiled on dim {tiling.dim} at the other end of an "
-                        "iteration; the loop's boundary redistributes it",
+                        detail=f"tiled on dim {tiling.dim} at the other end of "
+                        + (
+                            "an iteration; the loop's boundary redistributes it"
+                            if isinstance(loop, shlo.WhileOp)
+                            else "the barrier; its result is redistributed"
+                        ),
                     )
                 )
             return
         self.carried[key] = tiling.dim
-        for value in (loop.body.block.args[k], loop.cond.block.args[k], loop.results[k]):
+        for value in _places(loop, k):
             # An unused place needs no tiling (and a dead loop would be erased
             # and made again, for ever).
             if value.uses and existing_tiling(value, tiling.axis) is None:
@@ -117,7 +129,7 @@ class TileThroughWhile(RewritePattern):
             _wake(rewriter, made)
 
     def _tile_operand(
-        self, loop: shlo.WhileOp, k: int, tiling: Tiling, rewriter: PatternRewriter
+        self, loop: Operation, k: int, tiling: Tiling, rewriter: PatternRewriter
     ) -> None:
         """The loop's own use of operand k becomes a tile loop over it (other
         users of the value keep it as it is)."""
@@ -127,6 +139,14 @@ class TileThroughWhile(RewritePattern):
         loop.operands[k] = made.result
         _wake(rewriter, made)
         rewriter.notify_op_modified(loop)
+
+
+def _places(op: Operation, k: int) -> tuple[SSAValue, ...]:
+    """Where carried value k appears besides the operand: a while's body and
+    condition arguments and its result; a barrier's result."""
+    if isinstance(op, shlo.WhileOp):
+        return (op.body.block.args[k], op.cond.block.args[k], op.results[k])
+    return (op.results[k],)
 
 
 def _sliced(result: SSAValue) -> list[Tiling]:

@@ -46,7 +46,7 @@ from xdsl.traits import IsTerminator, SymbolOpInterface
 from dialects.partir import ORIGIN, LoopOp, MeshOp, SliceOp, TileAttr, YieldOp, find_mesh, part_type
 from rewrites.actions import describe_value
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin, record_conflicts
-from rewrites.control_flow import CARRYING_OPS, TileThroughWhile
+from rewrites.control_flow import CARRYING_OPS, TileCarriedValues
 from rewrites.projection import (
     Tiling,
     enclosing_axes,
@@ -471,7 +471,7 @@ class Propagation(RewritePattern):
             PushSliceIntoLoop(),
         )
         self.forward = PushForward(self.mesh.axes, self.log, self.rules)
-        self.carried = TileThroughWhile(self.mesh, self.log)
+        self.carried = TileCarriedValues(self.mesh, self.log)
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
         kind = type(op)

@@ -638,7 +638,8 @@ OPAQUE_REASONS: dict[str, str] = {
     "stablehlo.if": "control flow: tiling through conditionals is not supported yet",
     "stablehlo.case": "control flow: tiling through conditionals is not supported yet",
     "stablehlo.custom_call": "an opaque call into the backend; its semantics are unknown",
-    "stablehlo.optimization_barrier": "exists to stop the compiler moving values across it",
+    "stablehlo.optimization_barrier": "a fence: each value passes through with the "
+    "distribution it arrives with, whose tiling rewrites.control_flow carries through",
     "stablehlo.after_all": "a token op: no tensor to tile",
     "stablehlo.return": "a region terminator, not a computation",
     "stablehlo.reduce(multi-input)": "a loop has one result; variadic reduce has several",

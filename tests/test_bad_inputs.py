@@ -88,6 +88,10 @@ def _cond(x):
     return jax.lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x)
 
 
+def _switch(x):
+    return jax.lax.switch(jnp.argmax(x[0]) % 3, [jnp.sin, jnp.cos, jnp.tanh], x)
+
+
 def _while_callback(x):
     return jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
@@ -264,9 +268,8 @@ API_CASES = [
     ApiCase("op-cond", lambda: refused(_cond), partir.UnsupportedError, _unsupported(r"stablehlo\.case", "jnp.where")),
     ApiCase("op-cholesky", lambda: refused(lambda x: jnp.linalg.cholesky(x[:4] @ x[:4].T + 4 * jnp.eye(4)), X),
             partir.UnsupportedError, r"stablehlo\.(cholesky|custom_call).* at \S*" + HERE),
-    ApiCase("op-remat-barrier", lambda: refused(jax.grad(jax.checkpoint(lambda x: jnp.sin(jnp.sin(x)).sum()))),
-            partir.UnsupportedError,
-            _unsupported(r"stablehlo\.optimization_barrier", "prevent_cse=False")),
+    ApiCase("op-switch", lambda: refused(_switch), partir.UnsupportedError,
+            _unsupported(r"stablehlo\.case", "jnp.where")),
     ApiCase("op-sort-in-helper", lambda: refused(lambda x: jnp.median(x, axis=0)), partir.UnsupportedError,
             r"stablehlo\.sort at \S*" + HERE),
 ]
@@ -306,11 +309,14 @@ MLP = (
     "  func.return %y : tensor<8x6xf32>\n}\n"
 )
 MESH_X = 'partir.mesh @mesh ["x" = 4, "y" = 2]\n'
-BARRIER = _func(
-    "  %y = stablehlo.optimization_barrier %x : tensor<8x4xf32>\n  func.return %y : tensor<8x4xf32>",
+MAP = _func(
+    '  %y = "stablehlo.map"(%x) ({\n  ^bb0(%a: tensor<f32>):\n'
+    "    %b = stablehlo.exponential %a : tensor<f32>\n    stablehlo.return %b : tensor<f32>\n"
+    "  }) {dimensions = array<i64: 0, 1>} : (tensor<8x4xf32>) -> tensor<8x4xf32>\n"
+    "  func.return %y : tensor<8x4xf32>",
     args='%x: tensor<8x4xf32> {partir.name = "x"}',
 )
-"""An op partir-opt reads but cannot emit (lax.optimization_barrier)."""
+"""An op partir-opt reads but cannot emit (stablehlo.map)."""
 DECLARE = 'partir-declare-mesh{axes="x=4","y=2"}'
 
 
@@ -391,9 +397,9 @@ OPT_CASES = [
     opt("tile-indivisible", PLAIN, 'partir-declare-mesh{axes="x=3"},partir-tile{value=x dim=1 axis=x}', r'error: .*does not divide'),
     opt("tile-dim-out-of-range", PLAIN, f"{DECLARE},partir-tile{{value=x dim=5 axis=x}}", r"error: .*dim 5"),
     opt("emit-core-ir", PLAIN, f"{DECLARE},partir-emit-jax", r"error: .*!spmd\.dtensor"),
-    opt("emit-unsupported-op", BARRIER, f"{DECLARE},partir-batch-parallel{{axis=x}},partir-lower-spmd,partir-emit-jax",
+    opt("emit-unsupported-op", MAP, f"{DECLARE},partir-batch-parallel{{axis=x}},partir-lower-spmd,partir-emit-jax",
         r"error: partir cannot partition this program \(refused before partitioning\); "
-        r"stablehlo\.optimization_barrier at op #0 of @main: instead, drop jax\.lax\.optimization_barrier"),
+        r"stablehlo\.map at op #0 of @main: instead, apply the function elementwise"),
     opt("unregistered-op", PLAIN.replace("stablehlo.exponential %x :", '"stablehlo.reduce_window"(%x) ({}) {} : (tensor<8x4xf32>) ->'),
         None, r"\S+:2:\d+: error: Operation stablehlo\.reduce_window is not registered"),
     opt("unknown-target", PLAIN, None, r"error: argument -t/--target: invalid choice: 'wasm'.*--help lists the options", "-t", "wasm"),
