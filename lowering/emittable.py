@@ -52,8 +52,6 @@ ALTERNATIVES: dict[str, str] = {
     "stablehlo.custom_call": _CALLBACKS,
     "stablehlo.after_all": _CALLBACKS,
     "stablehlo.create_token": _CALLBACKS,
-    "stablehlo.if": "compute both branches and pick with jnp.where (lax.select)",
-    "stablehlo.case": "compute every branch and pick with jnp.where (lax.select)",
     "stablehlo.rng_bit_generator": "jax.random with its default threefry keys "
     "(jax.random.PRNGKey), which lowers to integer ops partir supports",
     "stablehlo.cholesky": "factorise outside the partir.jit function",

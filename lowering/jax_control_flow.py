@@ -1,4 +1,5 @@
 """Control flow as JAX: `stablehlo.while` -> `lax.while_loop`,
+`stablehlo.case` -> `lax.switch`, `stablehlo.if` -> `lax.cond`,
 `stablehlo.optimization_barrier` -> `lax.optimization_barrier`.
 
 The loop's regions become nested functions over the carried tuple; JAX's
@@ -77,14 +78,54 @@ def _as_varying(em: BodyEmitter, names: list[str], axes: list[tuple[str, ...]] |
     ]
 
 
+def _unpacked(call: str, op: Operation) -> str:
+    """A call returning a tuple, as the op's results (one result unpacked)."""
+    return call if len(op.results) > 1 else f"{call}[0]"
+
+
 def emit_while(em: BodyEmitter, op: shlo.WhileOp) -> str:
     """`lax.while_loop(cond, body, (carried...))`; one result is unpacked."""
     axes = _varying_axes(op)
     carried = _as_varying(em, [em.name(v) for v in op.operand], axes)
     cond = _carry_function(em, op, op.cond.block, "cond", returns_carry=False)
     body = _carry_function(em, op, op.body.block, "body", returns_carry=True, axes=axes)
-    call = f"lax.while_loop({cond}, {body}, {tuple_literal(carried)})"
-    return call if len(op.results) > 1 else f"{call}[0]"
+    return _unpacked(f"lax.while_loop({cond}, {body}, {tuple_literal(carried)})", op)
+
+
+def _branch_function(
+    em: BodyEmitter, op: Operation, block: Block, axes: list[tuple[str, ...]] | None
+) -> str:
+    """A nested `def branch_N()` running a conditional's region: it reads the
+    values around it (closures) and returns its results as a tuple, typed
+    as varying over the axes each result is split over (every branch alike)."""
+    name = em.fresh_function("branch")
+    em.write(f"def {name}():")
+    with em.indented():
+        *body, ret = list(block.ops)
+        if ret.name != "stablehlo.return":
+            raise unsupported(op, "a branch does not end in stablehlo.return")
+        em.emit_ops(body)
+        values = _as_varying(em, [em.name(v) for v in ret.operands], axes)
+        em.write(f"return {tuple_literal(values)}")
+    return name
+
+
+def emit_case(em: BodyEmitter, op: shlo.CaseOp) -> str:
+    """`lax.switch(index, [branches])`. StableHLO runs the last branch for an
+    index out of range where `lax.switch` clamps, so the index is mapped
+    first (JAX's own programs are always in range)."""
+    axes = _varying_axes(op)
+    branches = [_branch_function(em, op, r.block, axes) for r in op.regions]
+    index, last = em.name(op.operands[0]), len(branches) - 1
+    picked = f"jnp.where(({index} >= 0) & ({index} < {last}), {index}, {last})"
+    return _unpacked(f"lax.switch({picked}, [{', '.join(branches)}])", op)
+
+
+def emit_if(em: BodyEmitter, op: shlo.IfOp) -> str:
+    """`lax.cond(pred, true_branch, false_branch)`."""
+    axes = _varying_axes(op)
+    true, false = (_branch_function(em, op, r.block, axes) for r in op.regions)
+    return _unpacked(f"lax.cond({em.name(op.operands[0])}, {true}, {false})", op)
 
 
 def emit_optimization_barrier(em: BodyEmitter, op: shlo.OptimizationBarrierOp) -> str:
@@ -100,8 +141,7 @@ def emit_optimization_barrier(em: BodyEmitter, op: shlo.OptimizationBarrierOp) -
     for k, a in enumerate(axes):
         groups.setdefault(tuple(sorted(a)), []).append(k)
     if len(groups) == 1:
-        call = f"lax.optimization_barrier({tuple_literal(names)})"
-        return call if len(names) > 1 else f"{call}[0]"
+        return _unpacked(f"lax.optimization_barrier({tuple_literal(names)})", op)
     fenced = [""] * len(names)
     for members in groups.values():
         group = em.fresh_function("fenced")

@@ -20,7 +20,7 @@ from dialects.stablehlo_ext import PadOp as ExtPadOp
 from dialects.stablehlo_ext import ReduceOp as ExtReduceOp
 from dialects.stablehlo_ext import SliceOp as ExtSliceOp
 from lowering.jax_collectives import EMITTERS as SPMD_EMITTERS
-from lowering.jax_control_flow import emit_optimization_barrier, emit_while
+from lowering.jax_control_flow import emit_case, emit_if, emit_optimization_barrier, emit_while
 from lowering.jax_elementwise import (
     BINARY,
     CHLO,
@@ -78,6 +78,8 @@ _SPECIFIC: dict[type[Operation], OpEmitter] = {
     shlo.ScatterOp: emit_scatter,
     shlo.WhileOp: emit_while,
     shlo.OptimizationBarrierOp: emit_optimization_barrier,
+    shlo.CaseOp: emit_case,
+    shlo.IfOp: emit_if,
     DynamicUpdateSliceOp: emit_dynamic_update_slice,
     shlo.DotGeneralOp: emit_dot_general,
     ExtReduceOp: emit_reduce,

@@ -48,6 +48,7 @@ from dialects.partir import (
 )
 from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
 from lowering.distributions import Placed, Redistributor
+from rewrites.control_flow import BRANCHING_OPS
 from rewrites.projection import LoopRelations, range_axis
 from rewrites.propagation import paused_gc
 
@@ -184,8 +185,54 @@ class SpmdLowering:
             self._lower_while(op)
         elif isinstance(op, shlo.OptimizationBarrierOp):
             self._lower_barrier(op)
+        elif isinstance(op, BRANCHING_OPS):
+            self._lower_branching(op)
         else:
             self._lower_compute(op)
+
+    def _lower_branching(self, op: Operation) -> None:
+        """A conditional on the devices' parts: the index (or predicate) is
+        made whole, so every device takes the same branch; each result has
+        the distribution its users slice it by (`rewrites.control_flow` tiles
+        it there), and each branch's returned values are converted to it."""
+        dists = [
+            input_dist(r, self.mesh) if isinstance(r.type, TensorType) else Distribution(())
+            for r in op.results
+        ]
+        self.redistribute.cause = (f"{op_name(op)} index", self.env[op.operands[0]].origins)
+        index = self.redistribute.replicate(self.env[op.operands[0]]).local
+
+        def converted(ret: Operation) -> list[SSAValue]:
+            out = []
+            for value, dist in zip(ret.operands, dists, strict=True):
+                self.redistribute.cause = (f"{op_name(op)} branch", self.env[value].origins)
+                out.append(self.redistribute.convert(self.env[value], dist).local)
+            return out
+
+        regions = [Region(self._lower_region(r.block, [], [], converted)) for r in op.regions]
+        local_types = [
+            DTensorType.of(r.type, d).local_type(self.mesh) if isinstance(r.type, TensorType)
+            else r.type
+            for r, d in zip(op.results, dists, strict=True)
+        ]
+        new = type(op).create(
+            operands=[index],
+            result_types=local_types,
+            properties=dict(op.properties),
+            attributes=dict(op.attributes),
+            regions=regions,
+        )
+        if all(isinstance(r.type, TensorType) for r in op.results):
+            new.attributes[CARRIED] = ArrayAttr(
+                [
+                    DTensorType.of(cast(TensorType, r.type), d)
+                    for r, d in zip(op.results, dists, strict=True)
+                ]
+            )
+        self._emit(new)
+        for old, result, dist in zip(op.results, new.results, dists, strict=True):
+            result.name_hint = old.name_hint
+            self.env[old] = Placed(result, dist)
 
     def _lower_barrier(self, op: shlo.OptimizationBarrierOp) -> None:
         """A barrier on the devices' parts: each value passes through with the
@@ -278,7 +325,9 @@ class SpmdLowering:
                     self.env[arg] = Placed(new_arg, dist)
                 *ops, ret = list(block.ops)
                 if not isinstance(ret, shlo.ReturnOp):
-                    raise LoweringError(f"{ret.name} ends a stablehlo.while region")
+                    owner = block.parent_op()
+                    where = op_name(owner) if owner is not None else "a region"
+                    raise LoweringError(f"{ret.name} ends a region of {where}")
                 for inner in ops:
                     self._lower_op(inner)
                 self._emit(shlo.ReturnOp(returns(ret)))

@@ -1,24 +1,26 @@
-"""Tiling through `stablehlo.while` and `optimization_barrier`: a carried
-value keeps one tiling.
+"""Tiling through `stablehlo.while`, `case` / `if` and `optimization_barrier`:
+a carried value keeps one tiling.
 
 A loop-carried value (a scan's activations, its stacked parameters, the
 buffers it writes per layer) has one distribution on entry, in the body and
 on exit; a value passed through an optimization barrier (`jax.checkpoint`'s
-rematerialisation fence) has the one it came with. Tiling it is the identity
+rematerialisation fence) has the one it came with; a conditional's result
+(`lax.cond`, `lax.switch`) has one whichever branch returns it (branches read
+the values around them, so propagation tiles their ops like any other). Tiling it is the identity
 action `v ~> loop a [tile d] (r -> slice d v[r])` (`rewrites.actions`)
 applied to every place the value appears: the body's and the condition's
 argument, the op's result, and its operand. The body is then ordinary code
 for propagation, and the SPMD lowering gives the carried value the
 distribution its body argument is sliced by (a barrier's result: its
-operand's).
+operand's; a conditional's result: what its users slice it by).
 
 The tiling comes from either end, until none adds one (a fixpoint; tilings
 are only ever added, once per value and axis, so it ends):
 
 - **entry**: an operand produced tiled (by a tile loop);
-- **exit of an iteration**: the value the body returns for it, once
-  propagation has tiled it (a scan's per-layer output buffer, tiled like the
-  rows written into it);
+- **exit of an iteration** (or of a branch): the value the body returns for
+  it, once propagation has tiled it (a scan's per-layer output buffer, tiled
+  like the rows written into it);
 - **exit of the op**: its result, when every user slices it the same way
   (ZeRO's update slicing the gradients a backward scan accumulates).
 
@@ -48,14 +50,24 @@ from rewrites.actions import (
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin
 from rewrites.projection import Tiling, range_axis, tilings
 
-CARRYING_OPS = frozenset({WhileOp, shlo.WhileOp, shlo.ReturnOp, shlo.OptimizationBarrierOp})
-"""The op types `TileCarriedValues` looks at (a while, its body's return, a barrier)."""
+BRANCHING_OPS = (shlo.CaseOp, shlo.IfOp)
+"""Conditionals: operand 0 picks the region that runs; their results are
+what its `stablehlo.return` gives."""
+
+CARRYING_OPS = frozenset(
+    {WhileOp, shlo.WhileOp, shlo.ReturnOp, shlo.OptimizationBarrierOp, *BRANCHING_OPS}
+)
+"""The op types `TileCarriedValues` looks at (a while, a region's return, a
+barrier, a conditional)."""
 
 
-def enclosing_while(op: Operation) -> shlo.WhileOp | None:
-    """The while whose body `op` (a `stablehlo.return`) ends, if any."""
+def enclosing_carrier(op: Operation) -> Operation | None:
+    """The while whose body, or the conditional whose branch, `op` (a
+    `stablehlo.return`) ends, if any."""
     parent = op.parent_op()
     if isinstance(parent, shlo.WhileOp) and op.parent_region() is parent.body:
+        return parent
+    if isinstance(parent, BRANCHING_OPS):
         return parent
     return None
 
@@ -78,15 +90,20 @@ class TileCarriedValues(RewritePattern):
                 for tiling in (*tilings(operand), *_sliced(op.results[k])):
                     self._carry(op, k, tiling, rewriter)
             return
-        loop = op if isinstance(op, shlo.WhileOp) else enclosing_while(op)
-        if loop is None:
-            return
-        returned = loop.body.block.last_op
-        assert returned is not None
-        for k, operand in enumerate(loop.operands):
-            found = (*tilings(operand), *tilings(returned.operands[k]), *_sliced(loop.results[k]))
-            for tiling in found:
-                self._carry(loop, k, tiling, rewriter)
+        carrier = op if isinstance(op, (shlo.WhileOp, *BRANCHING_OPS)) else enclosing_carrier(op)
+        if isinstance(carrier, shlo.WhileOp):
+            returned = carrier.body.block.last_op
+            assert returned is not None
+            for k, operand in enumerate(carrier.operands):
+                ends: tuple[SSAValue, ...] = (operand, returned.operands[k])
+                for tiling in (*_tilings_of(ends), *_sliced(carrier.results[k])):
+                    self._carry(carrier, k, tiling, rewriter)
+        elif carrier is not None:  # a conditional: its branches' returns, its users
+            returns = [region.block.last_op for region in carrier.regions]
+            for k, result in enumerate(carrier.results):
+                ends = tuple(r.operands[k] for r in returns if r is not None)
+                for tiling in (*_tilings_of(ends), *_sliced(result)):
+                    self._carry(carrier, k, tiling, rewriter)
 
     def _carry(self, loop: Operation, k: int, tiling: Tiling, rewriter: PatternRewriter) -> None:
         """Tile carried value k on `tiling`'s dim over its axis, once per axis
@@ -107,6 +124,8 @@ class TileCarriedValues(RewritePattern):
                         + (
                             "an iteration; the loop's boundary redistributes it"
                             if isinstance(loop, shlo.WhileOp)
+                            else "a branch; its result is redistributed"
+                            if isinstance(loop, BRANCHING_OPS)
                             else "the barrier; its result is redistributed"
                         ),
                     )
@@ -118,6 +137,8 @@ class TileCarriedValues(RewritePattern):
             # and made again, for ever).
             if value.uses and existing_tiling(value, tiling.axis) is None:
                 self._tile(value, tiling, rewriter)
+        if isinstance(loop, BRANCHING_OPS):
+            return  # the branches' returns are converted by the lowering
         if not any(t.axis == tiling.axis for t in tilings(loop.operands[k])):
             self._tile_operand(loop, k, tiling, rewriter)
 
@@ -146,7 +167,11 @@ def _places(op: Operation, k: int) -> tuple[SSAValue, ...]:
     condition arguments and its result; a barrier's result."""
     if isinstance(op, shlo.WhileOp):
         return (op.body.block.args[k], op.cond.block.args[k], op.results[k])
-    return (op.results[k],)
+    return (op.results[k],)  # a barrier's or a conditional's
+
+
+def _tilings_of(values: tuple[SSAValue, ...]) -> list[Tiling]:
+    return [tiling for value in values for tiling in tilings(value)]
 
 
 def _sliced(result: SSAValue) -> list[Tiling]:

@@ -376,7 +376,7 @@ class LoopRelations:
         for op in block.ops:
             if type(op) is LoopOp:
                 self._forward(op.body.block, (*axes, op.axis_name))
-            elif isinstance(op, shlo.WhileOp):  # its regions run at its own scope
+            elif isinstance(op, shlo.WhileOp | shlo.CaseOp | shlo.IfOp):  # regions at its scope
                 for region in op.regions:
                     self._forward(region.block, axes)
             elif type(op) is YieldOp:

@@ -635,8 +635,10 @@ OPAQUE_REASONS: dict[str, str] = {
     "stablehlo.dynamic_broadcast_in_dim": "the result shape is a run-time value",
     "stablehlo.while": "a loop: every device runs it on its parts of the carried values, "
     "whose tiling rewrites.control_flow carries through (the loop itself is not split)",
-    "stablehlo.if": "control flow: tiling through conditionals is not supported yet",
-    "stablehlo.case": "control flow: tiling through conditionals is not supported yet",
+    "stablehlo.if": "a conditional: every device takes the same branch, on its parts of the "
+    "values the branches read; rewrites.control_flow carries its results' tiling",
+    "stablehlo.case": "a conditional: every device takes the same branch, on its parts of the "
+    "values the branches read; rewrites.control_flow carries its results' tiling",
     "stablehlo.custom_call": "an opaque call into the backend; its semantics are unknown",
     "stablehlo.optimization_barrier": "a fence: each value passes through with the "
     "distribution it arrives with, whose tiling rewrites.control_flow carries through",

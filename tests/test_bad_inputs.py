@@ -84,12 +84,8 @@ def _unsupported(op: str, hint: str) -> str:
     return rf"{op} at \S*{HERE}:\d+:\d+.*instead, .*{re.escape(hint)}"
 
 
-def _cond(x):
-    return jax.lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x)
-
-
-def _switch(x):
-    return jax.lax.switch(jnp.argmax(x[0]) % 3, [jnp.sin, jnp.cos, jnp.tanh], x)
+def _triangular_solve(x):
+    return jax.scipy.linalg.solve_triangular(jnp.tril(x[:4, :4]) + 4 * jnp.eye(4), x[:4], lower=True)
 
 
 def _while_callback(x):
@@ -265,11 +261,12 @@ API_CASES = [
             _unsupported(r"stablehlo\.custom_call @\w+", "jax.debug.print")),
     ApiCase("op-pure-callback", lambda: refused(_while_callback), partir.UnsupportedError,
             _unsupported(r"stablehlo\.custom_call @\w+", "outside the partir.jit function")),
-    ApiCase("op-cond", lambda: refused(_cond), partir.UnsupportedError, _unsupported(r"stablehlo\.case", "jnp.where")),
+    ApiCase("op-eigh", lambda: refused(lambda x: jnp.linalg.eigh(x[:4] @ x[:4].T)[0]),
+            partir.UnsupportedError, r"stablehlo\.custom_call @lapack_\w+ at \S*" + HERE),
     ApiCase("op-cholesky", lambda: refused(lambda x: jnp.linalg.cholesky(x[:4] @ x[:4].T + 4 * jnp.eye(4)), X),
             partir.UnsupportedError, r"stablehlo\.(cholesky|custom_call).* at \S*" + HERE),
-    ApiCase("op-switch", lambda: refused(_switch), partir.UnsupportedError,
-            _unsupported(r"stablehlo\.case", "jnp.where")),
+    ApiCase("op-triangular-solve", lambda: refused(_triangular_solve), partir.UnsupportedError,
+            r"stablehlo\.custom_call @lapack_\w+ at \S*" + HERE),
     ApiCase("op-sort-in-helper", lambda: refused(lambda x: jnp.median(x, axis=0)), partir.UnsupportedError,
             r"stablehlo\.sort at \S*" + HERE),
 ]

@@ -198,7 +198,7 @@ class _Lockstep:
     """Runs a block on every device, op by op, so that a collective finds
     every device's operand; a `stablehlo.while` runs its regions the same way
     (collectives inside the loop), iterating while the devices' condition,
-    which must agree, holds."""
+    which must agree, holds; a `case` / `if` runs the branch they agree on."""
 
     def __init__(
         self,
@@ -218,6 +218,8 @@ class _Lockstep:
             operands = tuple(self.values[v] for v in op.operands)
             if isinstance(op, shlo.WhileOp):
                 results = tuple(self._while(op, list(operands)))
+            elif isinstance(op, shlo.CaseOp | shlo.IfOp):
+                results = tuple(self._branch(op, operands[0]))
             elif op.dialect_name() == SPMD.name:
                 results = self.spmd.run_op(op, operands)
             else:
@@ -231,6 +233,20 @@ class _Lockstep:
         for arg, value in zip(block.args, args, strict=True):
             self.values[arg] = value
         return self.run(block)[0]
+
+    def _branch(self, op: shlo.CaseOp | shlo.IfOp, index: PerDevice) -> list[PerDevice]:
+        """The branch every device's index (or predicate), which must agree,
+        picks; StableHLO's case runs its last branch for an index out of range."""
+        picked = {int(np.asarray(i)) for i in index}
+        if len(picked) != 1:
+            raise InterpretationError(f"{op.name}: the devices disagree on the branch")
+        regions = list(op.regions)
+        k = picked.pop()
+        if isinstance(op, shlo.IfOp):
+            k = 0 if k else 1
+        elif not 0 <= k < len(regions):
+            k = len(regions) - 1
+        return self.run(regions[k].block)[0]
 
     def _while(self, op: shlo.WhileOp, carried: list[PerDevice]) -> list[PerDevice]:
         while True:
