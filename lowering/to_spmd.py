@@ -20,7 +20,7 @@ partial sums are all-reduced, since a partial sum is not a value.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -195,67 +195,24 @@ class SpmdLowering:
         made whole, so every device takes the same branch; each result has
         the distribution its users slice it by (`rewrites.control_flow` tiles
         it there), and each branch's returned values are converted to it."""
-        dists = [
-            input_dist(r, self.mesh) if isinstance(r.type, TensorType) else Distribution(())
-            for r in op.results
-        ]
+        dists = [self._carried_dist(r) for r in op.results]
         self.redistribute.cause = (f"{op_name(op)} index", self.env[op.operands[0]].origins)
         index = self.redistribute.replicate(self.env[op.operands[0]]).local
 
         def converted(ret: Operation) -> list[SSAValue]:
-            out = []
-            for value, dist in zip(ret.operands, dists, strict=True):
-                self.redistribute.cause = (f"{op_name(op)} branch", self.env[value].origins)
-                out.append(self.redistribute.convert(self.env[value], dist).local)
-            return out
+            return self._convert_all(ret.operands, dists, f"{op_name(op)} branch")
 
         regions = [Region(self._lower_region(r.block, [], [], converted)) for r in op.regions]
-        local_types = [
-            DTensorType.of(r.type, d).local_type(self.mesh) if isinstance(r.type, TensorType)
-            else r.type
-            for r, d in zip(op.results, dists, strict=True)
-        ]
-        new = type(op).create(
-            operands=[index],
-            result_types=local_types,
-            properties=dict(op.properties),
-            attributes=dict(op.attributes),
-            regions=regions,
-        )
-        if all(isinstance(r.type, TensorType) for r in op.results):
-            new.attributes[CARRIED] = ArrayAttr(
-                [
-                    DTensorType.of(cast(TensorType, r.type), d)
-                    for r, d in zip(op.results, dists, strict=True)
-                ]
-            )
-        self._emit(new)
-        for old, result, dist in zip(op.results, new.results, dists, strict=True):
-            result.name_hint = old.name_hint
-            self.env[old] = Placed(result, dist)
+        self._emit_carrier(op, [index], dists, regions)
 
     def _lower_barrier(self, op: shlo.OptimizationBarrierOp) -> None:
         """A barrier on the devices' parts: each value passes through with the
         distribution it arrives with (`rewrites.control_flow` tiles its result
         as its operand), so the fence needs no collective."""
         placed = [self.env[v] for v in op.operands]
-        new = type(op).create(
-            operands=[p.local for p in placed],
-            result_types=[p.local.type for p in placed],
-            properties=dict(op.properties),
-            attributes=dict(op.attributes),
-        )
-        if all(isinstance(v.type, TensorType) for v in op.operands):
-            new.attributes[CARRIED] = ArrayAttr(
-                [
-                    DTensorType.of(cast(TensorType, v.type), p.dist)
-                    for v, p in zip(op.operands, placed, strict=True)
-                ]
-            )
-        self._emit(new)
-        for old, result, p in zip(op.results, new.results, placed, strict=True):
-            result.name_hint = old.name_hint
-            self.env[old] = Placed(result, p.dist, p.origins)
+        self._emit_carrier(op, [p.local for p in placed], [p.dist for p in placed], [])
+        for old, p in zip(op.results, placed, strict=True):
+            self.env[old] = replace(self.env[old], origins=p.origins)
 
     def _lower_while(self, op: shlo.WhileOp) -> None:
         """A loop on the devices' parts: each carried value keeps the
@@ -263,14 +220,8 @@ class SpmdLowering:
         tiles it there), on entry, in both regions and on exit; the body's
         returned values are converted to it, the condition's made whole."""
         body, cond = op.body.block, op.cond.block
-        dists = [
-            input_dist(arg, self.mesh) if isinstance(arg.type, TensorType) else Distribution(())
-            for arg in body.args
-        ]
-        operands = []
-        for value, dist in zip(op.operands, dists, strict=True):
-            self.redistribute.cause = (op_name(op), self.env[value].origins)
-            operands.append(self.redistribute.convert(self.env[value], dist).local)
+        dists = [self._carried_dist(arg) for arg in body.args]
+        operands = self._convert_all(op.operands, dists, op_name(op))
         local_types = [v.type for v in operands]
 
         def whole(ret: Operation) -> list[SSAValue]:
@@ -278,32 +229,55 @@ class SpmdLowering:
             return [self.redistribute.replicate(self.env[ret.operands[0]]).local]
 
         def carried(ret: Operation) -> list[SSAValue]:
-            out = []
-            for value, dist in zip(ret.operands, dists, strict=True):
-                self.redistribute.cause = (f"{op_name(op)} body", self.env[value].origins)
-                out.append(self.redistribute.convert(self.env[value], dist).local)
-            return out
+            return self._convert_all(ret.operands, dists, f"{op_name(op)} body")
 
         regions = [
             Region(self._lower_region(cond, dists, local_types, whole)),
             Region(self._lower_region(body, dists, local_types, carried)),
         ]
+        self._emit_carrier(op, operands, dists, regions)
+
+    def _carried_dist(self, value: SSAValue) -> Distribution:
+        """What `value`'s users slice it by (a carried value's distribution)."""
+        if isinstance(value.type, TensorType):
+            return input_dist(value, self.mesh)
+        return Distribution(())
+
+    def _convert_all(
+        self, values: Sequence[SSAValue], dists: list[Distribution], cause: str
+    ) -> list[SSAValue]:
+        """Each value converted to its distribution, as the devices' parts."""
+        out = []
+        for value, dist in zip(values, dists, strict=True):
+            self.redistribute.cause = (cause, self.env[value].origins)
+            out.append(self.redistribute.convert(self.env[value], dist).local)
+        return out
+
+    def _emit_carrier(
+        self, op: Operation, operands: list[SSAValue], dists: list[Distribution],
+        regions: list[Region],
+    ) -> None:
+        """`op` remade on the devices' parts (its regions already lowered):
+        its results are `dists`' parts, recorded per value in `CARRIED`."""
+        results = list(op.results)
         new = type(op).create(
             operands=operands,
-            result_types=local_types,
+            result_types=[
+                DTensorType.of(r.type, d).local_type(self.mesh)
+                if isinstance(r.type, TensorType) else r.type
+                for r, d in zip(results, dists, strict=True)
+            ],
             properties=dict(op.properties),
             attributes=dict(op.attributes),
             regions=regions,
         )
-        if all(isinstance(v.type, TensorType) for v in op.operands):
+        if all(isinstance(r.type, TensorType) for r in results):
             new.attributes[CARRIED] = ArrayAttr(
-                [
-                    DTensorType.of(cast(TensorType, v.type), d)
-                    for v, d in zip(op.operands, dists, strict=True)
-                ]
+                [DTensorType.of(cast(TensorType, r.type), d)
+                 for r, d in zip(results, dists, strict=True)]
             )
         self._emit(new)
-        for old, result, dist in zip(op.results, new.results, dists, strict=True):
+        for old, result, dist in zip(results, new.results, dists, strict=True):
             result.name_hint = old.name_hint
             self.env[old] = Placed(result, dist)
 

@@ -105,17 +105,17 @@ class TileCarriedValues(RewritePattern):
                 for tiling in (*_tilings_of(ends), *_sliced(result)):
                     self._carry(carrier, k, tiling, rewriter)
 
-    def _carry(self, loop: Operation, k: int, tiling: Tiling, rewriter: PatternRewriter) -> None:
+    def _carry(self, carrier: Operation, k: int, tiling: Tiling, rewriter: PatternRewriter) -> None:
         """Tile carried value k on `tiling`'s dim over its axis, once per axis
         (the wrappers nest, so the places themselves do not show it)."""
-        key = (loop, k, tiling.axis)
+        key = (carrier, k, tiling.axis)
         done = self.carried.get(key)
         if done is not None:
             if done != tiling.dim and (*key, tiling.dim) not in self._conflicts:
                 self._conflicts.add((*key, tiling.dim))
                 self.log.record(
                     Conflict(
-                        op=loop.name,
+                        op=carrier.name,
                         values=(f"carried value {k}",),
                         axis=tiling.axis,
                         winner=f"its tiling on dim {done}",
@@ -123,24 +123,24 @@ class TileCarriedValues(RewritePattern):
                         detail=f"tiled on dim {tiling.dim} at the other end of "
                         + (
                             "an iteration; the loop's boundary redistributes it"
-                            if isinstance(loop, shlo.WhileOp)
+                            if isinstance(carrier, shlo.WhileOp)
                             else "a branch; its result is redistributed"
-                            if isinstance(loop, BRANCHING_OPS)
+                            if isinstance(carrier, BRANCHING_OPS)
                             else "the barrier; its result is redistributed"
                         ),
                     )
                 )
             return
         self.carried[key] = tiling.dim
-        for value in _places(loop, k):
-            # An unused place needs no tiling (and a dead loop would be erased
+        for value in _places(carrier, k):
+            # An unused place needs no tiling (and a dead op would be erased
             # and made again, for ever).
             if value.uses and existing_tiling(value, tiling.axis) is None:
                 self._tile(value, tiling, rewriter)
-        if isinstance(loop, BRANCHING_OPS):
+        if isinstance(carrier, BRANCHING_OPS):
             return  # the branches' returns are converted by the lowering
-        if not any(t.axis == tiling.axis for t in tilings(loop.operands[k])):
-            self._tile_operand(loop, k, tiling, rewriter)
+        if not any(t.axis == tiling.axis for t in tilings(carrier.operands[k])):
+            self._tile_operand(carrier, k, tiling, rewriter)
 
     def _tile(self, value: SSAValue, tiling: Tiling, rewriter: PatternRewriter) -> None:
         origin = tiling.origin or OriginAttr(0, "propagation", "a loop-carried value")
@@ -150,16 +150,16 @@ class TileCarriedValues(RewritePattern):
             _wake(rewriter, made)
 
     def _tile_operand(
-        self, loop: Operation, k: int, tiling: Tiling, rewriter: PatternRewriter
+        self, carrier: Operation, k: int, tiling: Tiling, rewriter: PatternRewriter
     ) -> None:
-        """The loop's own use of operand k becomes a tile loop over it (other
-        users of the value keep it as it is)."""
-        parts = self.mesh.axes[tiling.axis]
-        made = identity_tile_loop(loop.operands[k], tiling.dim, tiling.axis, parts, tiling.origin)
-        rewriter.insert(made, InsertPoint.before(loop))
-        loop.operands[k] = made.result
+        """The carrier's own use of operand k becomes a tile loop over it
+        (other users of the value keep it as it is)."""
+        operand, parts = carrier.operands[k], self.mesh.axes[tiling.axis]
+        made = identity_tile_loop(operand, tiling.dim, tiling.axis, parts, tiling.origin)
+        rewriter.insert(made, InsertPoint.before(carrier))
+        carrier.operands[k] = made.result
         _wake(rewriter, made)
-        rewriter.notify_op_modified(loop)
+        rewriter.notify_op_modified(carrier)
 
 
 def _places(op: Operation, k: int) -> tuple[SSAValue, ...]:
@@ -175,7 +175,7 @@ def _tilings_of(values: tuple[SSAValue, ...]) -> list[Tiling]:
 
 
 def _sliced(result: SSAValue) -> list[Tiling]:
-    """The tiling every use of a loop's result takes, if they all slice it
+    """The tiling every use of a carrier's result takes, if they all slice it
     the same way over one axis (ZeRO's updates slicing a scan's gradients)."""
     found: set[tuple[str, int]] = set()
     first: SliceOp | None = None
