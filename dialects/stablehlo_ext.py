@@ -34,7 +34,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
-from xdsl.dialects.builtin import AnyTensorType, DenseArrayBase, TensorType, i1, i64
+from xdsl.dialects.builtin import (
+    AnyTensorType,
+    BoolAttr,
+    DenseArrayBase,
+    DenseIntElementsAttr,
+    IntegerAttr,
+    TensorType,
+    i1,
+    i64,
+)
 from xdsl.dialects.utils.format import print_assignment
 from xdsl.ir import Attribute, Dialect, Operation, SSAValue
 from xdsl.irdl import (
@@ -379,6 +388,112 @@ class WhileOp(_xj.WhileOp):
         printer.print_region(self.body, print_entry_block_args=False)
 
 
+@irdl_op_definition
+class ReduceWindowOp(IRDLOperation):
+    """`stablehlo.reduce_window` (generic syntax, as JAX prints it): each
+    result element reduces, with `body`, the window of the (padded, dilated)
+    input at its position (`jnp.cumsum`, pooling)."""
+
+    name = "stablehlo.reduce_window"
+
+    inputs = var_operand_def(AnyTensorType)
+    init_values = var_operand_def(AnyTensorType)
+    window_dimensions = prop_def(DenseArrayBase.constr(i64))
+    window_strides = opt_prop_def(DenseArrayBase.constr(i64))
+    base_dilations = opt_prop_def(DenseArrayBase.constr(i64))
+    window_dilations = opt_prop_def(DenseArrayBase.constr(i64))
+    padding = opt_prop_def(DenseIntElementsAttr)
+    results_ = var_result_def(AnyTensorType)
+    body = region_def("single_block")
+
+    irdl_options = (SameVariadicOperandSize(),)
+    traits = traits_def(NoMemoryEffect())
+
+    def _per_dim(self, name: str, default: int) -> tuple[int, ...]:
+        attr = self.properties.get(name)
+        rank = cast(TensorType, self.inputs[0].type).get_num_dims()
+        if attr is None:
+            return (default,) * rank
+        assert isinstance(attr, DenseArrayBase)
+        return tuple(int(v) for v in attr.get_values())
+
+    @property
+    def window(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.window_dimensions.get_values())
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self._per_dim("window_strides", 1)
+
+    @property
+    def base_dilation(self) -> tuple[int, ...]:
+        return self._per_dim("base_dilations", 1)
+
+    @property
+    def window_dilation(self) -> tuple[int, ...]:
+        return self._per_dim("window_dilations", 1)
+
+    @property
+    def pads(self) -> tuple[tuple[int, int], ...]:
+        """(low, high) padding per dim."""
+        rank = cast(TensorType, self.inputs[0].type).get_num_dims()
+        if self.padding is None:
+            return ((0, 0),) * rank
+        flat = [int(v) for v in self.padding.get_values()]
+        if len(flat) == 1:  # a splat
+            flat = flat * (2 * rank)
+        return tuple((flat[2 * d], flat[2 * d + 1]) for d in range(rank))
+
+    def verify_(self) -> None:
+        rank = cast(TensorType, self.inputs[0].type).get_num_dims()
+        fields = {
+            "window_dimensions": self.window, "window_strides": self.strides,
+            "base_dilations": self.base_dilation, "window_dilations": self.window_dilation,
+        }
+        for name, values in fields.items():
+            if len(values) != rank or any(v < 1 for v in values):
+                raise VerifyException(
+                    f"{self.name}: {name} {list(values)} needs {rank} positive values"
+                )
+        if len(self.pads) != rank:
+            raise VerifyException(f"{self.name}: padding needs one (low, high) pair per dim")
+
+
+@irdl_op_definition
+class SortOp(IRDLOperation):
+    """`stablehlo.sort` (generic syntax, as JAX prints it): the inputs
+    permuted together along `dimension`, ordered by `comparator` (which says
+    whether its first element set goes before its second)."""
+
+    name = "stablehlo.sort"
+
+    inputs = var_operand_def(AnyTensorType)
+    dimension = prop_def(IntegerAttr)
+    is_stable = opt_prop_def(BoolAttr)
+    results_ = var_result_def(AnyTensorType)
+    comparator = region_def("single_block")
+
+    traits = traits_def(NoMemoryEffect())
+
+    @property
+    def axis(self) -> int:
+        return int(self.dimension.value.data)
+
+    @property
+    def stable(self) -> bool:
+        return self.is_stable is not None and bool(self.is_stable.value.data)
+
+    def verify_(self) -> None:
+        shapes = {cast(TensorType, v.type).get_shape() for v in self.inputs}
+        if len(shapes) != 1:
+            raise VerifyException(f"{self.name}: the inputs must have one shape")
+        rank = len(shapes.pop())
+        if not -rank <= self.axis < rank:
+            raise VerifyException(f"{self.name}: dimension {self.axis} is not a dim of rank {rank}")
+        if [v.type for v in self.inputs] != [r.type for r in self.results]:
+            raise VerifyException(f"{self.name}: the results must have the inputs' types")
+
+
 def _stablehlo_dialect() -> Dialect:
     replaced: dict[str, type[Operation]] = {
         CompareOp.name: CompareOp,
@@ -388,7 +503,7 @@ def _stablehlo_dialect() -> Dialect:
         WhileOp.name: WhileOp,
     }
     ops: list[type[Operation]] = [replaced.get(op.name, op) for op in _xj.StableHLO.operations]
-    ops.extend((DynamicUpdateSliceOp, ReverseOp))
+    ops.extend((DynamicUpdateSliceOp, ReverseOp, ReduceWindowOp, SortOp))
     return Dialect("stablehlo", ops, list(_xj.StableHLO.attributes))
 
 

@@ -36,13 +36,8 @@ _CALLBACKS = (
 )
 
 ALTERNATIVES: dict[str, str] = {
-    "stablehlo.sort": "for a maximum or its position use jnp.max / jnp.argmax (reductions); "
-    "otherwise sort outside the partir.jit function",
     "chlo.top_k": "for k=1 use jnp.max / jnp.argmax (reductions); otherwise take the top k "
     "outside the partir.jit function",
-    "stablehlo.reduce_window": "a cumulative sum is a dot with a triangular matrix "
-    "(jnp.tril(jnp.ones((n, n))) @ x); pooling is a reshape then a reduction "
-    "(x.reshape(..., n // k, k).max(-1))",
     "stablehlo.select_and_scatter": "pool with a reshape then a reduction "
     "(x.reshape(..., n // k, k).max(-1)), whose gradient partir supports",
     "stablehlo.convolution": "write the convolution as a sum of shifted slices times weights "

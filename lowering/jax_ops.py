@@ -15,7 +15,7 @@ from xdsl.ir import Operation
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
-from dialects.stablehlo_ext import DynamicUpdateSliceOp, ReverseOp
+from dialects.stablehlo_ext import DynamicUpdateSliceOp, ReduceWindowOp, ReverseOp, SortOp
 from dialects.stablehlo_ext import PadOp as ExtPadOp
 from dialects.stablehlo_ext import ReduceOp as ExtReduceOp
 from dialects.stablehlo_ext import SliceOp as ExtSliceOp
@@ -36,7 +36,8 @@ from lowering.jax_elementwise import (
 )
 from lowering.jax_ir import OpEmitter, by_name
 from lowering.jax_literals import emit_constant
-from lowering.jax_reductions import emit_dot_general, emit_reduce
+from lowering.jax_reductions import emit_dot_general, emit_reduce, emit_reduce_window
+from lowering.jax_sort import emit_sort
 from lowering.jax_structural import (
     emit_broadcast_in_dim,
     emit_concatenate,
@@ -83,6 +84,8 @@ _SPECIFIC: dict[type[Operation], OpEmitter] = {
     DynamicUpdateSliceOp: emit_dynamic_update_slice,
     shlo.DotGeneralOp: emit_dot_general,
     ExtReduceOp: emit_reduce,
+    ReduceWindowOp: emit_reduce_window,
+    SortOp: emit_sort,
     **SPMD_EMITTERS,
 }
 

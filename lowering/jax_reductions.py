@@ -1,8 +1,9 @@
-"""Emitters for contractions and reductions: `dot_general` and `reduce`.
+"""Emitters for contractions and reductions: `dot_general`, `reduce` and
+`reduce_window`.
 
 A reduction whose body is a single commutative op of its two arguments
-becomes `lax.reduce(x, init, lax.add, dims)`; any other body is emitted as a
-nested `def` that `lax.reduce` calls.
+becomes `lax.reduce(x, init, lax.add, dims)` (`lax.reduce_window(...)`); any
+other body is emitted as a nested `def` that lax calls.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ _REDUCERS: dict[str, str] = by_name(
 )
 
 
-def _single_reducer(op: ext.ReduceOp) -> str | None:
+def _single_reducer(op: ext.ReduceOp | ext.ReduceWindowOp) -> str | None:
     """`lax.add` etc. if the body is one commutative op of its two arguments."""
     combine = binary_combiner(op.body) if len(op.inputs) == 1 else None
     if combine is None or combine.name not in _REDUCERS:
@@ -99,3 +100,16 @@ def _emit_region_function(em: BodyEmitter, op: Operation, block: Block, count: i
         values = [em.name(v) for v in ret.operands]
         em.write(f"return {values[0]}" if count == 1 else f"return {tuple_literal(values)}")
     return name
+
+
+def emit_reduce_window(em: BodyEmitter, op: ext.ReduceWindowOp) -> str:
+    """`lax.reduce_window(x, init, lax.add, window, strides, padding, base
+    dilation, window dilation)`: jnp.cumsum, pooling."""
+    if len(op.inputs) != 1:
+        raise unsupported(op, "a reduce_window over several inputs is not supported")
+    reducer = _single_reducer(op) or _emit_region_function(em, op, op.body.block, 1)
+    return (
+        f"lax.reduce_window({em.name(op.inputs[0])}, {em.name(op.init_values[0])}, {reducer}, "
+        f"{op.window!r}, {op.strides!r}, {op.pads!r}, {op.base_dilation!r}, "
+        f"{op.window_dilation!r})"
+    )

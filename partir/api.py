@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -34,6 +34,7 @@ from lowering.loader import load_source
 from lowering.to_spmd import LowerToSpmdPass
 from partir.generated_files import write_source
 from partir.importer import check_arguments, import_program
+from partir.keys import KeyBoundary
 from partir.mesh import Mesh
 from partir.partition import Stage, find_stage, partition
 from partir.passes import EmitJaxPass
@@ -75,10 +76,11 @@ class Compiled:
     jax_mesh: jax.sharding.Mesh
     out_tree: Any
     run: Callable[..., Any]
+    keys: KeyBoundary = field(default_factory=KeyBoundary)
 
     def __call__(self, *args: Any) -> Any:
-        outs = self.run(*jax.tree_util.tree_leaves(args))
-        return jax.tree_util.tree_unflatten(self.out_tree, list(outs))
+        outs = self.run(*jax.tree_util.tree_leaves(self.keys.raw(args)))
+        return self.keys.typed(jax.tree_util.tree_unflatten(self.out_tree, list(outs)))
 
 
 @dataclass
@@ -93,6 +95,8 @@ class Lowered:
     mesh: Mesh
     jax_mesh: jax.sharding.Mesh | None = None
     name: str = "partir_program"
+    keys: KeyBoundary = field(default_factory=KeyBoundary)
+    """Which arguments and results are typed PRNG keys (run as their data)."""
     _source_path: Path | None = field(default=None, repr=False)
 
     @property
@@ -122,7 +126,7 @@ class Lowered:
     def compile(self) -> Compiled:
         jax_mesh = devices_for(self.mesh, self.jax_mesh)
         program = load_source(self.source, self.name)
-        return Compiled(program, jax_mesh, self.out_tree, program.build(jax_mesh))
+        return Compiled(program, jax_mesh, self.out_tree, program.build(jax_mesh), self.keys)
 
 
 def lower(
@@ -136,6 +140,8 @@ def lower(
 ) -> Lowered:
     """Import `fn` at `args`, `partition` it (the tactic passes), then run
     `partir-lower-spmd` and `partir-emit-jax`, as `partir-opt` would."""
+    keys = KeyBoundary.of(tuple(args))
+    fn, args = keys.raw_function(fn), keys.raw(tuple(args))
     imported = import_program(fn, *args, supported_only=True)
     module = imported.module
     done = partition(module, mesh, tactics, keep_stages=True)
@@ -153,6 +159,7 @@ def lower(
         mesh,
         jax_mesh,
         label,
+        keys,
     )
 
 
@@ -214,8 +221,9 @@ class PartitionedFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = self._positional(args, kwargs)
-        check_arguments(self.fn, args)
-        key = _signature(args)
+        raw = KeyBoundary.of(args).raw(args)
+        check_arguments(self.fn, raw)
+        key = _signature(raw)
         compiled = self._compiled.get(key)
         if compiled is None:
             lowered = self.lower(*args)
@@ -223,9 +231,12 @@ class PartitionedFunction:
             if self.check:
                 from partir.validation import CheckedCall
 
-                self._checked[key] = CheckedCall(self.fn, lowered, compiled)
+                # checked on the keys' data, as the stages hold them
+                on_data = replace(compiled, keys=KeyBoundary())
+                function = lowered.keys.raw_function(self.fn)
+                self._checked[key] = CheckedCall(function, lowered, on_data)
         if self.check:
-            return self._checked[key](*args)
+            return compiled.keys.typed(self._checked[key](*raw))
         return compiled(*args)
 
 

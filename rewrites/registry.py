@@ -41,8 +41,10 @@ from dialects.stablehlo_ext import (
     DynamicUpdateSliceOp,
     PadOp,
     ReduceOp,
+    ReduceWindowOp,
     ReverseOp,
     SliceOp,
+    SortOp,
 )
 
 Dims = tuple[tuple[int, ...], ...]
@@ -420,6 +422,41 @@ def reverse_rule(op: ReverseOp) -> OpRule:
     return b.rule([dims], [dims])
 
 
+def reduce_window_rule(op: ReduceWindowOp) -> OpRule | None:
+    """A dim whose window is one element (size, stride and dilations 1, no
+    padding) passes through; a window dim is blocked: a part's windows reach
+    into its neighbours' elements (a halo)."""
+    if len(op.inputs) != 1:
+        return None
+    b = _Builder()
+    keep = [
+        (w, s, base, dilation, pad) == (1, 1, 1, 1, (0, 0))
+        for w, s, base, dilation, pad in zip(
+            op.window, op.strides, op.base_dilation, op.window_dilation, op.pads, strict=True
+        )
+    ]
+    reason = "a window dim: each part's windows would need its neighbours' elements"
+    operand, result = _pass_through_or_blocked(
+        b, shape(op.inputs[0]), shape(op.results[0]), keep, reason
+    )
+    return b.rule([operand, ()], [result])
+
+
+def sort_rule(op: SortOp) -> OpRule | None:
+    """Dims other than the sorted one pass through (each lane sorts alone);
+    the sorted dim is blocked: a part's order depends on the other parts."""
+    if len(op.inputs) != 1:
+        return None
+    b = _Builder()
+    src = shape(op.inputs[0])
+    axis = op.axis % len(src)
+    keep = [d != axis for d in range(len(src))]
+    operand, result = _pass_through_or_blocked(
+        b, src, src, keep, "the sorted dim: each part's order depends on the other parts"
+    )
+    return b.rule([operand], [result])
+
+
 def concatenate_rule(op: shlo.ConcatenateOp) -> OpRule:
     """Dims other than the concatenated one pass through all operands."""
     b = _Builder()
@@ -624,6 +661,8 @@ RULES: dict[str, RuleBuilder] = {
     "stablehlo.bitcast_convert": bitcast_convert_rule,
     "stablehlo.map": map_rule,
     "stablehlo.scatter": scatter_rule,
+    "stablehlo.reduce_window": reduce_window_rule,
+    "stablehlo.sort": sort_rule,
     "stablehlo.select": elementwise_rule,
     "stablehlo.clamp": elementwise_rule,
 }
@@ -645,6 +684,10 @@ OPAQUE_REASONS: dict[str, str] = {
     "stablehlo.after_all": "a token op: no tensor to tile",
     "stablehlo.return": "a region terminator, not a computation",
     "stablehlo.reduce(multi-input)": "a loop has one result; variadic reduce has several",
+    "stablehlo.reduce_window(multi-input)": "a loop has one result; this reduce_window has "
+    "several",
+    "stablehlo.sort(multi-input)": "a loop has one result; this sort (an argsort, a sort by "
+    "keys) has several",
     "stablehlo.constant(non-splat)": "a literal array: each part slices it at run time",
     "stablehlo.bitcast_convert(rank-changing)": "changing the bit width changes the rank",
 }
@@ -683,6 +726,10 @@ def opaque_reason(op: Operation) -> str:
         return OPAQUE_REASONS["stablehlo.constant(non-splat)"]
     if name == "stablehlo.scatter":
         return OPAQUE_REASONS["stablehlo.scatter(multi-input)"]
+    if name == "stablehlo.reduce_window":
+        return OPAQUE_REASONS["stablehlo.reduce_window(multi-input)"]
+    if name == "stablehlo.sort":
+        return OPAQUE_REASONS["stablehlo.sort(multi-input)"]
     if name == "stablehlo.bitcast_convert":
         return OPAQUE_REASONS["stablehlo.bitcast_convert(rank-changing)"]
     if name in RULES:

@@ -233,8 +233,9 @@ API_CASES = [
             partir.PartirTypeError, r"argument s is an array of <U1, which no device holds"),
     ApiCase("arg-object-array", lambda: partir.jit(lambda s: s, mesh=MESH)(np.array([1, "b"], dtype=object)),
             partir.PartirTypeError, r"an array of object"),
-    ApiCase("arg-typed-key", lambda: partir.jit(lambda k: jax.random.normal(k, (8,)), mesh=MESH)(jax.random.key(0)),
-            partir.PartirTypeError, r"argument k is a typed PRNG key.*jax\.random\.key_data\(key\).*wrap_key_data"),
+    ApiCase("arg-rbg-key", lambda: partir.jit(lambda k: jax.random.normal(k, (8,)), mesh=MESH)(
+                jax.random.key(0, impl="rbg")),
+            partir.UnsupportedError, r"stablehlo\.rng_bit_generator at \S*" + HERE + r".*threefry"),
     ApiCase("arg-lower-str", lambda: partir.jit(lambda s: s, mesh=MESH).lower("hello"), partir.PartirTypeError,
             r"argument s is 'hello'"),
     ApiCase("arg-keyword-only", lambda: partir.jit(_keyword_only, mesh=MESH)(X, y=X), partir.PartirTypeError,
@@ -242,16 +243,13 @@ API_CASES = [
     ApiCase("arg-function", lambda: partir.jit(lambda f: f, mesh=MESH)(exp), partir.PartirTypeError,
             r"argument f is <function exp.*close over it"),
     # unsupported ops: refused right after import, with the line and an alternative
-    ApiCase("op-sort", lambda: refused(lambda x: jnp.sort(x, axis=0)), partir.UnsupportedError,
-            _unsupported(r"stablehlo\.sort", "jnp.max / jnp.argmax")),
-    ApiCase("op-argsort", lambda: refused(lambda x: jnp.argsort(x, axis=0).astype(jnp.float32)), partir.UnsupportedError,
-            _unsupported(r"stablehlo\.sort", "sort outside")),
-    ApiCase("op-cumsum", lambda: refused(lambda x: jnp.cumsum(x, axis=0)), partir.UnsupportedError,
-            _unsupported(r"stablehlo\.reduce_window", "triangular matrix")),
-    ApiCase("op-cumprod", lambda: refused(lambda x: jnp.cumprod(x, axis=1)), partir.UnsupportedError,
-            _unsupported(r"stablehlo\.reduce_window", "tril")),
-    ApiCase("op-max-pool", lambda: refused(lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (2, 2), (2, 2), "VALID")),
-            partir.UnsupportedError, _unsupported(r"stablehlo\.reduce_window", "reshape then a reduction")),
+    ApiCase("op-approx-top-k", lambda: refused(lambda x: jax.lax.approx_max_k(x, 2)[0]),
+            partir.UnsupportedError, r"stablehlo\.custom_call @ApproxTopK at \S*" + HERE),
+    ApiCase("op-ifft", lambda: refused(lambda x: jnp.fft.ifft(x).real), partir.UnsupportedError,
+            _unsupported(r"stablehlo\.fft", "DFT matrix")),
+    ApiCase("op-max-pool-grad", lambda: refused(jax.grad(
+                lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (2, 2), (2, 2), "VALID").sum())),
+            partir.UnsupportedError, _unsupported(r"stablehlo\.select_and_scatter", "reshape then a reduction")),
     ApiCase("op-conv", lambda: refused(_conv), partir.UnsupportedError, _unsupported(r"stablehlo\.convolution", "shifted slices")),
     ApiCase("op-top-k", lambda: refused(lambda x: jax.lax.top_k(x, 2)[0]), partir.UnsupportedError,
             _unsupported(r"chlo\.top_k", "k=1")),
@@ -267,8 +265,8 @@ API_CASES = [
             partir.UnsupportedError, r"stablehlo\.(cholesky|custom_call).* at \S*" + HERE),
     ApiCase("op-triangular-solve", lambda: refused(_triangular_solve), partir.UnsupportedError,
             r"stablehlo\.custom_call @lapack_\w+ at \S*" + HERE),
-    ApiCase("op-sort-in-helper", lambda: refused(lambda x: jnp.median(x, axis=0)), partir.UnsupportedError,
-            r"stablehlo\.sort at \S*" + HERE),
+    ApiCase("op-svd", lambda: refused(lambda x: jnp.linalg.svd(x[:4, :4])[1]), partir.UnsupportedError,
+            r"stablehlo\.custom_call @lapack_\w+ at \S*" + HERE),
 ]
 
 
@@ -397,8 +395,8 @@ OPT_CASES = [
     opt("emit-unsupported-op", MAP, f"{DECLARE},partir-batch-parallel{{axis=x}},partir-lower-spmd,partir-emit-jax",
         r"error: partir cannot partition this program \(refused before partitioning\); "
         r"stablehlo\.map at op #0 of @main: instead, apply the function elementwise"),
-    opt("unregistered-op", PLAIN.replace("stablehlo.exponential %x :", '"stablehlo.reduce_window"(%x) ({}) {} : (tensor<8x4xf32>) ->'),
-        None, r"\S+:2:\d+: error: Operation stablehlo\.reduce_window is not registered"),
+    opt("unregistered-op", PLAIN.replace("stablehlo.exponential %x :", '"stablehlo.select_and_scatter"(%x) ({}) {} : (tensor<8x4xf32>) ->'),
+        None, r"\S+:2:\d+: error: Operation stablehlo\.select_and_scatter is not registered"),
     opt("unknown-target", PLAIN, None, r"error: argument -t/--target: invalid choice: 'wasm'.*--help lists the options", "-t", "wasm"),
 ]
 

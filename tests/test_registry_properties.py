@@ -620,6 +620,78 @@ def _expect_blocked(operand_dims: Sequence[int] = (),
     return expect
 
 
+def _reduce_window(body_op: str, init: str) -> Generator:
+    """A window over some dims (random size, stride, padding and dilations;
+    one element over the others, among them the one a tiling could split)."""
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts, kept, src = draw(kept_dim_shapes())
+        window, strides, base, dilation, pads = [], [], [], [], []
+        for d, n in enumerate(src):
+            if d == kept or not draw(st.booleans()):
+                window.append(1), strides.append(1), base.append(1), dilation.append(1)
+                pads.append((0, 0))
+                continue
+            base.append(draw(st.integers(1, 2)))
+            dilation.append(draw(st.integers(1, 2)))
+            lo, hi = draw(st.integers(-1, 2)), draw(st.integers(0, 2))
+            padded = (n - 1) * base[-1] + 1 + lo + hi
+            window.append(draw(st.integers(1, max(1, (padded - 1) // dilation[-1] + 1))))
+            strides.append(draw(st.integers(1, 3)))
+            pads.append((lo, hi))
+        out = []
+        for n, w, s_, b, dl, (lo, hi) in zip(src, window, strides, base, dilation, pads,
+                                             strict=True):
+            extent = (n - 1) * b + 1 + lo + hi - ((w - 1) * dl + 1)
+            out.append(max(extent, -1) // s_ + 1)
+        if any(n < 1 for n in out):
+            out = list(src)  # a window larger than the input: fall back to no window
+            window, strides, base, dilation = ([1] * len(src) for _ in range(4))
+            pads = [(0, 0)] * len(src)
+        t_src, t_out, t0 = tensor_type(src, F32), tensor_type(out, F32), "tensor<f32>"
+        body = scalar_body(["%lhs", "%rhs"], [
+            ("%combined", f'"{body_op}"(%lhs, %rhs) : ({t0}, {t0}) -> {t0}')], "f32")
+        padding = ", ".join(f"[{lo}, {hi}]" for lo, hi in pads)
+        props = (f"window_dimensions = {array_attr(window)}, "
+                 f"window_strides = {array_attr(strides)}, "
+                 f"base_dilations = {array_attr(base)}, window_dilations = {array_attr(dilation)}, "
+                 f"padding = dense<[{padding}]> : tensor<{len(src)}x2xi64>")
+        windowed = [d for d in range(len(src)) if window[d] > 1 or strides[d] > 1
+                    or base[d] > 1 or dilation[d] > 1 or pads[d] != (0, 0)]
+        lines = (
+            f'%init = "stablehlo.constant"() <{{value = dense<{init}> : {t0}}}> : () -> {t0}',
+            op_line("stablehlo.reduce_window", ["%arg0", "%init"], [t_src, t0], t_out, props,
+                    body),
+        )
+        return Case(parts, (REAL(draw(rngs), src),), lines, t_out,
+                    _expect_blocked(windowed, windowed))
+
+    return Generator("stablehlo.reduce_window", cases(), examples=40)
+
+
+def _sort() -> Generator:
+    """An ascending or descending sort along a dim other than one a tiling could split."""
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts, kept, src = draw(kept_dim_shapes().filter(lambda c: len(c[2]) > 1))
+        axis = draw(st.sampled_from([d for d in range(len(src)) if d != kept]))
+        direction = draw(st.sampled_from(["LT", "GT"]))
+        t, t0 = tensor_type(src, F32), "tensor<f32>"
+        comparator = (
+            f"{{\n  ^bb0(%lhs: {t0}, %rhs: {t0}):\n"
+            f'    %less = "stablehlo.compare"(%lhs, %rhs) <{{comparison_direction = '
+            f"#stablehlo<comparison_direction {direction}>}}> : ({t0}, {t0}) -> tensor<i1>\n"
+            f'    "stablehlo.return"(%less) : (tensor<i1>) -> ()\n  }}'
+        )
+        line = op_line("stablehlo.sort", ["%arg0"], [t], t,
+                       f"dimension = {axis} : i64, is_stable = true", comparator)
+        return Case(parts, (REAL(draw(rngs), src),), (line,), t, _expect_blocked([axis], [axis]))
+
+    return Generator("stablehlo.sort", cases(), examples=30)
+
+
 def _slice() -> Generator:
     """Some dims whole, the others cut (random start, limit and stride)."""
 
@@ -932,6 +1004,9 @@ def _generators() -> dict[str, Generator]:
     table["stablehlo.dot_general"] = _dot_general()
     for kind in REDUCTIONS:
         table[f"stablehlo.reduce[{kind}]"] = _reduce(kind)
+    table["stablehlo.reduce_window[add]"] = _reduce_window("stablehlo.add", "0.0")
+    table["stablehlo.reduce_window[max]"] = _reduce_window("stablehlo.maximum", "0xFF800000")
+    table["stablehlo.sort"] = _sort()
     table["stablehlo.slice"] = _slice()
     table["stablehlo.dynamic_slice"] = _dynamic_slice()
     table["stablehlo.dynamic_update_slice"] = _dynamic_update_slice()

@@ -1,13 +1,16 @@
-"""StableHLO ops that combine elements: dot_general, reduce and map.
+"""StableHLO ops that combine elements: dot_general, reduce, reduce_window and map.
 
 reduce and map run their region through the interpreter (once on whole arrays
 when it is elementwise); a reduce body that is a single add / multiply / max /
-min / and / or / xor is reduced by NumPy. See `dialects.interpreter.stablehlo`
+min / and / or / xor is reduced by NumPy. reduce_window gathers each result's
+window (after base dilation and padding with the init value) and reduces it
+like reduce. See `dialects.interpreter.stablehlo`
 for the conventions.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import string
 from collections.abc import Callable, Sequence
@@ -36,7 +39,7 @@ from dialects.interpreter.common import (
     widen,
 )
 from dialects.interpreter.elementwise import add, maximum, minimum, multiply
-from dialects.stablehlo_ext import ReduceOp
+from dialects.stablehlo_ext import ReduceOp, ReduceWindowOp, SortOp
 
 # --------------------------------------------------------------------------
 # Folding a region
@@ -143,6 +146,77 @@ def reduce(
 
 
 # --------------------------------------------------------------------------
+# reduce_window
+
+
+def _padded(x: np.ndarray, init: np.ndarray, base: Sequence[int], pads: Sequence[tuple[int, int]]):
+    """`x` dilated by `base` (init values between elements) and padded by
+    `pads` (init values; a negative pad crops)."""
+    if any(b > 1 for b in base):
+        shape = [(n - 1) * b + 1 if n else 0 for n, b in zip(x.shape, base, strict=True)]
+        dilated = np.full(shape, init, dtype=x.dtype)
+        dilated[tuple(slice(None, None, b) for b in base)] = x
+        x = dilated
+    grow = [(max(lo, 0), max(hi, 0)) for lo, hi in pads]
+    x = np.pad(x, grow, constant_values=init)
+    crop = tuple(
+        slice(max(-lo, 0), n - max(-hi, 0)) for (lo, hi), n in zip(pads, x.shape, strict=True)
+    )
+    return x[crop]
+
+
+def reduce_window(
+    interp: Interpreter,
+    body: Region,
+    inputs: Sequence[np.ndarray],
+    inits: Sequence[np.ndarray],
+    window: Sequence[int],
+    strides: Sequence[int],
+    base: Sequence[int],
+    dilation: Sequence[int],
+    pads: Sequence[tuple[int, int]],
+) -> list[np.ndarray]:
+    """`stablehlo.reduce_window`: each result element reduces the window at
+    its position (every `strides` step) of the dilated, padded input."""
+    windows = []
+    for x, init in zip(inputs, inits, strict=True):
+        x = _padded(np.asarray(x), np.asarray(init), base, pads)
+        extent = [(w - 1) * d + 1 for w, d in zip(window, dilation, strict=True)]
+        view = np.lib.stride_tricks.sliding_window_view(x, extent)
+        windows.append(view[(*(slice(None, None, s) for s in strides),
+                             *(slice(None, None, d) for d in dilation))])
+    rank = len(window)
+    return reduce(interp, body, windows, inits, list(range(rank, 2 * rank)))
+
+
+# --------------------------------------------------------------------------
+# sort
+
+
+def sort(
+    interp: Interpreter, comparator: Region, inputs: Sequence[np.ndarray], axis: int
+) -> list[np.ndarray]:
+    """`stablehlo.sort`: every lane along `axis` permuted (all inputs alike)
+    into the order `comparator` defines, stably (Python's sort is)."""
+    moved = [np.moveaxis(np.asarray(x), axis, -1) for x in inputs]
+    outs = [np.empty_like(m) for m in moved]
+    for lane in np.ndindex(*moved[0].shape[:-1]):
+        rows = [m[lane] for m in moved]
+
+        def before(i: int, j: int, rows: list[np.ndarray] = rows) -> int:
+            pairs = [v for row in rows for v in (row[i], row[j])]
+            if bool(np.asarray(run_region(interp, comparator, pairs, "sort comparator")[0])):
+                return -1
+            swapped = [v for row in rows for v in (row[j], row[i])]
+            return 1 if bool(np.asarray(run_region(interp, comparator, swapped, "sort")[0])) else 0
+
+        order = sorted(range(rows[0].shape[0]), key=functools.cmp_to_key(before))
+        for out, row in zip(outs, rows, strict=True):
+            out[lane] = row[order]
+    return [np.moveaxis(o, -1, axis) for o in outs]
+
+
+# --------------------------------------------------------------------------
 # dot_general
 
 
@@ -212,6 +286,24 @@ class ReductionFunctions(InterpreterFunctions):
             if element_dtype(ty) == np.bool_:
                 value = value != 0
             return (typed(value, ty),)
+
+    @impl(SortOp)
+    def run_sort(self, interp: Interpreter, op: SortOp, args: PythonValues) -> PythonValues:
+        values = sort(interp, op.comparator, [np.asarray(a) for a in args], op.axis)
+        return tuple(typed(v, r.type) for v, r in zip(values, op.results, strict=True))
+
+    @impl(ReduceWindowOp)
+    def run_reduce_window(
+        self, interp: Interpreter, op: ReduceWindowOp, args: PythonValues
+    ) -> PythonValues:
+        n = len(op.inputs)
+        arrays = [np.asarray(a) for a in args]
+        with np.errstate(all="ignore"):
+            values = reduce_window(
+                interp, op.body, arrays[:n], arrays[n:], op.window, op.strides,
+                op.base_dilation, op.window_dilation, op.pads,
+            )
+            return tuple(typed(v, r.type) for v, r in zip(values, op.results, strict=True))
 
     @impl(ReduceOp)
     def run_reduce(self, interp: Interpreter, op: ReduceOp, args: PythonValues) -> PythonValues:
