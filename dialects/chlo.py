@@ -4,16 +4,25 @@
 `chlo.square`, exact GELU uses `chlo.erf`/`chlo.erfc`, `jnp.tan` is `chlo.tan`,
 and so on. xdsl-jax has no CHLO dialect and jaxlib exposes no pass that expands
 CHLO into StableHLO, so partir defines the elementwise ones here, with MLIR's
-syntax (`chlo.erf %x : tensor<4xf32> -> tensor<4xf32>`). Ops not listed (e.g.
-`chlo.top_k`) still import, as unregistered ops, and fail later by name.
+syntax (`chlo.erf %x : tensor<4xf32> -> tensor<4xf32>`), and `chlo.top_k`
+(`lax.top_k`, in generic syntax). Ops not listed still import, as
+unregistered ops, and fail later by name.
 """
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import AnyTensorType
+from xdsl.dialects.builtin import AnyTensorType, IntegerAttr, TensorType
 from xdsl.ir import Dialect
-from xdsl.irdl import IRDLOperation, irdl_op_definition, operand_def, result_def, traits_def
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_op_definition,
+    operand_def,
+    prop_def,
+    result_def,
+    traits_def,
+)
 from xdsl.traits import Pure
+from xdsl.utils.exceptions import VerifyException
 
 # name -> whether the result is a predicate (i1) rather than the operand's type.
 UNARY_OPS: dict[str, bool] = {
@@ -72,4 +81,30 @@ def _define(base: type[IRDLOperation], op: str) -> type[IRDLOperation]:
 UNARY_CLASSES = {op: _define(ChloUnaryOp, op) for op in UNARY_OPS}
 BINARY_CLASSES = {op: _define(ChloBinaryOp, op) for op in BINARY_OPS}
 
-CHLO = Dialect("chlo", [*UNARY_CLASSES.values(), *BINARY_CLASSES.values()], [])
+
+@irdl_op_definition
+class TopKOp(IRDLOperation):
+    """`chlo.top_k`: the `k` largest elements along the last dim, largest
+    first, and their indices (`lax.top_k`; ties keep index order)."""
+
+    name = "chlo.top_k"
+
+    operand = operand_def(AnyTensorType)
+    k = prop_def(IntegerAttr)
+    values = result_def(AnyTensorType)
+    indices = result_def(AnyTensorType)
+    traits = traits_def(Pure())
+
+    @property
+    def count(self) -> int:
+        return int(self.k.value.data)
+
+    def verify_(self) -> None:
+        src = self.operand.type
+        assert isinstance(src, TensorType)
+        shape = src.get_shape()
+        if not shape or not 0 <= self.count <= shape[-1]:
+            raise VerifyException(f"{self.name}: k = {self.count} must fit the last dim of {src}")
+
+
+CHLO = Dialect("chlo", [*UNARY_CLASSES.values(), *BINARY_CLASSES.values(), TopKOp], [])

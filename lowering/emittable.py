@@ -36,8 +36,6 @@ _CALLBACKS = (
 )
 
 ALTERNATIVES: dict[str, str] = {
-    "chlo.top_k": "for k=1 use jnp.max / jnp.argmax (reductions); otherwise take the top k "
-    "outside the partir.jit function",
     "stablehlo.select_and_scatter": "pool with a reshape then a reduction "
     "(x.reshape(..., n // k, k).max(-1)), whose gradient partir supports",
     "stablehlo.convolution": "write the convolution as a sum of shifted slices times weights "

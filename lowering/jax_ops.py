@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from xdsl.ir import Operation
 from xdsl_jax.dialects import stablehlo as shlo
 
+from dialects.chlo import TopKOp
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
 from dialects.stablehlo_ext import DynamicUpdateSliceOp, ReduceWindowOp, ReverseOp, SortOp
 from dialects.stablehlo_ext import PadOp as ExtPadOp
@@ -37,7 +38,7 @@ from lowering.jax_elementwise import (
 from lowering.jax_ir import OpEmitter, by_name
 from lowering.jax_literals import emit_constant
 from lowering.jax_reductions import emit_dot_general, emit_reduce, emit_reduce_window
-from lowering.jax_sort import emit_sort
+from lowering.jax_sort import emit_sort, emit_top_k
 from lowering.jax_structural import (
     emit_broadcast_in_dim,
     emit_concatenate,
@@ -86,6 +87,7 @@ _SPECIFIC: dict[type[Operation], OpEmitter] = {
     ExtReduceOp: emit_reduce,
     ReduceWindowOp: emit_reduce_window,
     SortOp: emit_sort,
+    TopKOp: emit_top_k,
     **SPMD_EMITTERS,
 }
 

@@ -1,4 +1,4 @@
-"""`stablehlo.sort` as `lax.sort`.
+"""`stablehlo.sort` as `lax.sort`, `chlo.top_k` as `lax.top_k`.
 
 `lax.sort` has no comparator argument: it always orders by the first
 `num_keys` operands, ascending, in the total order JAX writes into the
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp, TensorType
 
+from dialects.chlo import TopKOp
 from dialects.dtypes import numpy_dtype
 from dialects.interpreter import make_interpreter
 from dialects.interpreter.common import run_region, runs_batched
@@ -107,3 +108,8 @@ def emit_sort(em: BodyEmitter, op: SortOp) -> str:
     return (
         f"lax.sort({operand}, dimension={op.axis}, is_stable={op.stable}, num_keys={keys})"
     )
+
+
+def emit_top_k(em: BodyEmitter, op: TopKOp) -> str:
+    """`lax.top_k(x, k)`: (values, indices)."""
+    return f"lax.top_k({em.name(op.operand)}, {op.count})"

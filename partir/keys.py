@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -45,7 +45,7 @@ class KeyBoundary:
     implementations (the results' are known once the function is traced)."""
 
     args: tuple[Any, ...] = ()
-    results: tuple[Any, ...] = field(default=())
+    results: tuple[Any, ...] = ()
 
     @staticmethod
     def of(args: tuple[Any, ...]) -> KeyBoundary:

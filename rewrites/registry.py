@@ -688,6 +688,7 @@ OPAQUE_REASONS: dict[str, str] = {
     "several",
     "stablehlo.sort(multi-input)": "a loop has one result; this sort (an argsort, a sort by "
     "keys) has several",
+    "chlo.top_k": "a loop has one result; top_k has two (its values and their indices)",
     "stablehlo.constant(non-splat)": "a literal array: each part slices it at run time",
     "stablehlo.bitcast_convert(rank-changing)": "changing the bit width changes the rank",
 }

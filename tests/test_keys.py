@@ -62,3 +62,35 @@ def test_a_batch_of_keys_splits_with_its_data():
     x = np.zeros((16, 32), np.float32)
     compiled = partir.jit(noisy, mesh=MESH, tactics=[partir.BatchParallel("batch")])
     np.testing.assert_array_equal(compiled(keys, x), jax.jit(noisy)(keys, x))
+
+
+def nucleus_step(key, logits, top_p=0.9):
+    """Top-p sampling, as decoding loops write it: sort the probabilities,
+    keep the smallest set whose cumulative sum reaches `top_p` (`cumsum`),
+    sample from it with `categorical` on a typed key, return the next key."""
+    key, sample_key = jax.random.split(key)
+    probs = jax.nn.softmax(logits, axis=-1)
+    ordered = -jnp.sort(-probs, axis=-1)
+    cutoff_index = jnp.sum(jnp.cumsum(ordered, axis=-1) < top_p, axis=-1, keepdims=True)
+    cutoff = jnp.take_along_axis(ordered, cutoff_index, axis=-1)
+    kept = jnp.where(probs >= cutoff, logits, -jnp.inf)
+    return key, jax.random.categorical(sample_key, kept, axis=-1)
+
+
+def test_a_nucleus_sampling_step_with_sort_cumsum_and_a_typed_key():
+    """Issue 16's sampling program, split over the batch: the same tokens
+    and next key as jax.jit. The sort, cumsum and masking run on each
+    device's rows; the one collective gathers the noisy logits for
+    categorical's argmax, a variadic reduce (two results: whole to
+    propagation, issue 16)."""
+    _, logits, _ = args()
+    compiled = partir.jit(nucleus_step, mesh=MESH,
+                          tactics=[partir.BatchParallel("batch", inputs="logits")])
+    key, tokens = compiled(jax.random.key(7), logits)
+    want_key, want_tokens = jax.jit(nucleus_step)(jax.random.key(7), logits)
+    np.testing.assert_array_equal(tokens, want_tokens)
+    np.testing.assert_array_equal(jax.random.key_data(key), jax.random.key_data(want_key))
+    report = compiled.lower(jax.random.key(7), logits).report()
+    assert [(c.kind, c.axes, c.needed_by) for c in report.collectives] == [
+        ("all_gather", ("batch",), "stablehlo.reduce")
+    ]

@@ -1,4 +1,5 @@
-"""`stablehlo.sort` (`jnp.sort`, `jnp.argsort`, `lax.sort` by keys).
+"""`stablehlo.sort` (`jnp.sort`, `jnp.argsort`, `lax.sort` by keys) and
+`chlo.top_k` (`lax.top_k`, MoE routing).
 
 Semantics are exact (NaNs last, -0.0 equal to 0.0, stable); the emitter
 recognises `lax.sort`'s ascending comparator by what it computes
@@ -80,3 +81,27 @@ def test_a_comparator_lax_sort_cannot_express_is_refused_by_name():
     np.testing.assert_array_equal(got, -np.sort(-np.nan_to_num(x), axis=1))
     with pytest.raises(UnsupportedOpError, match=r"stablehlo\.sort.*not lax\.sort's ascending"):
         load(replicated(parse(DESCENDING)))
+
+
+TOP_K = {
+    "top 3": lambda x: jax.lax.top_k(x, 3),
+    "all, NaNs and zeros": lambda x: jax.lax.top_k(x, x.shape[-1]),
+    "routing": lambda x: jax.lax.top_k(jax.nn.softmax(jnp.nan_to_num(x), axis=-1), 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOP_K))
+def test_top_k_matches_jax_jit_bit_for_bit(name):
+    """XLA's order: the IEEE total order (NaN above inf, 0.0 above -0.0),
+    ties in index order."""
+    fn, x = TOP_K[name], data()
+    compiled = partir.jit(fn, mesh=MESH, tactics=DATA)
+    want = jax.jit(fn)(x)
+    for got, expected in zip(compiled(x), want, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+    core = run_function(partir.import_jax(fn, x), [x])
+    spmd = run_spmd(compiled.lower(x).module, [x])
+    for (values, indices) in (core, spmd):
+        np.testing.assert_array_equal(indices, np.asarray(want[1]))
+        # the interpreters round the softmax once, from double precision
+        np.testing.assert_allclose(values, np.asarray(want[0]), rtol=1e-6)

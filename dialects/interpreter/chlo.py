@@ -1,9 +1,10 @@
-"""CHLO's elementwise ops on NumPy arrays.
+"""CHLO's ops on NumPy arrays: the elementwise ones and `top_k`.
 
 CHLO has no formal spec; each op is the mathematical function its name says,
 evaluated in double precision (SciPy for the special functions) and rounded
 once to the result type, like the StableHLO ops. At the poles of digamma
-(0, -1, -2, ...) the result is NaN, as XLA gives.
+(0, -1, -2, ...) the result is NaN, as XLA gives. `top_k` orders floats by
+the IEEE total order (-NaN < -inf < -0.0 < 0.0 < inf < NaN), as XLA does.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import Any
 
 import numpy as np
 import scipy.special
-from xdsl.interpreter import InterpreterFunctions, register_impls
+from xdsl.interpreter import Interpreter, InterpreterFunctions, PythonValues, impl, register_impls
 
-from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
-from dialects.interpreter.common import widen
+from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES, TopKOp
+from dialects.interpreter.common import typed, widen
 from dialects.interpreter.elementwise import elementwise_impl, in_double
 
 
@@ -67,8 +68,29 @@ BINARY: dict[str, Callable[..., Any]] = {
 }
 
 
+def total_order_key(x: np.ndarray) -> np.ndarray:
+    """Integers ordered as `x` is in the IEEE total order (floats), or `x`:
+    a float's bits as a signed integer, with the negatives' order reversed."""
+    if not np.issubdtype(x.dtype, np.floating):
+        return x.astype(np.int64)
+    signed = np.dtype(f"int{8 * x.dtype.itemsize}")
+    bits = x.view(signed).astype(np.int64)
+    return np.where(bits < 0, np.iinfo(signed).min - bits - 1, bits)
+
+
+def top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest along the last dim, largest first; ties in index order."""
+    order = np.argsort(-total_order_key(x), axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(x, order, axis=-1), order
+
+
 class ChloFunctions(InterpreterFunctions):
     """Implementations of every op in `dialects.chlo` (see `UNARY` and `BINARY`)."""
+
+    @impl(TopKOp)
+    def run_top_k(self, interp: Interpreter, op: TopKOp, args: PythonValues) -> PythonValues:
+        values, indices = top_k(np.asarray(args[0]), op.count)
+        return typed(values, op.values.type), typed(indices, op.indices.type)
 
 
 for _name, _fn in UNARY.items():
