@@ -7,6 +7,7 @@ after_all and its tokens) and custom_call, which has no semantics here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from xdsl.interpreter import (
@@ -19,6 +20,7 @@ from xdsl.interpreter import (
     impl_terminator,
     register_impls,
 )
+from xdsl.ir import Region
 from xdsl.utils.exceptions import InterpretationError
 from xdsl_jax.dialects import stablehlo as shlo
 
@@ -29,6 +31,15 @@ from dialects.stablehlo_ext import WhileOp
 @dataclass(frozen=True)
 class Token:
     """The value of a `!stablehlo.token`: carries no data, only ordering."""
+
+
+def picked_branch(op: shlo.CaseOp | shlo.IfOp, index: Any) -> Region:
+    """The region a conditional runs for `index` (its predicate, for `if`):
+    a case index outside [0, number of branches) runs the last branch."""
+    if isinstance(op, shlo.IfOp):
+        return op.true_branch if bool(np.asarray(index)) else op.false_branch
+    k, branches = int(np.asarray(index)), list(op.branches)
+    return branches[k] if 0 <= k < len(branches) else branches[-1]
 
 
 # --------------------------------------------------------------------------
@@ -47,16 +58,11 @@ class ControlFlowFunctions(InterpreterFunctions):
 
     @impl(shlo.IfOp)
     def run_if(self, interp: Interpreter, op: shlo.IfOp, args: PythonValues) -> PythonValues:
-        branch = op.true_branch if bool(np.asarray(args[0])) else op.false_branch
-        return run_region(interp, branch, (), "stablehlo.if")
+        return run_region(interp, picked_branch(op, args[0]), (), "stablehlo.if")
 
     @impl(shlo.CaseOp)
     def run_case(self, interp: Interpreter, op: shlo.CaseOp, args: PythonValues) -> PythonValues:
-        """An index outside [0, number of branches) runs the last branch."""
-        index = int(np.asarray(args[0]))
-        branches = list(op.branches)
-        branch = branches[index] if 0 <= index < len(branches) else branches[-1]
-        return run_region(interp, branch, (), "stablehlo.case")
+        return run_region(interp, picked_branch(op, args[0]), (), "stablehlo.case")
 
     @impl(WhileOp)
     def run_while(self, interp: Interpreter, op: WhileOp, args: PythonValues) -> PythonValues:

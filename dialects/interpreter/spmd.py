@@ -27,6 +27,7 @@ from xdsl_jax.dialects import stablehlo as shlo
 from dialects.distribution import Distribution
 from dialects.functions import entry_function
 from dialects.interpreter import _as_argument, check_implemented, make_interpreter
+from dialects.interpreter.control_flow import picked_branch
 from dialects.mesh import Mesh
 from dialects.partir import MeshOp, find_mesh
 from dialects.spmd import (
@@ -236,17 +237,11 @@ class _Lockstep:
 
     def _branch(self, op: shlo.CaseOp | shlo.IfOp, index: PerDevice) -> list[PerDevice]:
         """The branch every device's index (or predicate), which must agree,
-        picks; StableHLO's case runs its last branch for an index out of range."""
+        picks (`control_flow.picked_branch`)."""
         picked = {int(np.asarray(i)) for i in index}
         if len(picked) != 1:
             raise InterpretationError(f"{op.name}: the devices disagree on the branch")
-        regions = list(op.regions)
-        k = picked.pop()
-        if isinstance(op, shlo.IfOp):
-            k = 0 if k else 1
-        elif not 0 <= k < len(regions):
-            k = len(regions) - 1
-        return self.run(regions[k].block)[0]
+        return self.run(picked_branch(op, picked.pop()).block)[0]
 
     def _while(self, op: shlo.WhileOp, carried: list[PerDevice]) -> list[PerDevice]:
         while True:
