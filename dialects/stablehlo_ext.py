@@ -27,6 +27,8 @@ what JAX emits but xdsl-jax 0.6 cannot represent:
   no program with a `lax.scan` or `fori_loop` printed and parsed back
   ("values used but not defined"). `WhileOp` names both regions' arguments
   alike, as the parser reads them.
+- `stablehlo.convolution`: missing, with its dimension-number attribute
+  (`dialects.convolution`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ from xdsl_jax.dialects.stablehlo.attributes import (
 )
 from xdsl_jax.dialects.stablehlo.types import PredTensorType
 from xdsl_jax.xdsl_extras.traits import Elementwise, SameOperandsAndResultShape
+
+from dialects.convolution import ConvDimensionNumbers, ConvolutionOp
 
 
 @irdl_op_definition
@@ -503,8 +507,9 @@ def _stablehlo_dialect() -> Dialect:
         WhileOp.name: WhileOp,
     }
     ops: list[type[Operation]] = [replaced.get(op.name, op) for op in _xj.StableHLO.operations]
-    ops.extend((DynamicUpdateSliceOp, ReverseOp, ReduceWindowOp, SortOp))
-    return Dialect("stablehlo", ops, list(_xj.StableHLO.attributes))
+    ops.extend((DynamicUpdateSliceOp, ReverseOp, ReduceWindowOp, SortOp, ConvolutionOp))
+    attributes: list[type[Attribute]] = [*_xj.StableHLO.attributes, ConvDimensionNumbers]
+    return Dialect("stablehlo", ops, attributes)
 
 
 StableHLO = _stablehlo_dialect()

@@ -38,8 +38,6 @@ _CALLBACKS = (
 ALTERNATIVES: dict[str, str] = {
     "stablehlo.select_and_scatter": "pool with a reshape then a reduction "
     "(x.reshape(..., n // k, k).max(-1)), whose gradient partir supports",
-    "stablehlo.convolution": "write the convolution as a sum of shifted slices times weights "
-    "(jnp.einsum over x[..., i:i + n] for each tap), or as patches and a dot",
     "stablehlo.fft": "a DFT is a dot with the DFT matrix (jnp.exp(-2j * jnp.pi * "
     "jnp.outer(k, t) / n) @ x)",
     "stablehlo.custom_call": _CALLBACKS,
