@@ -659,8 +659,142 @@ class SliceOp(IRDLOperation):
         return op
 
 
+@irdl_op_definition
+class HaloSliceOp(IRDLOperation):
+    """`partir.halo_slice d %x[%r] halo [lo, hi] : T -> S`: part r of N equal
+    parts of %x along dim d, with the `lo` elements before it and the `hi`
+    after it (zeros beyond %x's edges).
+
+    What a part of a convolution over a split spatial dim reads: its own rows
+    and a halo of its neighbours' (the lowering exchanges the halos with
+    `spmd.collective_permute`s). N is implied by the types and the halo.
+    """
+
+    name = "partir.halo_slice"
+
+    dim = prop_def(IntegerAttr[I64])
+    halo = prop_def(DenseArrayBase.constr(i64))
+    src = operand_def(TensorType)
+    index = operand_def(RangeType)
+    result = result_def(TensorType)
+
+    traits = traits_def(Pure())
+
+    def __init__(self, src: SSAValue, dim: int, index: SSAValue, halo: tuple[int, int]):
+        src_t, idx_t = src.type, index.type
+        assert isinstance(src_t, TensorType) and isinstance(idx_t, RangeType)
+        part = part_type(src_t, dim, idx_t.size.data)
+        shape = list(part.get_shape())
+        shape[dim] += sum(halo)
+        Operation.__init__(
+            self,
+            operands=[src, index],
+            result_types=[tensor_type(src_t.element_type, shape)],
+            properties={"dim": _dim_attr(dim), "halo": DenseArrayBase.from_list(i64, halo)},
+        )
+
+    @property
+    def dim_index(self) -> int:
+        return self.dim.value.data
+
+    @property
+    def low_high(self) -> tuple[int, int]:
+        lo, hi = (int(v) for v in self.halo.get_values())
+        return lo, hi
+
+    def verify_(self) -> None:
+        d = self.dim_index
+        src_t, res_t, idx_t = self.src.type, self.result.type, self.index.type
+        assert isinstance(src_t, TensorType) and isinstance(res_t, TensorType)
+        assert isinstance(idx_t, RangeType)
+        owner = self.index.owner
+        loop = owner.parent_op() if isinstance(owner, Block) else None
+        if not isinstance(loop, LoopOp) or not loop.is_ancestor(self):
+            raise VerifyException(
+                "halo_slice index must be the range of an enclosing partir.loop"
+            )
+        if len(self.halo.get_values()) != 2 or min(self.low_high) < 0:
+            raise VerifyException(f"halo_slice halo must be [lo, hi] >= 0, got {self.halo}")
+        if not 0 <= d < src_t.get_num_dims():
+            raise VerifyException(f"halo_slice dim {d} is out of range for {src_t}")
+        n = idx_t.size.data
+        if src_t.get_shape()[d] % n:
+            raise VerifyException(
+                f"dim {d} of {src_t} is not divisible by the size {n} of axis "
+                f"{quoted(loop.axis.data)}"
+            )
+        want = list(src_t.get_shape())
+        want[d] = want[d] // n + sum(self.low_high)
+        if list(res_t.get_shape()) != want or res_t.element_type != src_t.element_type:
+            expected = TensorType(src_t.element_type, want)
+            raise VerifyException(
+                f"halo_slice {d} of {src_t} over {n} parts with halo {list(self.low_high)} "
+                f"gives {expected}, but the result is {res_t}"
+            )
+        if max(self.low_high) > src_t.get_shape()[d] // n:
+            raise VerifyException(
+                f"halo_slice halo {list(self.low_high)} is wider than a part "
+                f"({src_t.get_shape()[d] // n} elements): it would reach past a neighbour"
+            )
+
+    def print(self, printer: Printer) -> None:
+        lo, hi = self.low_high
+        printer.print_string(f" {self.dim_index} ")
+        printer.print_operand(self.src)
+        printer.print_string("[")
+        printer.print_operand(self.index)
+        printer.print_string(f"] halo [{lo}, {hi}]")
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.src.type)
+        printer.print_string(" -> ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> HaloSliceOp:
+        d = parser.parse_integer(allow_boolean=False, allow_negative=False)
+        src = parser.parse_unresolved_operand()
+        parser.parse_punctuation("[")
+        idx = parser.parse_unresolved_operand()
+        parser.parse_punctuation("]")
+        parser.parse_keyword("halo")
+        halo = parser.parse_comma_separated_list(
+            parser.Delimiter.SQUARE,
+            lambda: parser.parse_integer(allow_boolean=False, allow_negative=False),
+        )
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        pos = parser.pos
+        src_t = parser.parse_type()
+        parser.parse_punctuation("->")
+        res_t = parser.parse_type()
+        if not isinstance(src_t, TensorType) or not isinstance(res_t, TensorType):
+            parser.raise_error("partir.halo_slice takes and gives ranked tensors", pos, parser.pos)
+        src_shape, res_shape = src_t.get_shape(), res_t.get_shape()
+        if len(halo) != 2:
+            parser.raise_error("partir.halo_slice: the halo is [lo, hi]", pos, parser.pos)
+        own = res_shape[d] - sum(halo) if d < len(res_shape) else 0
+        if len(src_shape) != len(res_shape) or own <= 0 or src_shape[d] % own:
+            parser.raise_error(
+                f"halo_slice {d} from {src_t} to {res_t} with halo {halo} is not an even "
+                f"split of dim {d} plus its halo",
+                pos,
+                parser.pos,
+            )
+        n = src_shape[d] // own
+        return cls.create(
+            operands=[
+                parser.resolve_operand(src, src_t),
+                parser.resolve_operand(idx, RangeType(n)),
+            ],
+            result_types=[res_t],
+            properties={"dim": IntegerAttr(d, i64), "halo": DenseArrayBase.from_list(i64, halo)},
+            attributes=attrs,
+        )
+
+
 Partir = Dialect(
     "partir",
-    [MeshOp, LoopOp, SliceOp, YieldOp],
+    [MeshOp, LoopOp, SliceOp, HaloSliceOp, YieldOp],
     [RangeType, TileAttr, SumAttr, OriginAttr, ConflictAttr],
 )

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import ClassVar
 
 from xdsl.dialects.builtin import (
     I64,
     ArrayAttr,
+    DenseIntOrFPElementsAttr,
     IntegerAttr,
     StringAttr,
     TensorType,
@@ -226,6 +228,11 @@ class CollectiveOp(IRDLOperation):
     """
 
     axes = prop_def(ArrayAttr[StringAttr])
+
+    GIVES_A_DISTRIBUTED_VALUE: ClassVar[bool] = True
+    """Whether the result is a distributed value (annotated with the global
+    type and distribution it has); a permutation's is not: its devices hold
+    other devices' parts."""
 
     @property
     def axis_names(self) -> tuple[str, ...]:
@@ -426,6 +433,67 @@ class LocalSliceOp(_DimCollectiveOp):
         return before.split_further(self.dim.value.data, self.axis_names)
 
 
+@irdl_op_definition
+class CollectivePermuteOp(CollectiveOp):
+    """`spmd.collective_permute %v over ["model"] pairs dense<[[0, 1]]> : T -> T`:
+    each (source, target) pair of positions in the group sends the source's
+    value to the target; a device no pair targets receives zeros (as
+    `lax.ppermute`). The halos of a convolution split along a spatial dim
+    move this way (`partir.halo_slice`: one shift each way), as would a
+    pipeline's activations."""
+
+    name = "spmd.collective_permute"
+    input = operand_def(TensorType)
+    result = result_def(TensorType)
+    pairs = prop_def(DenseIntOrFPElementsAttr)
+    traits = traits_def(Pure())
+    assembly_format = (
+        "$input `over` $axes `pairs` $pairs attr-dict `:` type($input) `->` type($result)"
+    )
+    GIVES_A_DISTRIBUTED_VALUE: ClassVar[bool] = False
+
+    def __init__(self, value: SSAValue, axes: Sequence[str], pairs: Sequence[tuple[int, int]]):
+        flat = [int(i) for pair in pairs for i in pair]
+        super().__init__(
+            operands=[value],
+            result_types=[value.type],
+            properties={
+                "axes": _axes(axes),
+                "pairs": DenseIntOrFPElementsAttr.from_list(
+                    TensorType(i64, [len(pairs), 2]), flat
+                ),
+            },
+        )
+
+    @property
+    def source_target_pairs(self) -> list[tuple[int, int]]:
+        flat = [int(v) for v in self.pairs.get_values()]
+        return list(zip(flat[::2], flat[1::2], strict=True))
+
+    def verify_(self) -> None:
+        n = _group_size(self, self.axis_names)
+        shape = self.pairs.get_type().get_shape()
+        if len(shape) != 2 or shape[1] != 2:
+            raise VerifyException(f"{self.name}: pairs are an Nx2 tensor, got {self.pairs}")
+        pairs = self.source_target_pairs
+        if any(not 0 <= i < n for pair in pairs for i in pair):
+            raise VerifyException(
+                f"{self.name}: pairs {pairs} name positions outside the group of {n} devices "
+                f"of {list(self.axis_names)}"
+            )
+        for side, ends in (("source", [s for s, _ in pairs]), ("target", [t for _, t in pairs])):
+            if len(set(ends)) != len(ends):
+                raise VerifyException(f"{self.name}: a {side} appears twice in {pairs}")
+        if self.input.type != self.result.type:
+            raise VerifyException(
+                f"{self.name}: {self.input.type} is permuted, but the result is {self.result.type}"
+            )
+
+    def result_distribution(self, before: Distribution) -> Distribution:
+        """Laid out like the operand; each device holds its source's part."""
+        return before
+
+
 class _BoundaryOp(IRDLOperation):
     """Base of the ops between a distributed value and its device part."""
 
@@ -476,7 +544,16 @@ class FromLocalOp(_BoundaryOp):
 
 SPMD = Dialect(
     "spmd",
-    [AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, LocalSliceOp, ToLocalOp, FromLocalOp],
+    [
+        AllReduceOp,
+        AllGatherOp,
+        ReduceScatterOp,
+        AllToAllOp,
+        LocalSliceOp,
+        CollectivePermuteOp,
+        ToLocalOp,
+        FromLocalOp,
+    ],
     [DTensorType],
 )
 

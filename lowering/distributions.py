@@ -9,6 +9,9 @@ change needs (DistPar's table):
     S -> B  all_gather          S(i) -> S(j) all_to_all    (never gather + slice)
     B -> S  local_slice (no communication)
 
+A part with a halo (`partir.halo_slice`) takes its neighbours' edge rows by
+two `collective_permute`s, one shift each way.
+
 Conversions are made at the use that needs them and cached, so a value that
 is already distributed the way a use wants costs nothing: distribute after
 undistribute never appears.
@@ -20,8 +23,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import StringAttr, TensorType
+from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, StringAttr, TensorType, i64
 from xdsl.ir import Operation, SSAValue
+from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.distribution import Distribution
 from dialects.dtypes import tensor_type
@@ -32,9 +36,11 @@ from dialects.spmd import (
     AllReduceOp,
     AllToAllOp,
     CollectiveOp,
+    CollectivePermuteOp,
     LocalSliceOp,
     ReduceScatterOp,
 )
+from dialects.stablehlo_ext import SliceOp
 
 NEEDED_BY = "needed_by"
 """Collective attribute: the op whose use of a value needed the collective."""
@@ -56,6 +62,12 @@ class Placed:
         """The origins, with `axis` now caused by `origin`."""
         kept = tuple((a, o) for a, o in self.origins if a != axis)
         return (*kept, (axis, origin)) if origin is not None else kept
+
+
+def _shape(value: SSAValue) -> list[int]:
+    ty = value.type
+    assert isinstance(ty, TensorType)  # a device's part is a tensor
+    return list(ty.get_shape())
 
 
 def grow_type(ty: TensorType, dim: int, factor: int) -> TensorType:
@@ -180,6 +192,65 @@ class Redistributor:
         return self._memo(
             placed, f"part:{dim}:{axis}", lambda: self._move_to_part(placed, dim, axis)
         )
+
+    def take_part_with_halo(
+        self, placed: Placed, dim: int, axis: str, halo: tuple[int, int]
+    ) -> Placed:
+        """Each device's part along `dim` over `axis` with the last `lo`
+        elements of the previous part before it and the first `hi` of the
+        next after it, zeros past the ends (a `partir.halo_slice`): only the
+        halos move, by a `collective_permute` each way."""
+        part = self.take_part(placed, dim, axis)
+        if part.dist.dims[dim]:  # split further: the neighbouring rows are elsewhere
+            part = self.convert(part, part.dist.with_dim(dim, ()))
+
+        def make() -> Placed:
+            lo, hi = halo
+            local = part.local
+            n = _shape(local)[dim]
+            last = self.mesh[axis] - 1
+            pieces = [local]
+            if lo:  # the previous part's last rows: each device sends its own down
+                down = [(i, i + 1) for i in range(last)]
+                rows = self._rows(local, dim, n - lo, n)
+                pieces.insert(0, self.emit(CollectivePermuteOp(rows, (axis,), down)).results[0])
+            if hi:  # the next part's first rows: each device sends its own up
+                up = [(i + 1, i) for i in range(last)]
+                rows = self._rows(local, dim, 0, hi)
+                pieces.append(self.emit(CollectivePermuteOp(rows, (axis,), up)).results[0])
+            shape = _shape(local)
+            shape[dim] += lo + hi
+            local_t = local.type
+            assert isinstance(local_t, TensorType)
+            concat = shlo.ConcatenateOp.create(
+                operands=pieces,
+                result_types=[tensor_type(local_t.element_type, shape)],
+                properties={"dimension": IntegerAttr(dim, i64)},
+            )
+            self._emit(concat)
+            return Placed(concat.results[0], part.dist, part.origins)
+
+        return self._memo(part, f"halo:{dim}:{axis}:{halo}", make)
+
+    def _rows(self, value: SSAValue, dim: int, start: int, stop: int) -> SSAValue:
+        """Elements [start, stop) of `value` along `dim` (a stablehlo.slice)."""
+        shape = _shape(value)
+        starts, limits = [0] * len(shape), list(shape)
+        starts[dim], limits[dim] = start, stop
+        shape[dim] = stop - start
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        op = SliceOp.create(
+            operands=[value],
+            result_types=[tensor_type(ty.element_type, shape)],
+            properties={
+                "start_indices": DenseArrayBase.from_list(i64, starts),
+                "limit_indices": DenseArrayBase.from_list(i64, limits),
+                "strides": DenseArrayBase.from_list(i64, [1] * len(shape)),
+            },
+        )
+        self._emit(op)
+        return op.results[0]
 
     def _move_to_part(self, placed: Placed, dim: int, axis: str) -> Placed:
         """The collective that splits `dim` over `axis` (minor: the dim is not

@@ -68,6 +68,13 @@ def emit_local_slice(em: BodyEmitter, op: spmd.LocalSliceOp) -> str:
     return f"lax.dynamic_slice_in_dim({em.args(op)}, {index} * {size}, {size}, axis={dim})"
 
 
+def emit_collective_permute(em: BodyEmitter, op: spmd.CollectivePermuteOp) -> str:
+    """`lax.ppermute` over the same group (positions numbered as the op's)."""
+    names = op.axis_names
+    axes = repr(names[0]) if len(names) == 1 else axes_literal(names)
+    return f"lax.ppermute({em.args(op)}, {axes}, {op.source_target_pairs})"
+
+
 EMITTERS: dict[type[Operation], OpEmitter] = {
     spmd.ToLocalOp: emit_boundary,
     spmd.FromLocalOp: emit_boundary,
@@ -76,5 +83,6 @@ EMITTERS: dict[type[Operation], OpEmitter] = {
     spmd.ReduceScatterOp: emit_reduce_scatter,
     spmd.AllToAllOp: emit_all_to_all,
     spmd.LocalSliceOp: emit_local_slice,
+    spmd.CollectivePermuteOp: emit_collective_permute,
 }
 """SPMD op class -> its emitter."""

@@ -37,6 +37,7 @@ from dialects.functions import entry_function
 from dialects.mesh import Mesh
 from dialects.names import op_name
 from dialects.partir import (
+    HaloSliceOp,
     LoopOp,
     MeshOp,
     OriginAttr,
@@ -66,6 +67,10 @@ def input_slices(value: SSAValue) -> list[tuple[int, str]]:
             axis = range_axis(op.index)
             assert axis is not None
             chains.append([(op.dim_index, axis), *input_slices(op.result)])
+        elif isinstance(op, HaloSliceOp) and use.index == 0:
+            axis = range_axis(op.index)
+            assert axis is not None
+            chains.append([(op.dim_index, axis)])  # its halo comes from the neighbours
         else:
             return []
     if not chains:
@@ -87,7 +92,7 @@ def slicing_origins(value: SSAValue) -> tuple[tuple[str, OriginAttr], ...]:
     while stack:
         for use in stack.pop().uses:
             op = use.operation
-            if isinstance(op, SliceOp):
+            if isinstance(op, SliceOp | HaloSliceOp):
                 loop = op.index.owner.parent_op()
                 if isinstance(loop, LoopOp) and loop.origin is not None:
                     found.setdefault(loop.axis_name, loop.origin)
@@ -177,6 +182,8 @@ class SpmdLowering:
     def _lower_op(self, op: Operation) -> None:
         if isinstance(op, SliceOp):
             self._lower_slice(op)
+        elif isinstance(op, HaloSliceOp):
+            self._lower_halo_slice(op)
         elif isinstance(op, LoopOp):
             self._lower_loop(op)
         elif isinstance(op, YieldOp | MeshOp):
@@ -310,16 +317,28 @@ class SpmdLowering:
             self.block = outer
 
     def _lower_slice(self, op: SliceOp) -> None:
+        axis, source = self._sliced(op, op.src)
+        self.env[op.result] = self.redistribute.take_part(source, op.dim_index, axis)
+
+    def _lower_halo_slice(self, op: HaloSliceOp) -> None:
+        """The device's part with its neighbours' halos (`Redistributor`)."""
+        axis, source = self._sliced(op, op.src)
+        self.env[op.result] = self.redistribute.take_part_with_halo(
+            source, op.dim_index, axis, op.low_high
+        )
+
+    def _sliced(self, op: SliceOp | HaloSliceOp, src: SSAValue) -> tuple[str, Placed]:
+        """The axis a slice's range runs over, and its source; the collectives
+        it needs are caused by the slicing loop (its origin, on that axis)."""
         axis = range_axis(op.index)
         if axis is None:
-            raise LoweringError(f"partir.slice of {op.src} is not indexed by a loop range")
-        source = self.env[op.src]
+            raise LoweringError(f"{op.name} of {src} is not indexed by a loop range")
+        source = self.env[src]
         loop = op.index.owner.parent_op()
         origin = loop.origin if isinstance(loop, LoopOp) else None
         origins = source.with_origin(axis, origin) if origin else source.origins
-        self.redistribute.cause = (f'partir.slice {op.dim_index} over "{axis}"', origins)
-        placed = self.redistribute.take_part(source, op.dim_index, axis)
-        self.env[op.result] = placed
+        self.redistribute.cause = (f'{op.name} {op.dim_index} over "{axis}"', origins)
+        return axis, source
 
     def _lower_loop(self, op: LoopOp) -> None:
         for body_op in list(op.body.block.ops):  # compute ops move out as they lower
@@ -389,7 +408,11 @@ class SpmdLowering:
 def annotate_collectives(block: Block) -> None:
     """Give each collective's result the `dist` its operand's implies."""
     for op in block.ops:
-        if isinstance(op, CollectiveOp) and DIST not in op.attributes:
+        if (
+            isinstance(op, CollectiveOp)
+            and op.GIVES_A_DISTRIBUTED_VALUE
+            and DIST not in op.attributes
+        ):
             source = op.operands[0].owner
             before = source.attributes.get(DIST) if isinstance(source, Operation) else None
             if isinstance(before, DTensorType):

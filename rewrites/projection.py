@@ -32,7 +32,16 @@ from xdsl.ir import Block, Operation, OpResult, SSAValue
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.distribution import Distribution
-from dialects.partir import LoopOp, OriginAttr, RangeType, SliceOp, SumAttr, TileAttr, YieldOp
+from dialects.partir import (
+    HaloSliceOp,
+    LoopOp,
+    OriginAttr,
+    RangeType,
+    SliceOp,
+    SumAttr,
+    TileAttr,
+    YieldOp,
+)
 from rewrites.registry import FactorKind, OpRule, rule_for
 
 # --- loops around an op --------------------------------------------------------
@@ -108,7 +117,8 @@ def tilings(value: SSAValue) -> list[Tiling]:
     A tile loop contributes its own axis plus whatever its body's value
     carries; a sum loop passes its body's tilings through (a sum of
     concatenations is a concatenation of sums); a slice over an axis the
-    value is tiled on peels that tiling off. (Not memoised: rewriting an op
+    value is tiled on peels that tiling off (a halo slice, every tiling of
+    its dim: its part is not a concatenation of theirs). (Not memoised: rewriting an op
     inside a loop replaces the loop's yielded value in place.)
     """
     owner = value.owner
@@ -128,6 +138,12 @@ def tilings(value: SSAValue) -> list[Tiling]:
         dim = owner.dim_index
         if any(t.axis == axis and t.dim == dim for t in outer):
             return [t for t in outer if t.axis != axis]
+    if type(owner) is HaloSliceOp:  # its other dims keep their tilings
+        src, index = owner.operands
+        axis, dim = range_axis(index), owner.dim_index
+        outer = tilings(src)
+        if any(t.axis == axis and t.dim == dim for t in outer):
+            return [t for t in outer if t.dim != dim]
     return []
 
 

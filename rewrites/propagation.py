@@ -43,7 +43,17 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 from xdsl.traits import IsTerminator, SymbolOpInterface
 
-from dialects.partir import ORIGIN, LoopOp, MeshOp, SliceOp, TileAttr, YieldOp, find_mesh, part_type
+from dialects.partir import (
+    ORIGIN,
+    HaloSliceOp,
+    LoopOp,
+    MeshOp,
+    SliceOp,
+    TileAttr,
+    YieldOp,
+    find_mesh,
+    part_type,
+)
 from rewrites.actions import describe_value
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin, record_conflicts
 from rewrites.control_flow import CARRYING_OPS, TileCarriedValues
@@ -60,7 +70,9 @@ from rewrites.projection import (
 from rewrites.registry import OpRule, rule_for
 from rewrites.tiling import loop_action, part_op, slice_operands, tile_op
 
-STRUCTURAL = (LoopOp, SliceOp, YieldOp, MeshOp, func.ReturnOp, func.FuncOp, ModuleOp)
+STRUCTURAL = (
+    LoopOp, SliceOp, HaloSliceOp, YieldOp, MeshOp, func.ReturnOp, func.FuncOp, ModuleOp
+)
 _STRUCTURAL_TYPES = frozenset(STRUCTURAL)  # exact-type checks: ABC isinstance is slow here
 
 
@@ -99,7 +111,7 @@ def _operand_tilings(op: Operation) -> list[tuple[int, Tiling]]:
     return [(i, t) for i, t in found if t.axis not in busy]
 
 
-_TILED_PRODUCERS = (LoopOp, SliceOp)
+_TILED_PRODUCERS = (LoopOp, SliceOp, HaloSliceOp)
 
 
 def _candidates(
@@ -198,6 +210,8 @@ class PushForward(RewritePattern):
         """`op` is the loop's only user, and uses it only where its part fits."""
         if loop.result is not op.operands[chosen.operand] or _sole_user(loop.result) is not op:
             return False
+        if any(rule.factors[chosen.factor].halo) and op.operands[0] is loop.result:
+            return False  # its part with a halo reads the neighbours' elements too
         dims = rule.operand_dims(chosen.factor)
         return all(
             dims[i] == chosen.tiling.dim for i, v in enumerate(op.operands) if v is loop.result

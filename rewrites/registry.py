@@ -63,6 +63,13 @@ class Factor:
     size: int
     kind: FactorKind
     reason: str = ""
+    halo: tuple[int, int] = (0, 0)
+    """Elements before and after its part that the op's first operand (a
+    window op's input) must also read along its dim over this factor (a
+    convolution's windows reaching into the neighbouring parts): tiling the
+    factor slices that operand with its halo."""
+    stride: int = 1
+    """Operand elements per result element along the factor (a strided window)."""
 
 
 Localizer = Callable[[Operation, int, int], dict[str, Attribute]]
@@ -83,7 +90,8 @@ class OpRule:
     enclosing loop split down to 1, so a split of the factor's dims on one
     side may sit on that dim on the other. Tiling the op itself is fine (its
     shapes are the shapes at its level); reading its dims as the global
-    layout across enclosing loops is not."""
+    layout across enclosing loops is not. Likewise a factor with a halo: a
+    part of the result is the op on a part of the operand *and its halo*."""
 
     def operand_factor(self, operand: int, dim: int) -> int | None:
         """The factor a tiling of `operand`'s `dim` would tile (its major one)."""
@@ -109,6 +117,12 @@ class OpRule:
                     return "the dimension is the minor part of a reshape (a strided split)"
         if f.kind is FactorKind.PARALLEL and self.result_dim(factor) is None:
             return "the factor is not a result dimension"
+        block = f.size * f.stride // parts
+        if max(f.halo) > block:
+            return (
+                f"the window reaches {max(f.halo)} elements past a part of {block}: "
+                "further than the neighbouring part"
+            )
         return None
 
     def result_dim(self, factor: int) -> int | None:
@@ -135,8 +149,15 @@ class _Builder:
     def __init__(self) -> None:
         self.factors: list[Factor] = []
 
-    def new(self, size: int, kind: FactorKind = FactorKind.PARALLEL, reason: str = "") -> int:
-        self.factors.append(Factor(size, kind, reason))
+    def new(
+        self,
+        size: int,
+        kind: FactorKind = FactorKind.PARALLEL,
+        reason: str = "",
+        halo: tuple[int, int] = (0, 0),
+        stride: int = 1,
+    ) -> int:
+        self.factors.append(Factor(size, kind, reason, halo, stride))
         return len(self.factors) - 1
 
     def blocked(self, size: int, reason: str) -> tuple[int, ...]:
@@ -423,15 +444,23 @@ def reverse_rule(op: ReverseOp) -> OpRule:
     return b.rule([dims], [dims])
 
 
-def _group_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
+def _convolution_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
     """A tiled group factor (the rule's first, when there are groups): each
-    part runs its share of the groups."""
+    part runs its share of the groups. A tiled spatial factor: each part
+    reads its halo instead of the padding, so that dim is no longer padded."""
     assert isinstance(op, ConvolutionOp)
     groups = op.feature_groups * op.batch_groups
-    if groups == 1 or factor != 0:
+    if groups > 1 and factor == 0:
+        field = "feature_group_count" if op.feature_groups > 1 else "batch_group_count"
+        return {field: IntegerAttr(groups // parts, i64)}
+    lhs_dim = convolution_rule(op).operand_dims(factor)[0]
+    lhs = op.layouts[0]
+    if lhs_dim not in lhs.spatial:
         return {}
-    field = "feature_group_count" if op.feature_groups > 1 else "batch_group_count"
-    return {field: IntegerAttr(groups // parts, i64)}
+    pads = [list(p) for p in op.pads]
+    pads[lhs.spatial.index(lhs_dim)] = [0, 0]
+    ty = TensorType(i64, [len(pads), 2])
+    return {"padding": DenseIntOrFPElementsAttr.from_list(ty, [v for p in pads for v in p])}
 
 
 def convolution_rule(op: ConvolutionOp) -> OpRule:
@@ -440,9 +469,13 @@ def convolution_rule(op: ConvolutionOp) -> OpRule:
     factor of input and kernel (in a weight gradient, where the batch is the
     contracted "feature", data parallelism becomes a sum). A group count
     splits a dim into (groups, per group), major to minor; the groups pass
-    through. A spatial dim passes through only where its window is one
-    element with stride 1 and no padding (a 1x1 conv); otherwise it is
-    blocked: a part's windows reach into its neighbours' elements."""
+    through. A spatial dim passes through where the output splits evenly with
+    the input (`_output_halo`): each part of the input is read with a halo of
+    its neighbours' elements (the `halo` of its factor, none for a 1x1 window
+    or a patch embedding), and the kernel's window is used whole. Where the
+    window spans the input instead (a kernel's gradient: the output's
+    gradient is the window), the window is a sum factor (`_window_halo`): each
+    part of it meets its part of the input, with a halo."""
     b = _Builder()
     lhs_l, kernel_l, out_l = op.layouts
     src, win, out = shape(op.lhs), shape(op.rhs), shape(op.result)
@@ -467,17 +500,61 @@ def convolution_rule(op: ConvolutionOp) -> OpRule:
     summed = split(None, win[kernel_l.major], FactorKind.SUM)
     rhs[kernel_l.major] = summed
     lhs[lhs_l.minor] = ((feature_group,) if feature_group is not None else ()) + summed
-    reason = "a window dim: each part's windows would need its neighbours' elements"
+    halos: set[int] = set()
     for k, (d, kd, od) in enumerate(
         zip(lhs_l.spatial, kernel_l.spatial, out_l.spatial, strict=True)
     ):
-        if (win[kd], op.strides[k], op.pads[k], op.lhs_dilations[k]) == (1, 1, (0, 0), 1):
-            lhs[d] = result[od] = (b.new(src[d]),)
+        by_output = _output_halo(op, k, src[d], win[kd])
+        by_window = _window_halo(op, k, src[d], win[kd])
+        if not isinstance(by_output, str):
+            f = b.new(out[od], halo=by_output, stride=op.strides[k])
+            lhs[d] = result[od] = (f,)
+            rhs[kd] = b.blocked(win[kd], "the kernel's window: every part applies all of it")
+        elif not isinstance(by_window, str):
+            f = b.new(win[kd], FactorKind.SUM, halo=by_window, stride=op.rhs_dilations[k])
+            lhs[d] = rhs[kd] = (f,)
+            result[od] = b.blocked(out[od], "every output element sums over the whole window")
         else:
-            lhs[d] = b.blocked(src[d], reason)
-            rhs[kd] = b.blocked(win[kd], reason)
-            result[od] = b.blocked(out[od], reason)
-    return b.rule([tuple(lhs), tuple(rhs)], [tuple(result)], _group_localizer)
+            lhs[d] = b.blocked(src[d], by_output)
+            rhs[kd] = b.blocked(win[kd], by_output)
+            result[od] = b.blocked(out[od], by_output)
+            continue
+        if any(b.factors[f].halo):
+            halos.add(f)  # a part of the result is not the op on a part of the input
+    return b.rule(
+        [tuple(lhs), tuple(rhs)], [tuple(result)], _convolution_localizer, frozenset(halos)
+    )
+
+
+def _output_halo(op: ConvolutionOp, k: int, n: int, window: int) -> tuple[int, int] | str:
+    """The halo a part of spatial dim `k` reads when the output is split
+    evenly with it (each part's windows start in the part: output size
+    n / stride, the padding adding up to the window's reach beyond one
+    stride), or why the dim cannot split."""
+    stride, (lo, hi) = op.strides[k], op.pads[k]
+    reach = (window - 1) * op.rhs_dilations[k] + 1
+    if op.lhs_dilations[k] != 1:
+        return "a dilated input (a transposed convolution): parts would interleave"
+    if lo < 0 or hi < 0 or lo + hi != reach - stride or n % stride:
+        return (
+            "the output is not the input split evenly by the stride (padding "
+            f"{(lo, hi)} for a window of {reach} and stride {stride}): parts would not align"
+        )
+    return (lo, hi)
+
+
+def _window_halo(op: ConvolutionOp, k: int, n: int, window: int) -> tuple[int, int] | str:
+    """The halo a part of spatial dim `k` reads when its window (spanning the
+    input: the output's gradient in a kernel's gradient, dilated by the
+    forward stride) is split with it: output element o sums window elements
+    j with input elements o + j * dilation - lo, so the part of the input
+    under a part of the window reads `lo` before it and `hi` after."""
+    stride, (lo, hi) = op.strides[k], op.pads[k]
+    if n != window * op.rhs_dilations[k] or (stride, op.lhs_dilations[k]) != (1, 1):
+        return "the window does not span the input with stride 1"
+    if lo < 0 or hi < 0:
+        return f"negative padding {(lo, hi)} crops the input"
+    return (lo, hi)
 
 
 def reduce_window_rule(op: ReduceWindowOp) -> OpRule | None:

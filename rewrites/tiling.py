@@ -1,7 +1,8 @@
 """Building the loop an op's rule promises: `op == loop a [tile d | sum] (\\r -> op_r)`.
 
 `op_r` is the op on the parts of its operands (each sliced on the dimension
-that runs over the tiled factor; operands without it are used whole), with
+that runs over the tiled factor, with the factor's halo if it has one;
+operands without it are used whole), with
 shapes divided by the axis size. Propagation and the property tests build
 loops only through these functions, so what is tested is what runs.
 """
@@ -13,7 +14,16 @@ from functools import lru_cache
 
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
-from dialects.partir import LoopOp, RangeType, SliceOp, SumAttr, TileAttr, YieldOp, part_type
+from dialects.partir import (
+    HaloSliceOp,
+    LoopOp,
+    RangeType,
+    SliceOp,
+    SumAttr,
+    TileAttr,
+    YieldOp,
+    part_type,
+)
 from rewrites.registry import OpRule
 
 
@@ -58,19 +68,26 @@ def slice_operands(
 ) -> tuple[list[Operation], list[SSAValue]]:
     """Slices of the operands that run over `factor` (the sideways step); an
     operand used twice (`x * x`) is sliced once, and one whose part is already
-    at hand (`parts`, by operand and dim) is not sliced."""
+    at hand (`parts`, by operand and dim) is not sliced. A factor with a halo
+    (a convolution's window) slices the first operand with it
+    (`partir.halo_slice`)."""
     new_ops: list[Operation] = []
     values: list[SSAValue] = []
     made: dict[tuple[SSAValue, int], SSAValue] = dict(parts or {})
-    for operand, dim in zip(operands, rule.operand_dims(factor), strict=True):
+    halo = rule.factors[factor].halo
+    for i, (operand, dim) in enumerate(zip(operands, rule.operand_dims(factor), strict=True)):
         if dim is None:
             values.append(operand)
+        elif i == 0 and any(halo):  # the window op's input (`Factor.halo`)
+            s: Operation = HaloSliceOp(operand, dim, index, halo)
+            new_ops.append(s)
+            values.append(s.results[0])
         elif (operand, dim) in made:
             values.append(made[operand, dim])
         else:
             s = SliceOp(operand, dim, index)
             new_ops.append(s)
-            values.append(made.setdefault((operand, dim), s.result))
+            values.append(made.setdefault((operand, dim), s.results[0]))
     return new_ops, values
 
 

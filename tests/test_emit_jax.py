@@ -276,6 +276,33 @@ COLLECTIVES: dict[str, tuple[str, tuple[int, ...], Callable[[np.ndarray], np.nda
         (16, 8),
         lambda x: x,
     ),
+    "collective_permute": (
+        # read back as the devices' values side by side: each holds its source's part
+        one_op_module(
+            '16x8xf32, [{"model"}, {}]',
+            "8x8xf32",
+            'spmd.collective_permute %xl over ["model"] pairs dense<[[0, 1], [1, 0]]> '
+            ": tensor<2x2xi64>",
+            "8x8xf32",
+            '16x8xf32, [{"model"}, {}]',
+        ),
+        (16, 8),
+        lambda x: np.concatenate([x[8:], x[:8]]),
+    ),
+    "collective_permute_shift_over_two_axes": (
+        # positions in the ("batch", "model") group, batch major; position 0 gets zeros
+        one_op_module(
+            f"16x8xf32, [{BM}, {{}}]",
+            "2x8xf32",
+            'spmd.collective_permute %xl over ["batch", "model"] '
+            "pairs dense<[[0, 1], [1, 2], [2, 3], [3, 4], [4, 5], [5, 6], [6, 7]]> "
+            ": tensor<7x2xi64>",
+            "2x8xf32",
+            f"16x8xf32, [{BM}, {{}}]",
+        ),
+        (16, 8),
+        lambda x: np.concatenate([np.zeros_like(x[:2]), x[:-2]]),
+    ),
 }
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from xdsl.utils.exceptions import ParseError, VerifyException
 
 from dialects.context import make_context
+from dialects.interpreter import run_function
 from dialects.parser import PartirParser
 from dialects.partir import LoopOp, MeshOp, RangeType, SliceOp, TileAttr
 
@@ -217,3 +219,31 @@ def test_slice_builder_infers_its_type():
     slice_op = next(op for op in module.walk() if isinstance(op, SliceOp))
     rebuilt = SliceOp(slice_op.src, 0, slice_op.index)
     assert rebuilt.result.type == slice_op.result.type
+
+
+HALO_X = """    %s = partir.halo_slice 0 %v[%r] halo [1, 2] : tensor<8x4xf32> -> tensor<5x4xf32>
+    partir.yield %s : tensor<5x4xf32>"""
+
+
+def test_halo_slice_round_trips_and_runs_with_zeros_past_the_edges():
+    module = parse(_loop("x", 4, HALO_X, result="tensor<20x4xf32>"))
+    module.verify()
+    assert str(parse(str(module))) == str(module)
+    x = np.arange(32, dtype=np.float32).reshape(8, 4)
+    (got,) = run_function(module, [x])
+    padded = np.pad(x, [(1, 2), (0, 0)])
+    want = np.concatenate([padded[2 * r: 2 * r + 5] for r in range(4)])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_halo_wider_than_a_part_is_an_error():
+    body = HALO_X.replace("halo [1, 2]", "halo [3, 0]")
+    assert verify_error(_loop("x", 4, body, result="tensor<20x4xf32>")) == (
+        "halo_slice halo [3, 0] is wider than a part (2 elements): it would reach past a neighbour"
+    )
+
+
+def test_a_halo_slice_of_the_wrong_size_is_a_parse_error():
+    body = HALO_X.replace("-> tensor<5x4xf32>", "-> tensor<6x4xf32>")
+    with pytest.raises(ParseError, match="is not an even split of dim 0 plus its halo"):
+        parse(_loop("x", 4, body, result="tensor<20x4xf32>"))

@@ -542,7 +542,8 @@ def _dot_general() -> Generator:
 def _convolution() -> Generator:
     """Random layouts of 1 or 2 spatial dims, feature or batch groups, and
     random strides, padding and dilations; some dims are multiples of the
-    parts (the batch, the features, the groups, a 1x1 window's spatial dim)."""
+    parts (the batch, the features, the groups, a 1x1 window's spatial dim,
+    a window whose output splits with the input or which spans the input)."""
 
     @st.composite
     def cases(draw: st.DrawFn) -> Case:
@@ -560,10 +561,28 @@ def _convolution() -> Generator:
         features = c_in * (groups if kind == "feature" else 1)
         spatial, window, stride, pads, lhs_dil, rhs_dil, out_spatial = ([] for _ in range(7))
         for _ in range(rank):
-            if draw(st.booleans()):  # a 1x1 window: passes through
+            shape_kind = draw(st.sampled_from(["1x1", "halo", "window", "any"]))
+            if shape_kind == "1x1":  # passes through
                 n = parts * draw(st.integers(1, 2))
                 spatial.append(n), window.append(1), stride.append(1), pads.append((0, 0))
                 lhs_dil.append(1), rhs_dil.append(1), out_spatial.append(n)
+                continue
+            if shape_kind == "halo":  # the output splits with the input, plus a halo
+                m, s_, k, rd = (draw(st.integers(1, 2)), draw(st.integers(1, 2)),
+                                draw(st.integers(1, 3)), draw(st.integers(1, 2)))
+                reach = (k - 1) * rd + 1
+                s_ = min(s_, reach)
+                lo = draw(st.integers(0, reach - s_))
+                n = parts * m * s_
+                spatial.append(n), window.append(k), stride.append(s_)
+                pads.append((lo, reach - s_ - lo))
+                lhs_dil.append(1), rhs_dil.append(rd), out_spatial.append(n // s_)
+                continue
+            if shape_kind == "window":  # a kernel's gradient: the window spans the input
+                k, rd = parts * draw(st.integers(1, 2)), draw(st.integers(1, 2))
+                lo, hi = draw(st.integers(0, 1)), draw(st.integers(0, 1))
+                spatial.append(k * rd), window.append(k), stride.append(1), pads.append((lo, hi))
+                lhs_dil.append(1), rhs_dil.append(rd), out_spatial.append(lo + hi + rd)
                 continue
             n, k = draw(st.integers(1, 6)), draw(st.integers(1, 3))
             s_, ld, rd = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2))

@@ -98,6 +98,13 @@ CASES: dict[type[CollectiveOp], tuple[Distribution, Make, Callable[[np.ndarray],
         lambda v, t: spmd.LocalSliceOp(v, 0, ["batch"], _part(t, 0, 4)),
         lambda x: x,
     ),
+    # Not a distributed value (each device holds its source's part): read
+    # back, device 1 holds device 0's half and device 0, which no pair targets, zeros.
+    spmd.CollectivePermuteOp: (
+        Distribution((("model",), ())),
+        lambda v, t: spmd.CollectivePermuteOp(v, ["model"], [(0, 1)]),
+        lambda x: np.concatenate([np.zeros_like(x[:8]), x[:8]]),
+    ),
 }
 
 

@@ -2,7 +2,8 @@
 
 A `tile<d>` loop runs its body once per range index and concatenates the
 results along d; a `sum` loop adds them, left to right. `partir.slice d x[r]`
-is part r of x split into N equal parts along d. This is the oracle every
+is part r of x split into N equal parts along d; `partir.halo_slice` adds the
+neighbouring elements (zeros past the edges). This is the oracle every
 rewrite is checked against, so it is written to be obviously right, not fast.
 """
 
@@ -20,7 +21,7 @@ from xdsl.interpreter import (
     register_impls,
 )
 
-from dialects.partir import LoopOp, MeshOp, RangeType, SliceOp, TileAttr, YieldOp
+from dialects.partir import HaloSliceOp, LoopOp, MeshOp, RangeType, SliceOp, TileAttr, YieldOp
 
 
 @register_impls
@@ -31,6 +32,20 @@ class PartirFunctions(InterpreterFunctions):
         assert isinstance(op.index.type, RangeType)
         parts = op.index.type.size.data
         return (np.split(np.asarray(x), parts, axis=op.dim_index)[index],)
+
+    @impl(HaloSliceOp)
+    def run_halo_slice(
+        self, interp: Interpreter, op: HaloSliceOp, args: PythonValues
+    ) -> PythonValues:
+        x, index = np.asarray(args[0]), args[1]
+        assert isinstance(op.index.type, RangeType)
+        d, (lo, hi) = op.dim_index, op.low_high
+        size = x.shape[d] // op.index.type.size.data
+        pads = [(0, 0)] * x.ndim
+        pads[d] = (lo, hi)
+        padded = np.pad(x, pads)  # element i of x is element i + lo of padded
+        start = index * size
+        return (np.take(padded, np.arange(start, start + lo + size + hi), axis=d),)
 
     @impl(LoopOp)
     def run_loop(self, interp: Interpreter, op: LoopOp, args: PythonValues) -> PythonValues:

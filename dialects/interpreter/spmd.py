@@ -36,6 +36,7 @@ from dialects.spmd import (
     AllReduceOp,
     AllToAllOp,
     CollectiveOp,
+    CollectivePermuteOp,
     DTensorType,
     FromLocalOp,
     LocalSliceOp,
@@ -162,6 +163,20 @@ class SpmdFunctions(InterpreterFunctions):
         return self._by_group(
             op, args[0], lambda members, me: np.split(members[me], len(members), axis=dim)[me]
         )
+
+    @impl(CollectivePermuteOp)
+    def run_collective_permute(
+        self, interp: Interpreter, op: CollectivePermuteOp, args: PythonValues
+    ) -> PythonValues:
+        """Each target gets its source's value; a device no pair targets, zeros."""
+        source_of = {t: s for s, t in op.source_target_pairs}
+
+        def part(members: list[np.ndarray], me: int) -> np.ndarray:
+            if me in source_of:
+                return members[source_of[me]]
+            return np.zeros_like(members[me])
+
+        return self._by_group(op, args[0], part)
 
 
 def run_spmd(module: ModuleOp, args: Sequence[Any]) -> list[np.ndarray]:
