@@ -32,6 +32,8 @@ what JAX emits but xdsl-jax 0.6 cannot represent:
 - `stablehlo.rng_bit_generator` and its `#stablehlo<rng_algorithm ...>`:
   missing from xdsl-jax, and what `jax.random` emits for `rbg` / `unsafe_rbg`
   keys. `RngBitGeneratorOp`, `RngAlgorithmAttr`.
+- `stablehlo.convolution`: missing, with its dimension-number attribute
+  (`dialects.convolution`).
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ from xdsl_jax.dialects.stablehlo.attributes import (
 )
 from xdsl_jax.dialects.stablehlo.types import PredTensorType
 from xdsl_jax.xdsl_extras.traits import Elementwise, SameOperandsAndResultShape
+
+from dialects.convolution import ConvDimensionNumbers, ConvolutionOp
 
 
 @irdl_op_definition
@@ -654,10 +658,13 @@ def _stablehlo_dialect() -> Dialect:
     }
     ops: list[type[Operation]] = [replaced.get(op.name, op) for op in _xj.StableHLO.operations]
     ops.extend((
-        DynamicUpdateSliceOp, ReverseOp, ReduceWindowOp, SortOp, SelectAndScatterOp,
-        RngBitGeneratorOp,
+        DynamicUpdateSliceOp, ReverseOp, ReduceWindowOp, SortOp, ConvolutionOp,
+        SelectAndScatterOp, RngBitGeneratorOp,
     ))
-    return Dialect("stablehlo", ops, [*_xj.StableHLO.attributes, RngAlgorithmAttr])
+    attributes: list[type[Attribute]] = [
+        *_xj.StableHLO.attributes, ConvDimensionNumbers, RngAlgorithmAttr,
+    ]
+    return Dialect("stablehlo", ops, attributes)
 
 
 StableHLO = _stablehlo_dialect()

@@ -36,8 +36,6 @@ _CALLBACKS = (
 )
 
 ALTERNATIVES: dict[str, str] = {
-    "stablehlo.convolution": "write the convolution as a sum of shifted slices times weights "
-    "(jnp.einsum over x[..., i:i + n] for each tap), or as patches and a dot",
     "stablehlo.fft": "a DFT is a dot with the DFT matrix (jnp.exp(-2j * jnp.pi * "
     "jnp.outer(k, t) / n) @ x)",
     "stablehlo.custom_call": _CALLBACKS,

@@ -15,6 +15,7 @@ from xdsl.ir import Operation
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.chlo import TopKOp
+from dialects.convolution import ConvolutionOp
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
 from dialects.stablehlo_ext import (
     DynamicUpdateSliceOp,
@@ -45,6 +46,7 @@ from lowering.jax_elementwise import (
 from lowering.jax_ir import OpEmitter, by_name
 from lowering.jax_literals import emit_constant
 from lowering.jax_reductions import (
+    emit_convolution,
     emit_dot_general,
     emit_reduce,
     emit_reduce_window,
@@ -98,6 +100,7 @@ _SPECIFIC: dict[type[Operation], OpEmitter] = {
     shlo.IfOp: emit_if,
     DynamicUpdateSliceOp: emit_dynamic_update_slice,
     shlo.DotGeneralOp: emit_dot_general,
+    ConvolutionOp: emit_convolution,
     ExtReduceOp: emit_reduce,
     ReduceWindowOp: emit_reduce_window,
     SelectAndScatterOp: emit_select_and_scatter,

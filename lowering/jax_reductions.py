@@ -1,5 +1,5 @@
-"""Emitters for contractions and reductions: `dot_general`, `reduce`,
-`reduce_window` and `select_and_scatter`.
+"""Emitters for contractions and reductions: `dot_general`, `convolution`,
+`reduce`, `reduce_window` and `select_and_scatter`.
 
 A reduction whose body is a single commutative op of its two arguments
 becomes `lax.reduce(x, init, lax.add, dims)` (`lax.reduce_window(...)`); any
@@ -16,15 +16,18 @@ comparator) and its `scatter` region a single commutative op (`lax.add`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
+from xdsl.dialects.builtin import ArrayAttr
 from xdsl.ir import Block, Operation, Region
 from xdsl_jax.dialects import stablehlo as shlo
-from xdsl_jax.dialects.stablehlo.attributes import Precision
+from xdsl_jax.dialects.stablehlo.attributes import Precision, PrecisionAttr
 
 from dialects import stablehlo_ext as ext
 from dialects.attributes import ints
+from dialects.convolution import ConvolutionOp
 from dialects.regions import binary_combiner
 from lowering.jax_elementwise import ON_BOOLEANS, function_of
 from lowering.jax_ir import by_name, element_dtype, unsupported
@@ -35,6 +38,17 @@ if TYPE_CHECKING:
     from lowering.jax_body import BodyEmitter
 
 
+def _precision(config: ArrayAttr | None) -> str:
+    """`, precision=(...)` unless every operand's precision is the default."""
+    if config is None:
+        return ""
+    levels = [cast(PrecisionAttr, p).data for p in config.data]
+    if all(p == Precision.DEFAULT for p in levels):
+        return ""
+    names = ", ".join(f"lax.Precision.{Precision(p).name}" for p in levels)
+    return f", precision=({names})"
+
+
 def emit_dot_general(em: BodyEmitter, op: shlo.DotGeneralOp) -> str:
     if op.algorithm is not None:
         raise unsupported(op, "dot algorithms are not supported")
@@ -42,15 +56,34 @@ def emit_dot_general(em: BodyEmitter, op: shlo.DotGeneralOp) -> str:
     contracting = (ints(dn.lhs_contracting_dimensions), ints(dn.rhs_contracting_dimensions))
     batch = (ints(dn.lhs_batching_dimensions), ints(dn.rhs_batching_dimensions))
     result = em.dtype(op, op.results[0].type)
-    precision = ""
-    if op.precision_config is not None:
-        levels = [p.data for p in op.precision_config.data]
-        if any(p != Precision.DEFAULT for p in levels):
-            names = ", ".join(f"lax.Precision.{Precision(p).name}" for p in levels)
-            precision = f", precision=({names})"
     return (
-        f"lax.dot_general({em.args(op)}, ({contracting!r}, {batch!r}){precision}, "
-        f"preferred_element_type={result})"
+        f"lax.dot_general({em.args(op)}, ({contracting!r}, {batch!r})"
+        f"{_precision(op.precision_config)}, preferred_element_type={result})"
+    )
+
+
+def emit_convolution(em: BodyEmitter, op: ConvolutionOp) -> str:
+    """`lax.conv_general_dilated` with the op's layouts as `lax.ConvDimensionNumbers`
+    (a reversed window is a `lax.rev` of the kernel first)."""
+    lhs, kernel, out = op.layouts
+    rhs = em.name(op.rhs)
+    flipped = tuple(kernel.spatial[k] for k, flip in enumerate(op.reversed_window) if flip)
+    if flipped:
+        rhs = f"lax.rev({rhs}, {flipped!r})"
+    layouts = ", ".join(
+        f"{name}={(layout.major, layout.minor, *layout.spatial)!r}"
+        for name, layout in (
+            ("lhs_spec", lhs),
+            ("rhs_spec", replace(kernel, major=kernel.minor, minor=kernel.major)),
+            ("out_spec", out),
+        )
+    )
+    result = em.dtype(op, op.result.type)
+    return (
+        f"lax.conv_general_dilated({em.name(op.lhs)}, {rhs}, {op.strides!r}, {op.pads!r}, "
+        f"{op.lhs_dilations!r}, {op.rhs_dilations!r}, lax.ConvDimensionNumbers({layouts}), "
+        f"feature_group_count={op.feature_groups}, batch_group_count={op.batch_groups}"
+        f"{_precision(op.precision_config)}, preferred_element_type={result})"
     )
 
 

@@ -27,13 +27,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, TensorType
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr, TensorType, i64
 from xdsl.ir import Attribute, Operation
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.xdsl_extras.traits import Elementwise
 
 from dialects.attributes import ints
 from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
+from dialects.convolution import ConvolutionOp
 from dialects.names import op_name
 from dialects.regions import combiner_name
 from dialects.stablehlo_ext import (
@@ -423,6 +424,63 @@ def reverse_rule(op: ReverseOp) -> OpRule:
     return b.rule([dims], [dims])
 
 
+def _group_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
+    """A tiled group factor (the rule's first, when there are groups): each
+    part runs its share of the groups."""
+    assert isinstance(op, ConvolutionOp)
+    groups = op.feature_groups * op.batch_groups
+    if groups == 1 or factor != 0:
+        return {}
+    field = "feature_group_count" if op.feature_groups > 1 else "batch_group_count"
+    return {field: IntegerAttr(groups // parts, i64)}
+
+
+def convolution_rule(op: ConvolutionOp) -> OpRule:
+    """As dot_general: the batch passes through input and output, the output
+    features through kernel and output, and the input features are a *sum*
+    factor of input and kernel (in a weight gradient, where the batch is the
+    contracted "feature", data parallelism becomes a sum). A group count
+    splits a dim into (groups, per group), major to minor; the groups pass
+    through. A spatial dim passes through only where its window is one
+    element with stride 1 and no padding (a 1x1 conv); otherwise it is
+    blocked: a part's windows reach into its neighbours' elements."""
+    b = _Builder()
+    lhs_l, kernel_l, out_l = op.layouts
+    src, win, out = shape(op.lhs), shape(op.rhs), shape(op.result)
+    lhs: list[tuple[int, ...]] = [()] * len(src)
+    rhs: list[tuple[int, ...]] = [()] * len(win)
+    result: list[tuple[int, ...]] = [()] * len(out)
+
+    def split(group: int | None, size: int, kind: FactorKind = FactorKind.PARALLEL):
+        """(group factor, per-group factor), each dropped where it has size 1."""
+        inner = (b.new(size, kind),) if size > 1 else ()
+        return ((group,) if group is not None else ()) + inner
+
+    groups = op.feature_groups * op.batch_groups
+    group = b.new(groups) if groups > 1 else None  # factor 0, see _group_localizer
+    feature_group = group if op.feature_groups > 1 else None
+    batch_group = group if op.batch_groups > 1 else None
+    batch = split(batch_group, src[lhs_l.major] // op.batch_groups)
+    lhs[lhs_l.major] = batch
+    result[out_l.major] = batch[1:] if batch_group is not None else batch
+    outputs = split(group, win[kernel_l.minor] // groups)
+    rhs[kernel_l.minor] = result[out_l.minor] = outputs
+    summed = split(None, win[kernel_l.major], FactorKind.SUM)
+    rhs[kernel_l.major] = summed
+    lhs[lhs_l.minor] = ((feature_group,) if feature_group is not None else ()) + summed
+    reason = "a window dim: each part's windows would need its neighbours' elements"
+    for k, (d, kd, od) in enumerate(
+        zip(lhs_l.spatial, kernel_l.spatial, out_l.spatial, strict=True)
+    ):
+        if (win[kd], op.strides[k], op.pads[k], op.lhs_dilations[k]) == (1, 1, (0, 0), 1):
+            lhs[d] = result[od] = (b.new(src[d]),)
+        else:
+            lhs[d] = b.blocked(src[d], reason)
+            rhs[kd] = b.blocked(win[kd], reason)
+            result[od] = b.blocked(out[od], reason)
+    return b.rule([tuple(lhs), tuple(rhs)], [tuple(result)], _group_localizer)
+
+
 def reduce_window_rule(op: ReduceWindowOp) -> OpRule | None:
     """A dim whose window is one element (size, stride and dilations 1, no
     padding) passes through; a window dim is blocked: a part's windows reach
@@ -669,6 +727,7 @@ RULES: dict[str, RuleBuilder] = {
     "stablehlo.transpose": transpose_rule,
     "stablehlo.reshape": reshape_rule,
     "stablehlo.dot_general": dot_general_rule,
+    "stablehlo.convolution": convolution_rule,
     "stablehlo.reduce": reduce_rule,
     "stablehlo.slice": slice_rule,
     "stablehlo.dynamic_slice": dynamic_slice_rule,

@@ -539,6 +539,72 @@ def _dot_general() -> Generator:
     return Generator("stablehlo.dot_general", cases(), examples=150, sums=True)
 
 
+def _convolution() -> Generator:
+    """Random layouts of 1 or 2 spatial dims, feature or batch groups, and
+    random strides, padding and dilations; some dims are multiples of the
+    parts (the batch, the features, the groups, a 1x1 window's spatial dim)."""
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts = draw(PARTS)
+        rank = draw(st.integers(1, 2))
+        kind = draw(st.sampled_from(["none", "feature", "batch"]))
+        groups = parts * draw(st.integers(1, 2)) if kind != "none" else 1
+
+        def size() -> int:
+            return draw(st.sampled_from([1, 2, 3, parts, 2 * parts]))
+
+        # without groups the batch is tileable; with groups the groups are
+        batch = (size() * groups) if kind == "batch" else parts * draw(st.integers(1, 2))
+        c_in, c_out = size(), size()
+        features = c_in * (groups if kind == "feature" else 1)
+        spatial, window, stride, pads, lhs_dil, rhs_dil, out_spatial = ([] for _ in range(7))
+        for _ in range(rank):
+            if draw(st.booleans()):  # a 1x1 window: passes through
+                n = parts * draw(st.integers(1, 2))
+                spatial.append(n), window.append(1), stride.append(1), pads.append((0, 0))
+                lhs_dil.append(1), rhs_dil.append(1), out_spatial.append(n)
+                continue
+            n, k = draw(st.integers(1, 6)), draw(st.integers(1, 3))
+            s_, ld, rd = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+            lo, hi = draw(st.integers(0, 1)), draw(st.integers(0, 1))
+            padded, extent = (n - 1) * ld + 1 + lo + hi, (k - 1) * rd + 1
+            if padded < extent:
+                k, rd = 1, 1
+                extent = 1
+            spatial.append(n), window.append(k), stride.append(s_), pads.append((lo, hi))
+            lhs_dil.append(ld), rhs_dil.append(rd)
+            out_spatial.append((padded - extent) // s_ + 1)
+        numbered = [str(k) for k in range(rank)]
+        lhs = draw(st.permutations(["b", "f", *numbered]))
+        kernel = draw(st.permutations(["i", "o", *numbered]))
+        out = draw(st.permutations(["b", "f", *numbered]))
+        lhs_sizes = {"b": batch, "f": features, **dict(zip(numbered, spatial, strict=True))}
+        kernel_sizes = {"i": c_in, "o": c_out * groups,
+                        **dict(zip(numbered, window, strict=True))}
+        out_sizes = {"b": batch // (groups if kind == "batch" else 1), "f": c_out * groups,
+                     **dict(zip(numbered, out_spatial, strict=True))}
+        rng = draw(rngs)
+        args = (DYADIC(rng, [lhs_sizes[r] for r in lhs]),
+                DYADIC(rng, [kernel_sizes[r] for r in kernel]))
+        t = tensor_type([out_sizes[r] for r in out], F32)
+        padding = ", ".join(f"[{lo}, {hi}]" for lo, hi in pads)
+        props = (
+            f"dimension_numbers = #stablehlo.conv<[{', '.join(lhs)}]x[{', '.join(kernel)}]->"
+            f"[{', '.join(out)}]>, "
+            f"feature_group_count = {groups if kind == 'feature' else 1} : i64, "
+            f"batch_group_count = {groups if kind == 'batch' else 1} : i64, "
+            f"window_strides = {array_attr(stride)}, lhs_dilation = {array_attr(lhs_dil)}, "
+            f"rhs_dilation = {array_attr(rhs_dil)}, "
+            f"padding = dense<[{padding}]> : tensor<{rank}x2xi64>"
+        )
+        line = op_line("stablehlo.convolution", ["%arg0", "%arg1"],
+                       [tensor_type(a.shape, F32) for a in args], t, props)
+        return Case(parts, args, (line,), t)
+
+    return Generator("stablehlo.convolution", cases(), examples=120, sums=True)
+
+
 REDUCTIONS: dict[str, tuple[str, Callable[[np.dtype], str]]] = {
     # body op, init as a dense literal for the element type
     "add": ("stablehlo.add", lambda dt: "0.000000e+00" if dt == F32 else "0"),
@@ -1047,6 +1113,7 @@ def _generators() -> dict[str, Generator]:
     table["stablehlo.reverse"] = _reverse()
     table["stablehlo.reshape"] = _reshape()
     table["stablehlo.dot_general"] = _dot_general()
+    table["stablehlo.convolution"] = _convolution()
     for kind in REDUCTIONS:
         table[f"stablehlo.reduce[{kind}]"] = _reduce(kind)
     table["stablehlo.reduce_window[add]"] = _reduce_window("stablehlo.add", "0.0")

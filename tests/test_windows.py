@@ -223,9 +223,11 @@ def test_the_verifier_names_what_is_wrong(text, message):
 
 
 def small_cnn_loss(params, x, y):
-    """A CNN-like step without convolutions: a per-pixel channel mix, max
-    pooling (overlapping windows), average pooling, a dense head."""
-    h = jnp.tanh(jnp.einsum("bhwc,cd->bhwd", x, params["mix"]))
+    """A small CNN: a 3x3 convolution, max pooling (overlapping windows),
+    average pooling, a dense head."""
+    h = lax.conv_general_dilated(x, params["conv"], (1, 1), "SAME",
+                                 dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    h = jnp.tanh(h)
     h = lax.reduce_window(h, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
     h = lax.reduce_window(h, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4
     logits = h.reshape(h.shape[0], -1) @ params["head"]
@@ -233,11 +235,11 @@ def small_cnn_loss(params, x, y):
 
 
 def test_a_small_cnns_gradient_splits_over_the_batch():
-    """Data parallelism through max and average pooling and their gradients:
-    only the parameter gradients are summed over "batch"; every pool and
-    its select_and_scatter runs on the device's own images."""
+    """Data parallelism through a convolution, max and average pooling and
+    their gradients: only the parameter gradients are summed over "batch";
+    every pool and its select_and_scatter runs on the device's own images."""
     rng = np.random.default_rng(4)
-    params = {"mix": rng.standard_normal((4, 6)).astype(np.float32) * 0.5,
+    params = {"conv": rng.standard_normal((3, 3, 4, 6)).astype(np.float32) * 0.3,
               "head": rng.standard_normal((2 * 2 * 6, 3)).astype(np.float32) * 0.2}
     x, y = images()[:, :8], rng.standard_normal((8, 3)).astype(np.float32)
     step = jax.grad(small_cnn_loss)

@@ -1,8 +1,10 @@
-"""StableHLO ops that combine elements: dot_general, reduce, reduce_window,
-select_and_scatter, sort and map.
+"""StableHLO ops that combine elements: dot_general, convolution, reduce,
+reduce_window, select_and_scatter, sort and map.
 
-reduce and map run their region through the interpreter (once on whole arrays
-when it is elementwise); a reduce body that is a single add / multiply / max /
+convolution gathers each output position's window of the (dilated, padded)
+input and contracts it with the kernel like dot_general. reduce and map run
+their region through the interpreter (once on whole arrays when it is
+elementwise); a reduce body that is a single add / multiply / max /
 min / and / or / xor is reduced by NumPy. reduce_window gathers each result's
 window (after base dilation and padding with the init value) and reduces it
 like reduce; select_and_scatter walks the same windows with its `select`
@@ -30,6 +32,7 @@ from xdsl.ir import Operation, Region
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.attributes import ints
+from dialects.convolution import ConvolutionOp
 from dialects.dtypes import element_kind
 from dialects.interpreter.common import (
     element_dtype,
@@ -347,6 +350,52 @@ def _dot_operand(x: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------
+# convolution
+
+
+def convolution(op: ConvolutionOp, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """`stablehlo.convolution` as the spec defines it: each output position
+    contracts its window of the input (dilated by `lhs_dilation`, zero-padded)
+    with the kernel (dilated by `rhs_dilation`, reversed where asked) over the
+    input features. Feature groups pair the i-th slice of the input features
+    with the i-th slice of the output features; batch groups do the same with
+    slices of the batch. Summed like dot_general."""
+    lhs_l, kernel_l, out_l = op.layouts
+    rank = len(lhs_l.spatial)
+    x = np.transpose(_dot_operand(lhs), (lhs_l.major, *lhs_l.spatial, lhs_l.minor))
+    k = np.transpose(_dot_operand(rhs), (*kernel_l.spatial, kernel_l.major, kernel_l.minor))
+    flips = tuple(d for d, flip in enumerate(op.reversed_window) if flip)
+    if flips:
+        k = np.flip(k, flips)
+    zero = np.zeros((), x.dtype)
+    x = _padded(x, zero, (1, *op.lhs_dilations, 1), ((0, 0), *op.pads, (0, 0)))
+    extent = [(w - 1) * d + 1 for w, d in zip(k.shape[:rank], op.rhs_dilations, strict=True)]
+    view = np.lib.stride_tricks.sliding_window_view(x, extent, axis=tuple(range(1, rank + 1)))
+    # [N, out spatial..., C, window...]
+    view = view[(slice(None), *(slice(None, None, s) for s in op.strides), slice(None),
+                 *(slice(None, None, d) for d in op.rhs_dilations))]
+    groups = op.feature_groups * op.batch_groups
+    n, c, o = x.shape[0], x.shape[-1], k.shape[-1]
+    spatial = view.shape[1 : rank + 1]
+    if op.batch_groups > 1:  # batch group g runs over batch rows [g*n/G, (g+1)*n/G)
+        view = view.reshape(groups, n // groups, *spatial, c, *k.shape[:rank])
+        view = np.moveaxis(view, 0, rank + 1)  # [N/G, spatial..., G, C, window...]
+        cg = c
+    else:  # feature group g reads input features [g*c/G, (g+1)*c/G)
+        cg = c // groups
+        view = view.reshape(n, *spatial, groups, cg, *k.shape[:rank])
+    kg = k.reshape(*k.shape[:rank], cg, groups, o // groups)
+    letters = string.ascii_letters
+    win = letters[:rank]
+    sp = letters[rank : 2 * rank]
+    spec = f"N{sp}GC{win},{win}CGO->N{sp}GO"
+    out = np.einsum(spec, view, kg, optimize=True)
+    out = out.reshape(*out.shape[: rank + 1], -1)  # [N', spatial..., O]
+    order = (out_l.major, *out_l.spatial, out_l.minor)
+    return np.transpose(out, np.argsort(order))
+
+
+# --------------------------------------------------------------------------
 # The interpreter functions
 
 
@@ -380,6 +429,14 @@ class ReductionFunctions(InterpreterFunctions):
             if element_dtype(ty) == np.bool_:
                 value = value != 0
             return (typed(value, ty),)
+
+    @impl(ConvolutionOp)
+    def run_convolution(
+        self, interp: Interpreter, op: ConvolutionOp, args: PythonValues
+    ) -> PythonValues:
+        with np.errstate(all="ignore"):
+            value = convolution(op, np.asarray(args[0]), np.asarray(args[1]))
+            return (typed(value, op.result.type),)
 
     @impl(SortOp)
     def run_sort(self, interp: Interpreter, op: SortOp, args: PythonValues) -> PythonValues:
