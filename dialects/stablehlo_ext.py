@@ -27,6 +27,11 @@ what JAX emits but xdsl-jax 0.6 cannot represent:
   no program with a `lax.scan` or `fori_loop` printed and parsed back
   ("values used but not defined"). `WhileOp` names both regions' arguments
   alike, as the parser reads them.
+- `stablehlo.select_and_scatter`: missing from xdsl-jax, and what the gradient
+  of max / min pooling lowers to. `SelectAndScatterOp`.
+- `stablehlo.rng_bit_generator` and its `#stablehlo<rng_algorithm ...>`:
+  missing from xdsl-jax, and what `jax.random` emits for `rbg` / `unsafe_rbg`
+  keys. `RngBitGeneratorOp`, `RngAlgorithmAttr`.
 - `stablehlo.convolution`: missing, with its dimension-number attribute
   (`dialects.convolution`).
 """
@@ -42,15 +47,18 @@ from xdsl.dialects.builtin import (
     DenseArrayBase,
     DenseIntElementsAttr,
     IntegerAttr,
+    IntegerType,
     TensorType,
     i1,
     i64,
 )
+from xdsl.dialects.utils import EnumAttribute, StrEnum
 from xdsl.dialects.utils.format import print_assignment
-from xdsl.ir import Attribute, Dialect, Operation, SSAValue
+from xdsl.ir import Attribute, Dialect, Operation, SpacedOpaqueSyntaxAttribute, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     SameVariadicOperandSize,
+    irdl_attr_definition,
     irdl_op_definition,
     operand_def,
     opt_prop_def,
@@ -392,6 +400,33 @@ class WhileOp(_xj.WhileOp):
         printer.print_region(self.body, print_entry_block_args=False)
 
 
+def _rank(value: SSAValue) -> int:
+    return cast(TensorType, value.type).get_num_dims()
+
+
+def _per_dim(
+    attr: DenseArrayBase[IntegerType] | None, operand: SSAValue, default: int
+) -> tuple[int, ...]:
+    """A per-dim window property of a windowed op, `default` in each dim if absent."""
+    if attr is None:
+        return (default,) * _rank(operand)
+    return tuple(int(v) for v in attr.get_values())
+
+
+def _padding_pairs(
+    attr: DenseIntElementsAttr | None, operand: SSAValue
+) -> tuple[tuple[int, int], ...]:
+    """A windowed op's `padding` (a `rank x 2` tensor, maybe a splat) as
+    (low, high) pairs, no padding if absent."""
+    rank = _rank(operand)
+    if attr is None:
+        return ((0, 0),) * rank
+    flat = [int(v) for v in attr.get_values()]
+    if len(flat) == 1:  # a splat
+        flat = flat * (2 * rank)
+    return tuple((flat[2 * d], flat[2 * d + 1]) for d in range(len(flat) // 2))
+
+
 @irdl_op_definition
 class ReduceWindowOp(IRDLOperation):
     """`stablehlo.reduce_window` (generic syntax, as JAX prints it): each
@@ -413,40 +448,26 @@ class ReduceWindowOp(IRDLOperation):
     irdl_options = (SameVariadicOperandSize(),)
     traits = traits_def(NoMemoryEffect())
 
-    def _per_dim(self, name: str, default: int) -> tuple[int, ...]:
-        attr = self.properties.get(name)
-        rank = cast(TensorType, self.inputs[0].type).get_num_dims()
-        if attr is None:
-            return (default,) * rank
-        assert isinstance(attr, DenseArrayBase)
-        return tuple(int(v) for v in attr.get_values())
-
     @property
     def window(self) -> tuple[int, ...]:
         return tuple(int(v) for v in self.window_dimensions.get_values())
 
     @property
     def strides(self) -> tuple[int, ...]:
-        return self._per_dim("window_strides", 1)
+        return _per_dim(self.window_strides, self.inputs[0], 1)
 
     @property
     def base_dilation(self) -> tuple[int, ...]:
-        return self._per_dim("base_dilations", 1)
+        return _per_dim(self.base_dilations, self.inputs[0], 1)
 
     @property
     def window_dilation(self) -> tuple[int, ...]:
-        return self._per_dim("window_dilations", 1)
+        return _per_dim(self.window_dilations, self.inputs[0], 1)
 
     @property
     def pads(self) -> tuple[tuple[int, int], ...]:
         """(low, high) padding per dim."""
-        rank = cast(TensorType, self.inputs[0].type).get_num_dims()
-        if self.padding is None:
-            return ((0, 0),) * rank
-        flat = [int(v) for v in self.padding.get_values()]
-        if len(flat) == 1:  # a splat
-            flat = flat * (2 * rank)
-        return tuple((flat[2 * d], flat[2 * d + 1]) for d in range(rank))
+        return _padding_pairs(self.padding, self.inputs[0])
 
     def verify_(self) -> None:
         rank = cast(TensorType, self.inputs[0].type).get_num_dims()
@@ -498,6 +519,135 @@ class SortOp(IRDLOperation):
             raise VerifyException(f"{self.name}: the results must have the inputs' types")
 
 
+@irdl_op_definition
+class SelectAndScatterOp(IRDLOperation):
+    """`stablehlo.select_and_scatter` (generic syntax, as JAX prints it): in
+    each window of `operand` (every `window_strides` step, after `padding`),
+    `select` picks one element; the result is `init_value` everywhere,
+    combined by `scatter` with the `source` element of each window that
+    picked it. The gradient of max / min pooling (`select` is `GE` / `LE`,
+    `scatter` is `add`)."""
+
+    name = "stablehlo.select_and_scatter"
+
+    operand = operand_def(AnyTensorType)
+    source = operand_def(AnyTensorType)
+    init_value = operand_def(AnyTensorType)
+    window_dimensions = opt_prop_def(DenseArrayBase.constr(i64))
+    window_strides = opt_prop_def(DenseArrayBase.constr(i64))
+    padding = opt_prop_def(DenseIntElementsAttr)
+    result = result_def(AnyTensorType)
+    select = region_def("single_block")
+    scatter = region_def("single_block")
+
+    traits = traits_def(NoMemoryEffect())
+
+    @property
+    def window(self) -> tuple[int, ...]:
+        return _per_dim(self.window_dimensions, self.operand, 1)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return _per_dim(self.window_strides, self.operand, 1)
+
+    @property
+    def pads(self) -> tuple[tuple[int, int], ...]:
+        """(low, high) padding per dim."""
+        return _padding_pairs(self.padding, self.operand)
+
+    def windows(self) -> tuple[int, ...]:
+        """How many windows fit along each dim: the source's shape (spec C2)."""
+        shape = cast(TensorType, self.operand.type).get_shape()
+        counts = []
+        for n, w, s, (lo, hi) in zip(shape, self.window, self.strides, self.pads, strict=True):
+            padded = lo + n + hi
+            counts.append(0 if padded == 0 or w > padded else (padded - w) // s + 1)
+        return tuple(counts)
+
+    def verify_(self) -> None:
+        operand_t = cast(TensorType, self.operand.type)
+        source_t = cast(TensorType, self.source.type)
+        init_t = cast(TensorType, self.init_value.type)
+        rank, element = operand_t.get_num_dims(), operand_t.element_type
+        for name, values in (("window_dimensions", self.window), ("window_strides", self.strides)):
+            if len(values) != rank or any(v < 1 for v in values):
+                raise VerifyException(
+                    f"{self.name}: {name} {list(values)} needs {rank} positive values"
+                )
+        if self.padding is not None and tuple(self.padding.type.get_shape()) != (rank, 2):
+            raise VerifyException(f"{self.name}: padding needs one (low, high) pair per dim")
+        if source_t.element_type != element or init_t != TensorType(element, []):
+            raise VerifyException(
+                f"{self.name}: the source and the 0-d init value must have the operand's "
+                f"element type {element}"
+            )
+        if tuple(source_t.get_shape()) != self.windows():
+            raise VerifyException(
+                f"{self.name}: the source must have one element per window, "
+                f"{list(self.windows())}, got {source_t}"
+            )
+        if self.result.type != operand_t:
+            raise VerifyException(f"{self.name}: the result must have the operand's type")
+        scalar = TensorType(element, [])
+        for region, returns, what in ((self.select, TensorType(i1, []), "select"),
+                                      (self.scatter, scalar, "scatter")):
+            block = region.block
+            ret = block.last_op
+            if [a.type for a in block.args] != [scalar, scalar] or ret is None or [
+                v.type for v in ret.operands
+            ] != [returns]:
+                raise VerifyException(
+                    f"{self.name}: {what} must map ({scalar}, {scalar}) to {returns}"
+                )
+
+
+class RngAlgorithm(StrEnum):
+    """Which generator `stablehlo.rng_bit_generator` runs (`DEFAULT`: the backend's)."""
+
+    DEFAULT = "DEFAULT"
+    THREE_FRY = "THREE_FRY"
+    PHILOX = "PHILOX"
+
+
+@irdl_attr_definition
+class RngAlgorithmAttr(EnumAttribute[RngAlgorithm], SpacedOpaqueSyntaxAttribute):
+    """`#stablehlo<rng_algorithm DEFAULT>`."""
+
+    name = "stablehlo.rng_algorithm"
+
+
+@irdl_op_definition
+class RngBitGeneratorOp(IRDLOperation):
+    """`stablehlo.rng_bit_generator %state, algorithm = DEFAULT : ...`: random
+    bits of the `output` type from `initial_state`, and the state after them.
+    Which bits is the backend's choice (`DEFAULT`), as the spec allows; what
+    `jax.random` emits for `rbg` and `unsafe_rbg` keys."""
+
+    name = "stablehlo.rng_bit_generator"
+
+    initial_state = operand_def(AnyTensorType)
+    rng_algorithm = prop_def(RngAlgorithmAttr)
+    output_state = result_def(AnyTensorType)
+    output = result_def(AnyTensorType)
+
+    traits = traits_def(NoMemoryEffect())
+    assembly_format = (
+        "$initial_state `,` `algorithm` `=` $rng_algorithm attr-dict "
+        "`:` functional-type(operands, results)"
+    )
+
+    @property
+    def algorithm(self) -> RngAlgorithm:
+        return self.rng_algorithm.data
+
+    def verify_(self) -> None:
+        if self.output_state.type != self.initial_state.type:
+            raise VerifyException(
+                f"{self.name}: the output state must have the initial state's type "
+                f"{self.initial_state.type}"
+            )
+
+
 def _stablehlo_dialect() -> Dialect:
     replaced: dict[str, type[Operation]] = {
         CompareOp.name: CompareOp,
@@ -507,8 +657,13 @@ def _stablehlo_dialect() -> Dialect:
         WhileOp.name: WhileOp,
     }
     ops: list[type[Operation]] = [replaced.get(op.name, op) for op in _xj.StableHLO.operations]
-    ops.extend((DynamicUpdateSliceOp, ReverseOp, ReduceWindowOp, SortOp, ConvolutionOp))
-    attributes: list[type[Attribute]] = [*_xj.StableHLO.attributes, ConvDimensionNumbers]
+    ops.extend((
+        DynamicUpdateSliceOp, ReverseOp, ReduceWindowOp, SortOp, ConvolutionOp,
+        SelectAndScatterOp, RngBitGeneratorOp,
+    ))
+    attributes: list[type[Attribute]] = [
+        *_xj.StableHLO.attributes, ConvDimensionNumbers, RngAlgorithmAttr,
+    ]
     return Dialect("stablehlo", ops, attributes)
 
 

@@ -36,15 +36,12 @@ _CALLBACKS = (
 )
 
 ALTERNATIVES: dict[str, str] = {
-    "stablehlo.select_and_scatter": "pool with a reshape then a reduction "
-    "(x.reshape(..., n // k, k).max(-1)), whose gradient partir supports",
     "stablehlo.fft": "a DFT is a dot with the DFT matrix (jnp.exp(-2j * jnp.pi * "
     "jnp.outer(k, t) / n) @ x)",
     "stablehlo.custom_call": _CALLBACKS,
     "stablehlo.after_all": _CALLBACKS,
     "stablehlo.create_token": _CALLBACKS,
-    "stablehlo.rng_bit_generator": "jax.random with its default threefry keys "
-    "(jax.random.PRNGKey), which lowers to integer ops partir supports",
+    "stablehlo.rng": "draw with jax.random (a threefry or rbg key), which partir supports",
     "stablehlo.cholesky": "factorise outside the partir.jit function",
     "stablehlo.triangular_solve": "solve outside the partir.jit function",
     "stablehlo.map": "apply the function elementwise with jnp ops (vectorised), not lax.map",

@@ -17,7 +17,14 @@ from xdsl_jax.dialects import stablehlo as shlo
 from dialects.chlo import TopKOp
 from dialects.convolution import ConvolutionOp
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
-from dialects.stablehlo_ext import DynamicUpdateSliceOp, ReduceWindowOp, ReverseOp, SortOp
+from dialects.stablehlo_ext import (
+    DynamicUpdateSliceOp,
+    ReduceWindowOp,
+    ReverseOp,
+    RngBitGeneratorOp,
+    SelectAndScatterOp,
+    SortOp,
+)
 from dialects.stablehlo_ext import PadOp as ExtPadOp
 from dialects.stablehlo_ext import ReduceOp as ExtReduceOp
 from dialects.stablehlo_ext import SliceOp as ExtSliceOp
@@ -43,6 +50,7 @@ from lowering.jax_reductions import (
     emit_dot_general,
     emit_reduce,
     emit_reduce_window,
+    emit_select_and_scatter,
 )
 from lowering.jax_sort import emit_sort, emit_top_k
 from lowering.jax_structural import (
@@ -55,6 +63,7 @@ from lowering.jax_structural import (
     emit_pad,
     emit_reshape,
     emit_reverse,
+    emit_rng_bit_generator,
     emit_scatter,
     emit_slice,
     emit_transpose,
@@ -74,6 +83,7 @@ _SPECIFIC: dict[type[Operation], OpEmitter] = {
     shlo.ReducePrecisionOp: emit_reduce_precision,
     shlo.ConstantOp: emit_constant,
     shlo.IotaOp: emit_iota,
+    RngBitGeneratorOp: emit_rng_bit_generator,
     shlo.BroadcastInDimOp: emit_broadcast_in_dim,
     shlo.ReshapeOp: emit_reshape,
     shlo.TransposeOp: emit_transpose,
@@ -93,6 +103,7 @@ _SPECIFIC: dict[type[Operation], OpEmitter] = {
     ConvolutionOp: emit_convolution,
     ExtReduceOp: emit_reduce,
     ReduceWindowOp: emit_reduce_window,
+    SelectAndScatterOp: emit_select_and_scatter,
     SortOp: emit_sort,
     TopKOp: emit_top_k,
     **SPMD_EMITTERS,

@@ -1,18 +1,27 @@
 """Emitters for contractions and reductions: `dot_general`, `convolution`,
-`reduce` and `reduce_window`.
+`reduce`, `reduce_window` and `select_and_scatter`.
 
 A reduction whose body is a single commutative op of its two arguments
 becomes `lax.reduce(x, init, lax.add, dims)` (`lax.reduce_window(...)`); any
 other body is emitted as a nested `def` that lax calls.
+
+`select_and_scatter` (the gradient of max / min pooling) has no `jax.lax`
+function; it is emitted as the JAX primitive it came from, through a helper
+calling `jax._src.lax.windowed_reductions._select_and_scatter`, with its
+`select` region recognised by what it computes (`lax.ge`, `lax.le`, ...: the
+region is run on probe values, as `lowering.jax_sort` recognises a
+comparator) and its `scatter` region a single commutative op (`lax.add`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
 from xdsl.dialects.builtin import ArrayAttr
-from xdsl.ir import Block, Operation
+from xdsl.ir import Block, Operation, Region
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.dialects.stablehlo.attributes import Precision, PrecisionAttr
 
@@ -21,8 +30,9 @@ from dialects.attributes import ints
 from dialects.convolution import ConvolutionOp
 from dialects.regions import binary_combiner
 from lowering.jax_elementwise import ON_BOOLEANS, function_of
-from lowering.jax_ir import by_name, unsupported
+from lowering.jax_ir import by_name, element_dtype, unsupported
 from lowering.jax_literals import tuple_literal
+from lowering.jax_sort import probe_values, region_values
 
 if TYPE_CHECKING:
     from lowering.jax_body import BodyEmitter
@@ -92,7 +102,12 @@ _REDUCERS: dict[str, str] = by_name(
 
 def _single_reducer(op: ext.ReduceOp | ext.ReduceWindowOp) -> str | None:
     """`lax.add` etc. if the body is one commutative op of its two arguments."""
-    combine = binary_combiner(op.body) if len(op.inputs) == 1 else None
+    return _reducer_function(op.body) if len(op.inputs) == 1 else None
+
+
+def _reducer_function(region: Region) -> str | None:
+    """`lax.add` etc. if `region` is one commutative op of its two arguments."""
+    combine = binary_combiner(region)
     if combine is None or combine.name not in _REDUCERS:
         return None
     return function_of(combine) if combine.name in ON_BOOLEANS else _REDUCERS[combine.name]
@@ -145,4 +160,54 @@ def emit_reduce_window(em: BodyEmitter, op: ext.ReduceWindowOp) -> str:
         f"lax.reduce_window({em.name(op.inputs[0])}, {em.name(op.init_values[0])}, {reducer}, "
         f"{op.window!r}, {op.strides!r}, {op.pads!r}, {op.base_dilation!r}, "
         f"{op.window_dilation!r})"
+    )
+
+
+SELECT_AND_SCATTER_HELPER = '''
+def _select_and_scatter(operand, select, window, strides, padding, source, init, scatter):
+    """`stablehlo.select_and_scatter`: JAX's primitive (jax.lax exports no function)."""
+    from jax._src.lax.windowed_reductions import _select_and_scatter as select_and_scatter
+    return select_and_scatter(operand, select, window, strides, padding, source, init, scatter)
+'''
+
+_SELECTS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "lax.ge": np.greater_equal,
+    "lax.le": np.less_equal,
+    "lax.gt": np.greater,
+    "lax.lt": np.less,
+}
+
+
+def _select_function(op: ext.SelectAndScatterOp) -> str | None:
+    """The `lax` comparison `op`'s select region computes on every pair of
+    probe values (NaNs, zeros of both signs, extremes), if any."""
+    probes = probe_values(element_dtype(op, op.operand.type))
+    lhs, rhs = np.repeat(probes, len(probes)), np.tile(probes, len(probes))
+    with np.errstate(all="ignore"):
+        got = np.broadcast_to(np.asarray(region_values(op.select, [lhs, rhs]), bool), lhs.shape)
+    for name, compare in _SELECTS.items():
+        if np.array_equal(got, compare(lhs, rhs)):
+            return name
+    return None
+
+
+def emit_select_and_scatter(em: BodyEmitter, op: ext.SelectAndScatterOp) -> str:
+    """`_select_and_scatter(operand, lax.ge, window, strides, padding, source,
+    init, lax.add)`: the gradient of max pooling."""
+    select = _select_function(op)
+    if select is None:
+        raise unsupported(
+            op, "its select region is not lax.ge, lax.le, lax.gt or lax.lt of its two "
+            "arguments (as the gradients of max and min pooling write it)",
+        )
+    scatter = _reducer_function(op.scatter)
+    if scatter is None:
+        raise unsupported(
+            op, "its scatter region is not one commutative op (lax.add, lax.max, ...) of its "
+            "two arguments",
+        )
+    helper = em.tables.helper("_select_and_scatter", SELECT_AND_SCATTER_HELPER)
+    return (
+        f"{helper}({em.name(op.operand)}, {select}, {op.window!r}, {op.strides!r}, "
+        f"{op.pads!r}, {em.name(op.source)}, {em.name(op.init_value)}, {scatter})"
     )

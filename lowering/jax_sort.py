@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import Region
 
 from dialects.chlo import TopKOp
 from dialects.dtypes import numpy_dtype
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
     from lowering.jax_body import BodyEmitter
 
 
-def _probes(dtype: np.dtype) -> np.ndarray:
+def probe_values(dtype: np.dtype) -> np.ndarray:
+    """Values that tell orders apart: extremes, zeros of both signs, NaN."""
     if dtype == np.bool_:
         return np.array([False, True])
     if np.issubdtype(dtype, np.integer):
@@ -60,6 +62,18 @@ def _ascending(lhs: list[np.ndarray], rhs: list[np.ndarray], keys: int) -> np.nd
     return less
 
 
+def region_values(region: Region, args: list[np.ndarray]) -> np.ndarray:
+    """The first result of a scalar region on each element of `args` (1-d
+    arrays of probes), run by the reference interpreter."""
+    interp = make_interpreter(ModuleOp([]))
+    if runs_batched(region):
+        return np.asarray(run_region(interp, region, args, "probed region")[0])
+    return np.array([
+        np.asarray(run_region(interp, region, [a[i] for a in args], "probed region")[0])
+        for i in range(len(args[0]))
+    ])
+
+
 def ascending_keys(op: SortOp) -> int | None:
     """The k for which `op`'s comparator is `lax.sort`'s ascending order on
     its first k operands, if any."""
@@ -68,7 +82,7 @@ def ascending_keys(op: SortOp) -> int | None:
     if len(dtypes) != len(op.inputs):
         return None
     # every combination of probes for the first two operands; the others vary together
-    grids = [_probes(d) for d in dtypes]
+    grids = [probe_values(d) for d in dtypes]
     pairs = list(itertools.product(*[range(len(g)) for g in grids[:2]], repeat=2))
     lhs, rhs = [], []
     for k, grid in enumerate(grids):
@@ -78,16 +92,8 @@ def ascending_keys(op: SortOp) -> int | None:
         else:
             lhs.append(np.resize(grid, len(pairs)))
             rhs.append(np.resize(grid[::-1], len(pairs)))
-    interp = make_interpreter(ModuleOp([]))
     args = [v for pair in zip(lhs, rhs, strict=True) for v in pair]
-    if runs_batched(op.comparator):
-        (got,) = run_region(interp, op.comparator, args, "sort comparator")
-        got = np.broadcast_to(np.asarray(got, bool), lhs[0].shape)
-    else:
-        got = np.array([
-            bool(np.asarray(run_region(interp, op.comparator, [a[i] for a in args], "sort")[0]))
-            for i in range(len(pairs))
-        ])
+    got = np.broadcast_to(np.asarray(region_values(op.comparator, args), bool), lhs[0].shape)
     for keys in range(1, len(op.inputs) + 1):
         if np.array_equal(got, _ascending(lhs, rhs, keys)):
             return keys

@@ -1,6 +1,6 @@
 """Emitters for data movement: ops that build, rearrange or select elements.
 
-Iota, broadcasts, reshapes, transposes, reversals, concatenation, static and dynamic
+Iota, random bits, broadcasts, reshapes, transposes, reversals, concatenation, static and dynamic
 slices, padding and gathers, each as one `lax` call with the op's static
 shapes and indices written out as literals.
 """
@@ -27,6 +27,16 @@ def emit_iota(em: BodyEmitter, op: shlo.IotaOp) -> str:
     shape = static_shape(op, op.results[0])
     dim = int_value(op.iota_dimension)
     return f"lax.broadcasted_iota({em.dtype(op, ty)}, {shape!r}, {dim})"
+
+
+def emit_rng_bit_generator(em: BodyEmitter, op: ext.RngBitGeneratorOp) -> str:
+    """`lax.rng_bit_generator(state, shape, dtype, algorithm)`: (next state, bits)."""
+    em.dtype(op, op.output_state.type)  # a ui64 state needs 64-bit types on
+    shape = static_shape(op, op.output)
+    return (
+        f"lax.rng_bit_generator({em.name(op.initial_state)}, {shape!r}, "
+        f"{em.dtype(op, op.output.type)}, lax.RandomAlgorithm.RNG_{op.algorithm.value})"
+    )
 
 
 def emit_broadcast_in_dim(em: BodyEmitter, op: shlo.BroadcastInDimOp) -> str:

@@ -44,6 +44,7 @@ from dialects.stablehlo_ext import (
     ReduceOp,
     ReduceWindowOp,
     ReverseOp,
+    SelectAndScatterOp,
     SliceOp,
     SortOp,
 )
@@ -577,6 +578,26 @@ def reduce_window_rule(op: ReduceWindowOp) -> OpRule | None:
     return b.rule([operand, ()], [result])
 
 
+def select_and_scatter_rule(op: SelectAndScatterOp) -> OpRule:
+    """A dim whose window is one element (size and stride 1, no padding)
+    passes through operand, source and result (the batch and channels of a
+    pooled image); a window dim is blocked: a part's windows reach into its
+    neighbours' elements (a halo), and where they overlap, neighbouring
+    windows scatter into the same element."""
+    b = _Builder()
+    keep = [
+        (w, s, pad) == (1, 1, (0, 0))
+        for w, s, pad in zip(op.window, op.strides, op.pads, strict=True)
+    ]
+    reason = "a window dim: each part's windows would need its neighbours' elements"
+    src = shape(op.operand)
+    operand, result = _pass_through_or_blocked(b, src, src, keep, reason)
+    source = tuple(
+        operand[d] if keep[d] else b.blocked(n, reason) for d, n in enumerate(shape(op.source))
+    )
+    return b.rule([operand, source, ()], [result])
+
+
 def sort_rule(op: SortOp) -> OpRule | None:
     """Dims other than the sorted one pass through (each lane sorts alone);
     the sorted dim is blocked: a part's order depends on the other parts."""
@@ -798,6 +819,7 @@ RULES: dict[str, RuleBuilder] = {
     "stablehlo.map": map_rule,
     "stablehlo.scatter": scatter_rule,
     "stablehlo.reduce_window": reduce_window_rule,
+    "stablehlo.select_and_scatter": select_and_scatter_rule,
     "stablehlo.sort": sort_rule,
     "stablehlo.select": elementwise_rule,
     "stablehlo.clamp": elementwise_rule,
@@ -824,6 +846,8 @@ OPAQUE_REASONS: dict[str, str] = {
     "several",
     "stablehlo.sort(multi-input)": "a loop has one result; this sort (an argsort, a sort by "
     "keys) has several",
+    "stablehlo.rng_bit_generator": "random bits: a part's bits are not a slice of the "
+    "whole's bits, so every device draws them all (replicated) and takes its part",
     "chlo.top_k": "a loop has one result; top_k has two (its values and their indices)",
     "stablehlo.constant(non-splat)": "a literal array: each part slices it at run time",
     "stablehlo.bitcast_convert(rank-changing)": "changing the bit width changes the rank",

@@ -97,6 +97,15 @@ def _debug_print(x):
     return x * 2
 
 
+def _select_by_magnitude(x):
+    """A select_and_scatter whose select is no lax comparison (JAX's own
+    gradients only select with lax.ge / lax.le)."""
+    from jax._src.lax.windowed_reductions import _select_and_scatter
+
+    return _select_and_scatter(x, lambda a, b: a * a >= b * b, (1, 2), (1, 2), ((0, 0), (0, 0)),
+                               x[:, :2], np.float32(0), jax.lax.add)
+
+
 def _keyword_only(x, *, y):
     return x + y
 
@@ -229,9 +238,6 @@ API_CASES = [
             partir.PartirTypeError, r"argument s is an array of <U1, which no device holds"),
     ApiCase("arg-object-array", lambda: partir.jit(lambda s: s, mesh=MESH)(np.array([1, "b"], dtype=object)),
             partir.PartirTypeError, r"an array of object"),
-    ApiCase("arg-rbg-key", lambda: partir.jit(lambda k: jax.random.normal(k, (8,)), mesh=MESH)(
-                jax.random.key(0, impl="rbg")),
-            partir.UnsupportedError, r"stablehlo\.rng_bit_generator at \S*" + HERE + r".*threefry"),
     ApiCase("arg-lower-str", lambda: partir.jit(lambda s: s, mesh=MESH).lower("hello"), partir.PartirTypeError,
             r"argument s is 'hello'"),
     ApiCase("arg-keyword-only", lambda: partir.jit(_keyword_only, mesh=MESH)(X, y=X), partir.PartirTypeError,
@@ -243,9 +249,11 @@ API_CASES = [
             partir.UnsupportedError, r"stablehlo\.custom_call @ApproxTopK at \S*" + HERE),
     ApiCase("op-ifft", lambda: refused(lambda x: jnp.fft.ifft(x).real), partir.UnsupportedError,
             _unsupported(r"stablehlo\.fft", "DFT matrix")),
-    ApiCase("op-max-pool-grad", lambda: refused(jax.grad(
-                lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (2, 2), (2, 2), "VALID").sum())),
-            partir.UnsupportedError, _unsupported(r"stablehlo\.select_and_scatter", "reshape then a reduction")),
+    ApiCase("op-rng-uniform", lambda: refused(lambda x: x + jax.lax.rng_uniform(0.0, 1.0, x.shape)),
+            partir.UnsupportedError, _unsupported(r"stablehlo\.rng", "jax.random")),
+    ApiCase("op-select-and-scatter-custom-select", lambda: refused(_select_by_magnitude),
+            partir.UnsupportedError, r"cannot emit stablehlo\.select_and_scatter \(op #\d+ of @main\) as JAX: "
+            r"its select region is not lax\.ge, lax\.le"),
     ApiCase("op-qr", lambda: refused(lambda x: jnp.linalg.qr(x[:4, :4])[1]), partir.UnsupportedError,
             r"stablehlo\.custom_call @lapack_\w+ at \S*" + HERE),
     ApiCase("op-rfft", lambda: refused(lambda x: jnp.fft.rfft(x).real), partir.UnsupportedError,
@@ -392,8 +400,8 @@ OPT_CASES = [
     opt("emit-unsupported-op", MAP, f"{DECLARE},partir-batch-parallel{{axis=x}},partir-lower-spmd,partir-emit-jax",
         r"error: partir cannot partition this program \(refused before partitioning\); "
         r"stablehlo\.map at op #0 of @main: instead, apply the function elementwise"),
-    opt("unregistered-op", PLAIN.replace("stablehlo.exponential %x :", '"stablehlo.select_and_scatter"(%x) ({}) {} : (tensor<8x4xf32>) ->'),
-        None, r"\S+:2:\d+: error: Operation stablehlo\.select_and_scatter is not registered"),
+    opt("unregistered-op", PLAIN.replace("stablehlo.exponential %x :", '"stablehlo.cholesky"(%x) {} : (tensor<8x4xf32>) ->'),
+        None, r"\S+:2:\d+: error: Operation stablehlo\.cholesky is not registered"),
     opt("unknown-target", PLAIN, None, r"error: argument -t/--target: invalid choice: 'wasm'.*--help lists the options", "-t", "wasm"),
 ]
 

@@ -755,6 +755,51 @@ def _reduce_window(body_op: str, init: str) -> Generator:
     return Generator("stablehlo.reduce_window", cases(), examples=40)
 
 
+def _select_and_scatter(direction: str) -> Generator:
+    """Max (GE) or min (LE) pooling's gradient: a window over some dims
+    (random size, stride and padding), one element over the others, among
+    them the one a tiling could split; operands with ties."""
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts, kept, src = draw(kept_dim_shapes())
+        window, strides, pads, out = [], [], [], []
+        for d, n in enumerate(src):
+            if d == kept or not draw(st.booleans()):
+                window.append(1), strides.append(1), pads.append((0, 0)), out.append(n)
+                continue
+            lo, hi = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+            window.append(draw(st.integers(1, n + lo + hi)))
+            strides.append(draw(st.integers(1, 3)))
+            pads.append((lo, hi))
+            out.append((n + lo + hi - window[-1]) // strides[-1] + 1)
+        t_src, t_out, t0 = tensor_type(src, F32), tensor_type(out, F32), "tensor<f32>"
+        select = (
+            f"{{\n  ^bb0(%lhs: {t0}, %rhs: {t0}):\n"
+            f'    %picked = "stablehlo.compare"(%lhs, %rhs) <{{comparison_direction = '
+            f"#stablehlo<comparison_direction {direction}>}}> : ({t0}, {t0}) -> tensor<i1>\n"
+            f'    "stablehlo.return"(%picked) : (tensor<i1>) -> ()\n  }}'
+        )
+        scatter = scalar_body(["%acc", "%x"], [
+            ("%sum", f'"stablehlo.add"(%acc, %x) : ({t0}, {t0}) -> {t0}')], "f32")
+        padding = ", ".join(f"[{lo}, {hi}]" for lo, hi in pads)
+        props = (f"padding = dense<[{padding}]> : tensor<{len(src)}x2xi64>, "
+                 f"window_dimensions = {array_attr(window)}, "
+                 f"window_strides = {array_attr(strides)}")
+        windowed = [d for d in range(len(src))
+                    if window[d] > 1 or strides[d] > 1 or pads[d] != (0, 0)]
+        lines = (
+            f'%init = "stablehlo.constant"() <{{value = dense<0.0> : {t0}}}> : () -> {t0}',
+            op_line("stablehlo.select_and_scatter", ["%arg0", "%arg1", "%init"],
+                    [t_src, t_out, t0], t_src, props, f"{select}, {scatter}"),
+        )
+        rng = draw(rngs)
+        return Case(parts, (GRID(rng, src), REAL(rng, out)), lines, t_src,
+                    _expect_blocked(windowed, windowed))
+
+    return Generator("stablehlo.select_and_scatter", cases(), examples=40)
+
+
 def _sort() -> Generator:
     """An ascending or descending sort along a dim other than one a tiling could split."""
 
@@ -1092,6 +1137,8 @@ def _generators() -> dict[str, Generator]:
         table[f"stablehlo.reduce[{kind}]"] = _reduce(kind)
     table["stablehlo.reduce_window[add]"] = _reduce_window("stablehlo.add", "0.0")
     table["stablehlo.reduce_window[max]"] = _reduce_window("stablehlo.maximum", "0xFF800000")
+    table["stablehlo.select_and_scatter[max pool grad]"] = _select_and_scatter("GE")
+    table["stablehlo.select_and_scatter[min pool grad]"] = _select_and_scatter("LE")
     table["stablehlo.sort"] = _sort()
     table["stablehlo.slice"] = _slice()
     table["stablehlo.dynamic_slice"] = _dynamic_slice()

@@ -1,5 +1,5 @@
 """StableHLO ops that combine elements: dot_general, convolution, reduce,
-reduce_window and map.
+reduce_window, select_and_scatter, sort and map.
 
 convolution gathers each output position's window of the (dilated, padded)
 input and contracts it with the kernel like dot_general. reduce and map run
@@ -7,8 +7,9 @@ their region through the interpreter (once on whole arrays when it is
 elementwise); a reduce body that is a single add / multiply / max /
 min / and / or / xor is reduced by NumPy. reduce_window gathers each result's
 window (after base dilation and padding with the init value) and reduces it
-like reduce. See `dialects.interpreter.stablehlo`
-for the conventions.
+like reduce; select_and_scatter walks the same windows with its `select`
+region and scatters with its `scatter` region. See
+`dialects.interpreter.stablehlo` for the conventions.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from dialects.interpreter.common import (
     widen,
 )
 from dialects.interpreter.elementwise import add, maximum, minimum, multiply
-from dialects.stablehlo_ext import ReduceOp, ReduceWindowOp, SortOp
+from dialects.stablehlo_ext import ReduceOp, ReduceWindowOp, SelectAndScatterOp, SortOp
 
 # --------------------------------------------------------------------------
 # Folding a region
@@ -191,6 +192,98 @@ def reduce_window(
                              *(slice(None, None, d) for d in dilation))])
     rank = len(window)
     return reduce(interp, body, windows, inits, list(range(rank, 2 * rank)))
+
+
+# --------------------------------------------------------------------------
+# select_and_scatter
+
+
+def _select_in_windows(
+    interp: Interpreter,
+    select: Region,
+    operand: np.ndarray,
+    counts: Sequence[int],
+    window: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[tuple[int, int]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per window (of `counts` windows per dim): whether it holds an operand
+    element, and the operand index `select` picks in it.
+
+    Positions are visited in row-major order; the first one in the operand
+    (not in the padding) is picked, and each later one replaces the pick
+    unless `select(picked, candidate)` holds, as XLA walks a window. So with
+    `GE` the first of equal maxima is picked."""
+    shape = tuple(counts)
+    found = np.zeros(shape, bool)
+    picked = np.zeros((*shape, operand.ndim), np.int64)
+    value = np.zeros(shape, operand.dtype)
+    batched = runs_batched(select)
+    for offset in np.ndindex(*window):
+        axes = [np.arange(c) * s + k - lo
+                for c, s, k, (lo, _) in zip(counts, strides, offset, pads, strict=True)]
+        grid = np.meshgrid(*axes, indexing="ij")  # the operand index per window
+        inside = np.ones(shape, bool)
+        for d, n in enumerate(operand.shape):
+            inside &= (grid[d] >= 0) & (grid[d] < n)
+        index = np.stack(grid, axis=-1) if grid else np.zeros((*shape, 0), np.int64)
+        candidate = operand[tuple(np.clip(g, 0, max(n - 1, 0))
+                                  for g, n in zip(grid, operand.shape, strict=True))]
+        if batched:
+            (keep,) = run_region(interp, select, [value, candidate], "select_and_scatter select")
+            keep = np.broadcast_to(np.asarray(keep, bool), shape)
+        else:
+            keep = np.ones(shape, bool)
+            for at in zip(*np.nonzero(inside & found), strict=True):
+                (kept,) = run_region(interp, select, [np.asarray(value[at]),
+                                                      np.asarray(candidate[at])], "select")
+                keep[at] = bool(np.asarray(kept))
+        take = inside & (~found | ~keep)
+        value = np.where(take, candidate, value)
+        picked = np.where(take[..., None], index, picked)
+        found |= inside
+    return found, picked
+
+
+# A scatter region that is one of these ops accumulates with `ufunc.at`.
+_SCATTER_UFUNCS: dict[type[Operation], np.ufunc] = {
+    shlo.AddOp: np.add,
+    shlo.MultiplyOp: np.multiply,
+    shlo.MaximumOp: np.maximum,
+    shlo.MinimumOp: np.minimum,
+    shlo.AndOp: np.bitwise_and,
+    shlo.OrOp: np.bitwise_or,
+    shlo.XorOp: np.bitwise_xor,
+}
+
+
+def select_and_scatter(
+    interp: Interpreter,
+    op: SelectAndScatterOp,
+    operand: np.ndarray,
+    source: np.ndarray,
+    init: np.ndarray,
+) -> np.ndarray:
+    """`stablehlo.select_and_scatter`: `init` everywhere, combined by the
+    `scatter` region with each `source` element at the operand index its
+    window picked (`_select_in_windows`), in row-major order of the source.
+    A window wholly in the padding picks nothing; its source element is
+    dropped. Sums and products accumulate in double precision."""
+    found, picked = _select_in_windows(
+        interp, op.select, operand, source.shape, op.window, op.strides, op.pads
+    )
+    targets = tuple(picked[found].T)
+    combiner = single_binary_op(op.scatter)
+    ufunc = _SCATTER_UFUNCS.get(combiner) if combiner is not None else None
+    if ufunc is not None:
+        result = np.full(operand.shape, widen(init))
+        ufunc.at(result, targets, widen(source[found]))
+        return result
+    result = np.full(operand.shape, init)
+    for at, value in zip(zip(*targets, strict=True), source[found], strict=True):
+        (result[at],) = run_region(interp, op.scatter, [np.asarray(result[at]),
+                                                        np.asarray(value)], "scatter")
+    return result
 
 
 # --------------------------------------------------------------------------
@@ -362,6 +455,14 @@ class ReductionFunctions(InterpreterFunctions):
                 op.base_dilation, op.window_dilation, op.pads,
             )
             return tuple(typed(v, r.type) for v, r in zip(values, op.results, strict=True))
+
+    @impl(SelectAndScatterOp)
+    def run_select_and_scatter(
+        self, interp: Interpreter, op: SelectAndScatterOp, args: PythonValues
+    ) -> PythonValues:
+        operand, source, init = (np.asarray(a) for a in args)
+        with np.errstate(all="ignore"):
+            return (typed(select_and_scatter(interp, op, operand, source, init), op.result.type),)
 
     @impl(ReduceOp)
     def run_reduce(self, interp: Interpreter, op: ReduceOp, args: PythonValues) -> PythonValues:

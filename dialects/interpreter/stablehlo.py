@@ -25,7 +25,8 @@ class):
 
 - `elementwise`: unary and binary arithmetic, logical and bitwise ops, select, clamp
 - `conversions`: convert, bitcast_convert, reduce_precision, compare
-- `reductions`: dot_general, reduce, map
+- `reductions`: dot_general, reduce, reduce_window, select_and_scatter, sort, map
+- `rng`: rng_bit_generator (its bits drawn by XLA on CPU: the spec leaves them open)
 - `data_movement`: broadcast_in_dim, reshape, transpose, concatenate, slice,
   dynamic_slice, pad, gather, scatter, iota, constant
 - `control_flow`: return, if, case, while, optimization_barrier, after_all,
@@ -45,6 +46,7 @@ from dialects.interpreter.conversions import ConversionFunctions
 from dialects.interpreter.data_movement import DataMovementFunctions
 from dialects.interpreter.elementwise import ElementwiseFunctions, elementwise_impl, in_double
 from dialects.interpreter.reductions import ReductionFunctions
+from dialects.interpreter.rng import RngFunctions
 
 __all__ = [
     "ControlFlowFunctions",
@@ -52,6 +54,7 @@ __all__ = [
     "DataMovementFunctions",
     "ElementwiseFunctions",
     "ReductionFunctions",
+    "RngFunctions",
     "StableHLOFunctions",
     "Token",
     "elementwise_impl",
@@ -65,6 +68,7 @@ class StableHLOFunctions(
     ElementwiseFunctions,
     ConversionFunctions,
     ReductionFunctions,
+    RngFunctions,
     DataMovementFunctions,
     ControlFlowFunctions,
 ):
