@@ -472,7 +472,7 @@ class CollectivePermuteOp(CollectiveOp):
 
     def verify_(self) -> None:
         n = _group_size(self, self.axis_names)
-        shape = self.pairs.get_type().get_shape()
+        shape = _shape(self.pairs.get_type())
         if len(shape) != 2 or shape[1] != 2:
             raise VerifyException(f"{self.name}: pairs are an Nx2 tensor, got {self.pairs}")
         pairs = self.source_target_pairs

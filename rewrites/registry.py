@@ -339,8 +339,8 @@ def _pass_through_or_blocked(
     operand: list[tuple[int, ...]] = []
     result: list[tuple[int, ...]] = []
     for d, (n, m) in enumerate(zip(src, out, strict=True)):
-        if keep[d]:
-            f: tuple[int, ...] = (b.new(n),)
+        if keep[d]:  # m parts of n // m elements each (a window op's stride)
+            f: tuple[int, ...] = (b.new(m, stride=n // m),)
             operand.append(f)
             result.append(f)
         else:
@@ -558,44 +558,49 @@ def _window_halo(op: ConvolutionOp, k: int, n: int, window: int) -> tuple[int, i
     return (lo, hi)
 
 
+def _windows_tile(n: int, window: int, stride: int, pads: tuple[int, int]) -> bool:
+    """Whether a dim's windows tile it: each inside its own `stride` elements
+    (its reach at most the stride), unpadded, the stride dividing the dim. A
+    part of the operand then makes its own part of the result (a 1x1 window;
+    2x2 pooling with stride 2)."""
+    return pads == (0, 0) and window <= stride and n % stride == 0
+
+
 def reduce_window_rule(op: ReduceWindowOp) -> OpRule | None:
-    """A dim whose window is one element (size, stride and dilations 1, no
-    padding) passes through; a window dim is blocked: a part's windows reach
-    into its neighbours' elements (a halo)."""
+    """A dim whose windows tile it (`_windows_tile`) passes through; any
+    other window dim is blocked: a part's windows reach into its neighbours'
+    elements, and the padding (the init value) cannot come from them."""
     if len(op.inputs) != 1:
         return None
     b = _Builder()
+    src = shape(op.inputs[0])
     keep = [
-        (w, s, base, dilation, pad) == (1, 1, 1, 1, (0, 0))
-        for w, s, base, dilation, pad in zip(
-            op.window, op.strides, op.base_dilation, op.window_dilation, op.pads, strict=True
+        base == 1 and _windows_tile(n, (w - 1) * dilation + 1, s, pad)
+        for n, w, s, base, dilation, pad in zip(
+            src, op.window, op.strides, op.base_dilation, op.window_dilation, op.pads,
+            strict=True,
         )
     ]
     reason = "a window dim: each part's windows would need its neighbours' elements"
-    operand, result = _pass_through_or_blocked(
-        b, shape(op.inputs[0]), shape(op.results[0]), keep, reason
-    )
+    operand, result = _pass_through_or_blocked(b, src, shape(op.results[0]), keep, reason)
     return b.rule([operand, ()], [result])
 
 
 def select_and_scatter_rule(op: SelectAndScatterOp) -> OpRule:
-    """A dim whose window is one element (size and stride 1, no padding)
-    passes through operand, source and result (the batch and channels of a
-    pooled image); a window dim is blocked: a part's windows reach into its
-    neighbours' elements (a halo), and where they overlap, neighbouring
-    windows scatter into the same element."""
+    """A dim whose windows tile it (`_windows_tile`) passes through operand,
+    source and result (the batch and channels of a pooled image, and the
+    rows of 2x2 pooling with stride 2); any other window dim is blocked: a
+    part's windows reach into its neighbours' elements, and where they
+    overlap, neighbouring windows scatter into the same element."""
     b = _Builder()
+    src = shape(op.operand)
     keep = [
-        (w, s, pad) == (1, 1, (0, 0))
-        for w, s, pad in zip(op.window, op.strides, op.pads, strict=True)
+        _windows_tile(n, w, s, pad)
+        for n, w, s, pad in zip(src, op.window, op.strides, op.pads, strict=True)
     ]
     reason = "a window dim: each part's windows would need its neighbours' elements"
-    src = shape(op.operand)
-    operand, result = _pass_through_or_blocked(b, src, src, keep, reason)
-    source = tuple(
-        operand[d] if keep[d] else b.blocked(n, reason) for d, n in enumerate(shape(op.source))
-    )
-    return b.rule([operand, source, ()], [result])
+    operand, source = _pass_through_or_blocked(b, src, shape(op.source), keep, reason)
+    return b.rule([operand, source, ()], [operand])
 
 
 def sort_rule(op: SortOp) -> OpRule | None:

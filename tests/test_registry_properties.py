@@ -705,6 +705,12 @@ def _expect_blocked(operand_dims: Sequence[int] = (),
     return expect
 
 
+def tiles(n: int, reach: int, stride: int, pads: tuple[int, int], base: int = 1) -> bool:
+    """A window dim a part of the operand can run alone: each window inside
+    its own stride, no padding, no dilation of the operand, the stride dividing it."""
+    return base == 1 and pads == (0, 0) and reach <= stride and n % stride == 0
+
+
 def _reduce_window(body_op: str, init: str) -> Generator:
     """A window over some dims (random size, stride, padding and dilations;
     one element over the others, among them the one a tiling could split)."""
@@ -717,6 +723,13 @@ def _reduce_window(body_op: str, init: str) -> Generator:
             if d == kept or not draw(st.booleans()):
                 window.append(1), strides.append(1), base.append(1), dilation.append(1)
                 pads.append((0, 0))
+                continue
+            if draw(st.booleans()):  # windows that tile the dim (pooling 2x2 by 2)
+                strides.append(draw(st.sampled_from(
+                    [k for k in (2, 3) if n % (k * parts) == 0]  # splits into parts
+                    or [k for k in (1, 2, 3) if n % k == 0])))
+                window.append(draw(st.integers(1, strides[-1])))
+                base.append(1), dilation.append(1), pads.append((0, 0))
                 continue
             base.append(draw(st.integers(1, 2)))
             dilation.append(draw(st.integers(1, 2)))
@@ -742,8 +755,8 @@ def _reduce_window(body_op: str, init: str) -> Generator:
                  f"window_strides = {array_attr(strides)}, "
                  f"base_dilations = {array_attr(base)}, window_dilations = {array_attr(dilation)}, "
                  f"padding = dense<[{padding}]> : tensor<{len(src)}x2xi64>")
-        windowed = [d for d in range(len(src)) if window[d] > 1 or strides[d] > 1
-                    or base[d] > 1 or dilation[d] > 1 or pads[d] != (0, 0)]
+        windowed = [d for d in range(len(src)) if not tiles(
+            src[d], (window[d] - 1) * dilation[d] + 1, strides[d], pads[d], base[d])]
         lines = (
             f'%init = "stablehlo.constant"() <{{value = dense<{init}> : {t0}}}> : () -> {t0}',
             op_line("stablehlo.reduce_window", ["%arg0", "%init"], [t_src, t0], t_out, props,
@@ -768,6 +781,13 @@ def _select_and_scatter(direction: str) -> Generator:
             if d == kept or not draw(st.booleans()):
                 window.append(1), strides.append(1), pads.append((0, 0)), out.append(n)
                 continue
+            if draw(st.booleans()):  # windows that tile the dim (pooling 2x2 by 2)
+                strides.append(draw(st.sampled_from(
+                    [k for k in (2, 3) if n % (k * parts) == 0]  # splits into parts
+                    or [k for k in (1, 2, 3) if n % k == 0])))
+                window.append(draw(st.integers(1, strides[-1])))
+                pads.append((0, 0)), out.append(n // strides[-1])
+                continue
             lo, hi = draw(st.integers(0, 2)), draw(st.integers(0, 2))
             window.append(draw(st.integers(1, n + lo + hi)))
             strides.append(draw(st.integers(1, 3)))
@@ -787,7 +807,7 @@ def _select_and_scatter(direction: str) -> Generator:
                  f"window_dimensions = {array_attr(window)}, "
                  f"window_strides = {array_attr(strides)}")
         windowed = [d for d in range(len(src))
-                    if window[d] > 1 or strides[d] > 1 or pads[d] != (0, 0)]
+                    if not tiles(src[d], window[d], strides[d], pads[d])]
         lines = (
             f'%init = "stablehlo.constant"() <{{value = dense<0.0> : {t0}}}> : () -> {t0}',
             op_line("stablehlo.select_and_scatter", ["%arg0", "%arg1", "%init"],

@@ -19,6 +19,7 @@ from dialects.interpreter import run_function
 from dialects.interpreter.spmd import run_spmd
 from dialects.parser import PartirParser
 from dialects.stablehlo_ext import SelectAndScatterOp
+from partir.report import report_text
 from tests.numerics import assert_leaves_close
 from tests.test_names_and_determinism import assert_stages_round_trip
 
@@ -54,16 +55,40 @@ def test_a_window_over_a_batch_split_input_runs_on_shards(name):
 
 
 def test_a_split_window_dim_is_gathered_and_the_report_says_why():
-    """Splitting the pooled height over "model": the pool's window would need
-    the neighbouring part's rows, so it runs on the whole height (a halo
-    exchange would be cheaper: issue 16)."""
-    fn, x = WINDOWS["max pool"], images()[:, :8]
-    tactics = [partir.ManualPartition({"x": {0: "batch", 1: "model"}})]
+    """Splitting the pooled height over "model": the overlapping, padded
+    windows would need the neighbouring part's rows and the init value as
+    padding at the ends, so the pool runs on the whole height."""
+    fn, x = WINDOWS["average pool, SAME"], images()[:, :8]
+    tactics = [partir.ManualPartition({"x": {1: "model"}})]
     compiled = partir.jit(fn, mesh=MESH, tactics=tactics)
-    assert_leaves_close(compiled(x), jax.jit(fn)(x), what="max pool over split rows")
+    assert_leaves_close(compiled(x), jax.jit(fn)(x), what="average pool over split rows")
     lowered = compiled.lower(x)
     assert [(c.kind, c.axes) for c in lowered.collectives] == [("all_gather", ("model",))]
+    report = report_text(lowered.stage("ManualPartition"))
+    (pool,) = [r for r in report.replicated_ops if r.op == "stablehlo.reduce_window"]
+    assert pool.reason == "blocked" and "neighbours' elements" in pool.detail, pool
     assert_stages_round_trip(lowered)
+
+
+@pytest.mark.parametrize("name", ["max 2x2", "max 2x2 by 3"])
+def test_pooling_whose_windows_tile_the_rows_splits_them_with_its_gradient(name):
+    """2x2 pooling with stride 2: each window lies in its own two rows, so a
+    part of the rows pools (and scatters its gradient) alone: no collective."""
+    pool = POOLS[name]
+    x = with_ties()[:, :8] if name == "max 2x2" else with_ties()[:, :6]
+    g = np.random.default_rng(2).standard_normal(jax.eval_shape(pool, x).shape)
+    g = g.astype(np.float32)
+    x_rows = {"x": {0: "batch", 1: "model"}}
+    for fn, args, split in ((pool, (x,), x_rows),
+                            (pool_gradient(pool), (x, g), {**x_rows, "g": {1: "model"}})):
+        compiled = partir.jit(fn, mesh=MESH, tactics=[partir.ManualPartition(split)])
+        want = jax.jit(fn)(*args)
+        assert_leaves_close(compiled(*args), want, what=name)
+        lowered = compiled.lower(*args)
+        assert lowered.collectives == []
+        spec = lowered.compile().program.OUT_SPECS[0]
+        assert spec == jax.sharding.PartitionSpec("batch", "model", None, None)
+        assert_leaves_close(run_spmd(lowered.module, list(args)), [want], what="SPMD")
 
 
 def test_position_ids_from_a_cumsum_of_the_mask():
@@ -94,6 +119,8 @@ POOLS = {
                                                  (1, 1, 2, 1), "SAME"),
     "max, padded": lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1),
                                                (1, 2, 2, 1), ((0, 0), (2, 1), (1, 2), (0, 0))),
+    "max 2x2 by 3": lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1),
+                                                (1, 3, 2, 1), "VALID"),
 }
 
 
