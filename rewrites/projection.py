@@ -118,8 +118,8 @@ def tilings(value: SSAValue) -> list[Tiling]:
     carries; a sum loop passes its body's tilings through (a sum of
     concatenations is a concatenation of sums); a slice over an axis the
     value is tiled on peels that tiling off (a halo slice, every tiling of
-    its dim: its part is not a concatenation of theirs). (Not memoised: rewriting an op
-    inside a loop replaces the loop's yielded value in place.)
+    its dim: its part is not a concatenation of theirs). (Not memoised:
+    rewriting an op inside a loop replaces the loop's yielded value in place.)
     """
     owner = value.owner
     if type(owner) is LoopOp:
