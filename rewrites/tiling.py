@@ -2,8 +2,9 @@
 
 `op_r` is the op on the parts of its operands (each sliced on the dimension
 that runs over the tiled factor, with the factor's halo if it has one;
-operands without it are used whole), with shapes divided by the axis size. Propagation and the property tests build
-loops only through these functions, so what is tested is what runs.
+operands without it are used whole), with shapes divided by the axis size.
+Propagation and the property tests build loops only through these functions,
+so what is tested is what runs.
 """
 
 from __future__ import annotations
