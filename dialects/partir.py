@@ -549,16 +549,11 @@ class LoopOp(IRDLOperation):
         return cls(axis, action, body, result_type, attrs)
 
 
-@irdl_op_definition
-class SliceOp(IRDLOperation):
-    """`partir.slice d %x[%r] : T -> S`: part r of N equal parts of %x along dim d.
-
-    `%r` is the range of an enclosing loop, so each iteration (device) sees its
-    own part. The range size N is implied by the two types, so the text does
-    not repeat it.
-    """
-
-    name = "partir.slice"
+class _PartOp(IRDLOperation):
+    """Base of the ops that take an iteration's part of a value along a dim
+    (`partir.slice`, `partir.halo_slice`): one syntax, `d %x[%r] ... : T -> S`,
+    and one check of the index and the split. The range size N is implied
+    by the two types, so the text does not repeat it."""
 
     dim = prop_def(IntegerAttr[I64])
     src = operand_def(TensorType)
@@ -566,6 +561,119 @@ class SliceOp(IRDLOperation):
     result = result_def(TensorType)
 
     traits = traits_def(Pure())
+
+    @property
+    def dim_index(self) -> int:
+        return self.dim.value.data
+
+    @property
+    def low_high(self) -> tuple[int, int]:
+        """The elements read before and after the part (none for a plain slice)."""
+        return (0, 0)
+
+    @property
+    def _short_name(self) -> str:
+        return self.name.removeprefix("partir.")
+
+    def verify_(self) -> None:
+        d, what = self.dim_index, self._short_name
+        src_t, res_t, idx_t = self.src.type, self.result.type, self.index.type
+        assert isinstance(src_t, TensorType) and isinstance(res_t, TensorType)
+        assert isinstance(idx_t, RangeType)
+        owner = self.index.owner
+        loop = owner.parent_op() if isinstance(owner, Block) else None
+        if not isinstance(loop, LoopOp) or not loop.is_ancestor(self):
+            raise VerifyException(f"{what} index must be the range of an enclosing partir.loop")
+        if not 0 <= d < src_t.get_num_dims():
+            raise VerifyException(f"{what} dim {d} is out of range for {src_t}")
+        n = idx_t.size.data
+        if src_t.get_shape()[d] % n:
+            raise VerifyException(
+                f"dim {d} of {src_t} is not divisible by the size {n} of axis "
+                f"{quoted(loop.axis.data)}"
+            )
+        lo, hi = self.low_high
+        want = list(src_t.get_shape())
+        want[d] = want[d] // n + lo + hi
+        if list(res_t.get_shape()) != want or res_t.element_type != src_t.element_type:
+            expected = TensorType(src_t.element_type, want)
+            halo = f" with halo {[lo, hi]}" if lo or hi else ""
+            raise VerifyException(
+                f"{what} {d} of {src_t} over {n} parts{halo} gives {expected}, "
+                f"but the result is {res_t}"
+            )
+
+    def _print_halo(self, printer: Printer) -> None:
+        """What a subclass prints between `[%r]` and the attributes."""
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(f" {self.dim_index} ")
+        printer.print_operand(self.src)
+        printer.print_string("[")
+        printer.print_operand(self.index)
+        printer.print_string("]")
+        self._print_halo(printer)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.src.type)
+        printer.print_string(" -> ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def _parse_halo(cls, parser: Parser) -> list[int]:
+        """What a subclass parses between `[%r]` and the attributes."""
+        return []
+
+    @classmethod
+    def parse(cls, parser: Parser) -> _PartOp:
+        what = cls.name.removeprefix("partir.")
+        d = parser.parse_integer(allow_boolean=False, allow_negative=False)
+        src = parser.parse_unresolved_operand()
+        parser.parse_punctuation("[")
+        idx = parser.parse_unresolved_operand()
+        parser.parse_punctuation("]")
+        halo = cls._parse_halo(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        pos = parser.pos
+        src_t = parser.parse_type()
+        parser.parse_punctuation("->")
+        res_t = parser.parse_type()
+        if not isinstance(src_t, TensorType) or not isinstance(res_t, TensorType):
+            parser.raise_error(f"{cls.name} takes and gives ranked tensors", pos, parser.pos)
+        src_shape, res_shape = src_t.get_shape(), res_t.get_shape()
+        own = res_shape[d] - sum(halo) if d < len(res_shape) else 0
+        if len(src_shape) != len(res_shape) or own <= 0 or src_shape[d] % own:
+            with_halo = (f" with halo {halo}", " plus its halo") if halo else ("", "")
+            parser.raise_error(
+                f"{what} {d} from {src_t} to {res_t}{with_halo[0]} is not an even split "
+                f"of dim {d}{with_halo[1]}",
+                pos,
+                parser.pos,
+            )
+        properties: dict[str, Attribute] = {"dim": IntegerAttr(d, i64)}
+        if halo:
+            properties["halo"] = DenseArrayBase.from_list(i64, halo)
+        return cls.create(
+            operands=[
+                parser.resolve_operand(src, src_t),
+                parser.resolve_operand(idx, RangeType(src_shape[d] // own)),
+            ],
+            result_types=[res_t],
+            properties=properties,
+            attributes=attrs,
+        )
+
+
+@irdl_op_definition
+class SliceOp(_PartOp):
+    """`partir.slice d %x[%r] : T -> S`: part r of N equal parts of %x along dim d.
+
+    `%r` is the range of an enclosing loop, so each iteration (device) sees its
+    own part.
+    """
+
+    name = "partir.slice"
 
     def __init__(self, src: SSAValue | Operation, dim: int, index: SSAValue):
         src_v = SSAValue.get(src)
@@ -578,107 +686,21 @@ class SliceOp(IRDLOperation):
             properties={"dim": _dim_attr(dim)},
         )
 
-    @property
-    def dim_index(self) -> int:
-        return self.dim.value.data
-
-    def verify_(self) -> None:
-        d = self.dim.value.data
-        src_t, res_t, idx_t = self.src.type, self.result.type, self.index.type
-        assert isinstance(src_t, TensorType) and isinstance(res_t, TensorType)
-        assert isinstance(idx_t, RangeType)
-        owner = self.index.owner
-        loop = owner.parent_op() if isinstance(owner, Block) else None
-        if not isinstance(loop, LoopOp) or not loop.is_ancestor(self):
-            raise VerifyException("slice index must be the range of an enclosing partir.loop")
-        if not 0 <= d < src_t.get_num_dims():
-            raise VerifyException(f"slice dim {d} is out of range for {src_t}")
-        n = idx_t.size.data
-        if src_t.get_shape()[d] % n:
-            raise VerifyException(
-                f"dim {d} of {src_t} is not divisible by the size {n} of axis "
-                f"{quoted(loop.axis.data)}"
-            )
-        want = list(src_t.get_shape())
-        want[d] //= n
-        if list(res_t.get_shape()) != want or res_t.element_type != src_t.element_type:
-            expected = TensorType(src_t.element_type, want)
-            raise VerifyException(
-                f"slice {d} of {src_t} over {n} parts gives {expected}, but the result is {res_t}"
-            )
-
-    def print(self, printer: Printer) -> None:
-        printer.print_string(f" {self.dim.value.data} ")
-        printer.print_operand(self.src)
-        printer.print_string("[")
-        printer.print_operand(self.index)
-        printer.print_string("]")
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
-        printer.print_attribute(self.src.type)
-        printer.print_string(" -> ")
-        printer.print_attribute(self.result.type)
-
-    @classmethod
-    def parse(cls, parser: Parser) -> SliceOp:
-        d = parser.parse_integer(allow_boolean=False, allow_negative=False)
-        src = parser.parse_unresolved_operand()
-        parser.parse_punctuation("[")
-        idx = parser.parse_unresolved_operand()
-        parser.parse_punctuation("]")
-        attrs = parser.parse_optional_attr_dict()
-        parser.parse_punctuation(":")
-        pos = parser.pos
-        src_t = parser.parse_type()
-        parser.parse_punctuation("->")
-        res_t = parser.parse_type()
-        if not isinstance(src_t, TensorType) or not isinstance(res_t, TensorType):
-            parser.raise_error("partir.slice takes and gives ranked tensors", pos, parser.pos)
-        src_shape, res_shape = src_t.get_shape(), res_t.get_shape()
-        if (
-            len(src_shape) != len(res_shape)
-            or d >= len(src_shape)
-            or res_shape[d] <= 0
-            or src_shape[d] % res_shape[d]
-        ):
-            parser.raise_error(
-                f"slice {d} from {src_t} to {res_t} is not an even split of dim {d}",
-                pos,
-                parser.pos,
-            )
-        n = src_shape[d] // res_shape[d]
-        op = cls.create(
-            operands=[
-                parser.resolve_operand(src, src_t),
-                parser.resolve_operand(idx, RangeType(n)),
-            ],
-            result_types=[res_t],
-            properties={"dim": IntegerAttr(d, i64)},
-            attributes=attrs,
-        )
-        return op
-
 
 @irdl_op_definition
-class HaloSliceOp(IRDLOperation):
+class HaloSliceOp(_PartOp):
     """`partir.halo_slice d %x[%r] halo [lo, hi] : T -> S`: part r of N equal
     parts of %x along dim d, with the `lo` elements before it and the `hi`
     after it (zeros beyond %x's edges).
 
     What a part of a convolution over a split spatial dim reads: its own rows
     and a halo of its neighbours' (the lowering exchanges the halos with
-    `spmd.collective_permute`s). N is implied by the types and the halo.
+    `spmd.collective_permute`s).
     """
 
     name = "partir.halo_slice"
 
-    dim = prop_def(IntegerAttr[I64])
     halo = prop_def(DenseArrayBase.constr(i64))
-    src = operand_def(TensorType)
-    index = operand_def(RangeType)
-    result = result_def(TensorType)
-
-    traits = traits_def(Pure())
 
     def __init__(self, src: SSAValue, dim: int, index: SSAValue, halo: tuple[int, int]):
         src_t, idx_t = src.type, index.type
@@ -694,103 +716,38 @@ class HaloSliceOp(IRDLOperation):
         )
 
     @property
-    def dim_index(self) -> int:
-        return self.dim.value.data
-
-    @property
     def low_high(self) -> tuple[int, int]:
         lo, hi = (int(v) for v in self.halo.get_values())
         return lo, hi
 
     def verify_(self) -> None:
-        d = self.dim_index
-        src_t, res_t, idx_t = self.src.type, self.result.type, self.index.type
-        assert isinstance(src_t, TensorType) and isinstance(res_t, TensorType)
-        assert isinstance(idx_t, RangeType)
-        owner = self.index.owner
-        loop = owner.parent_op() if isinstance(owner, Block) else None
-        if not isinstance(loop, LoopOp) or not loop.is_ancestor(self):
-            raise VerifyException(
-                "halo_slice index must be the range of an enclosing partir.loop"
-            )
         if len(self.halo.get_values()) != 2 or min(self.low_high) < 0:
             raise VerifyException(f"halo_slice halo must be [lo, hi] >= 0, got {self.halo}")
-        if not 0 <= d < src_t.get_num_dims():
-            raise VerifyException(f"halo_slice dim {d} is out of range for {src_t}")
-        n = idx_t.size.data
-        if src_t.get_shape()[d] % n:
-            raise VerifyException(
-                f"dim {d} of {src_t} is not divisible by the size {n} of axis "
-                f"{quoted(loop.axis.data)}"
-            )
-        want = list(src_t.get_shape())
-        want[d] = want[d] // n + sum(self.low_high)
-        if list(res_t.get_shape()) != want or res_t.element_type != src_t.element_type:
-            expected = TensorType(src_t.element_type, want)
-            raise VerifyException(
-                f"halo_slice {d} of {src_t} over {n} parts with halo {list(self.low_high)} "
-                f"gives {expected}, but the result is {res_t}"
-            )
-        if max(self.low_high) > src_t.get_shape()[d] // n:
+        super().verify_()
+        src_t, idx_t = self.src.type, self.index.type
+        assert isinstance(src_t, TensorType) and isinstance(idx_t, RangeType)
+        part = src_t.get_shape()[self.dim_index] // idx_t.size.data
+        if max(self.low_high) > part:
             raise VerifyException(
                 f"halo_slice halo {list(self.low_high)} is wider than a part "
-                f"({src_t.get_shape()[d] // n} elements): it would reach past a neighbour"
+                f"({part} elements): it would reach past a neighbour"
             )
 
-    def print(self, printer: Printer) -> None:
+    def _print_halo(self, printer: Printer) -> None:
         lo, hi = self.low_high
-        printer.print_string(f" {self.dim_index} ")
-        printer.print_operand(self.src)
-        printer.print_string("[")
-        printer.print_operand(self.index)
-        printer.print_string(f"] halo [{lo}, {hi}]")
-        printer.print_op_attributes(self.attributes)
-        printer.print_string(" : ")
-        printer.print_attribute(self.src.type)
-        printer.print_string(" -> ")
-        printer.print_attribute(self.result.type)
+        printer.print_string(f" halo [{lo}, {hi}]")
 
     @classmethod
-    def parse(cls, parser: Parser) -> HaloSliceOp:
-        d = parser.parse_integer(allow_boolean=False, allow_negative=False)
-        src = parser.parse_unresolved_operand()
-        parser.parse_punctuation("[")
-        idx = parser.parse_unresolved_operand()
-        parser.parse_punctuation("]")
+    def _parse_halo(cls, parser: Parser) -> list[int]:
+        pos = parser.pos
         parser.parse_keyword("halo")
         halo = parser.parse_comma_separated_list(
             parser.Delimiter.SQUARE,
             lambda: parser.parse_integer(allow_boolean=False, allow_negative=False),
         )
-        attrs = parser.parse_optional_attr_dict()
-        parser.parse_punctuation(":")
-        pos = parser.pos
-        src_t = parser.parse_type()
-        parser.parse_punctuation("->")
-        res_t = parser.parse_type()
-        if not isinstance(src_t, TensorType) or not isinstance(res_t, TensorType):
-            parser.raise_error("partir.halo_slice takes and gives ranked tensors", pos, parser.pos)
-        src_shape, res_shape = src_t.get_shape(), res_t.get_shape()
         if len(halo) != 2:
             parser.raise_error("partir.halo_slice: the halo is [lo, hi]", pos, parser.pos)
-        own = res_shape[d] - sum(halo) if d < len(res_shape) else 0
-        if len(src_shape) != len(res_shape) or own <= 0 or src_shape[d] % own:
-            parser.raise_error(
-                f"halo_slice {d} from {src_t} to {res_t} with halo {halo} is not an even "
-                f"split of dim {d} plus its halo",
-                pos,
-                parser.pos,
-            )
-        n = src_shape[d] // own
-        return cls.create(
-            operands=[
-                parser.resolve_operand(src, src_t),
-                parser.resolve_operand(idx, RangeType(n)),
-            ],
-            result_types=[res_t],
-            properties={"dim": IntegerAttr(d, i64), "halo": DenseArrayBase.from_list(i64, halo)},
-            attributes=attrs,
-        )
+        return halo
 
 
 Partir = Dialect(

@@ -137,16 +137,6 @@ def test_feature_groups_split_over_model_run_a_share_of_the_groups(name):
     assert_leaves_close(run_spmd(lowered.module, [x, w]), jax.jit(fn)(x, w), what="SPMD")
 
 
-def test_a_1x1_convolution_passes_its_spatial_dims_through():
-    name = "1x1"
-    x, w = arrays(name)
-    fn = conv_of(name)
-    compiled = partir.jit(fn, mesh=MESH, tactics=[partir.ManualPartition({"x": {1: "model"}})])
-    assert_leaves_close(compiled(x, w), jax.jit(fn)(x, w), what="1x1 conv")
-    lowered = compiled.lower(x, w)
-    assert lowered.collectives == []
-
-
 # name -> halo (lo, hi) of its rows: what a part reads from its neighbours
 SPATIAL = {
     "3x3 SAME": (1, 1),
@@ -154,6 +144,7 @@ SPATIAL = {
     "dilated SAME": (2, 2),
     "1-d": (1, 1),
     "patch embedding": (0, 0),
+    "1x1": (0, 0),
 }
 
 

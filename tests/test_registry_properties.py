@@ -711,6 +711,15 @@ def tiles(n: int, reach: int, stride: int, pads: tuple[int, int], base: int = 1)
     return base == 1 and pads == (0, 0) and reach <= stride and n % stride == 0
 
 
+@st.composite
+def tiling_window(draw: st.DrawFn, n: int, parts: int) -> tuple[int, int]:
+    """(window, stride) of windows that tile a dim of `n` (`tiles`), with a
+    stride that leaves the result splittable into `parts` where one does."""
+    stride = draw(st.sampled_from(
+        [k for k in (2, 3) if n % (k * parts) == 0] or [k for k in (1, 2, 3) if n % k == 0]))
+    return draw(st.integers(1, stride)), stride
+
+
 def _reduce_window(body_op: str, init: str) -> Generator:
     """A window over some dims (random size, stride, padding and dilations;
     one element over the others, among them the one a tiling could split)."""
@@ -725,10 +734,8 @@ def _reduce_window(body_op: str, init: str) -> Generator:
                 pads.append((0, 0))
                 continue
             if draw(st.booleans()):  # windows that tile the dim (pooling 2x2 by 2)
-                strides.append(draw(st.sampled_from(
-                    [k for k in (2, 3) if n % (k * parts) == 0]  # splits into parts
-                    or [k for k in (1, 2, 3) if n % k == 0])))
-                window.append(draw(st.integers(1, strides[-1])))
+                w, s_ = draw(tiling_window(n, parts))
+                window.append(w), strides.append(s_)
                 base.append(1), dilation.append(1), pads.append((0, 0))
                 continue
             base.append(draw(st.integers(1, 2)))
@@ -782,11 +789,8 @@ def _select_and_scatter(direction: str) -> Generator:
                 window.append(1), strides.append(1), pads.append((0, 0)), out.append(n)
                 continue
             if draw(st.booleans()):  # windows that tile the dim (pooling 2x2 by 2)
-                strides.append(draw(st.sampled_from(
-                    [k for k in (2, 3) if n % (k * parts) == 0]  # splits into parts
-                    or [k for k in (1, 2, 3) if n % k == 0])))
-                window.append(draw(st.integers(1, strides[-1])))
-                pads.append((0, 0)), out.append(n // strides[-1])
+                w, s_ = draw(tiling_window(n, parts))
+                window.append(w), strides.append(s_), pads.append((0, 0)), out.append(n // s_)
                 continue
             lo, hi = draw(st.integers(0, 2)), draw(st.integers(0, 2))
             window.append(draw(st.integers(1, n + lo + hi)))
