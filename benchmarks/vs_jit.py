@@ -1,8 +1,9 @@
 """partir's compiled program against `jax.jit` with the same shardings, in one run.
 
 For the MLP and transformer-block training steps under DP, TP, DP+TP and
-ZeRO-3, and a 4-layer `lax.scan` transformer step under DP, DP+TP and layered
-ZeRO-3, on the 4x2 CPU mesh: partir's `shard_map` program, and `jax.jit(fn,
+ZeRO-3, a 4-layer `lax.scan` transformer step under DP, DP+TP and layered
+ZeRO-3, and a ResNet-style CNN step under DP, DP + channels and DP + rows
+(spatial), on the 4x2 CPU mesh: partir's `shard_map` program, and `jax.jit(fn,
 in_shardings=..., out_shardings=...)` given exactly the shardings partir's
 program takes and returns. Collectives and bytes per device come from each
 compiled HLO, per run (a collective inside a loop counts once per iteration);
@@ -30,7 +31,7 @@ from jax.sharding import NamedSharding
 
 import partir
 from benchmarks.hlo_stats import collective_stats, describe
-from examples import block_train_step, mlp_train_step, scanned_stack
+from examples import block_train_step, cnn_train_step, mlp_train_step, scanned_stack
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
 STRATEGIES = {
@@ -56,6 +57,29 @@ SCANNED_STRATEGIES = {
 }
 """For `lax.scan` over stacked layers (Megatron's column/row dims count from
 the end, so they are the same on a stack)."""
+
+
+CNN_DATA = partir.BatchParallel("batch", inputs=["images", "labels"])
+CNN_STRATEGIES = {
+    "DP": [CNN_DATA],
+    "DP+channels": [
+        CNN_DATA,
+        partir.ManualPartition(
+            {"*/layers/*/conv1/kernel": {3: "model"}, "*/down/conv1/kernel": {3: "model"}}
+        ),
+    ],
+    "DP+rows": [CNN_DATA, partir.ManualPartition({"images": {1: "model"}})],
+}
+"""For the ResNet-style CNN step: data parallelism; channel parallelism (each
+block's first conv splits its output channels, the second sums them); and
+spatial partitioning (the images' rows, with halo exchanges)."""
+
+
+def cnn(small: bool):
+    """The CNN training step (examples.cnn_train_step)."""
+    if small:
+        return cnn_train_step.program, cnn_train_step.make_args()
+    return cnn_train_step.program, cnn_train_step.make_args(batch=32, size=32, channels=32)
 
 
 def scanned(small: bool):
@@ -158,6 +182,8 @@ def main() -> None:
     ]
     program, args = scanned(opts.small)
     cases += [(f"scanned step {s}", program, args, t) for s, t in SCANNED_STRATEGIES.items()]
+    program, args = cnn(opts.small)
+    cases += [(f"CNN step {s}", program, args, t) for s, t in CNN_STRATEGIES.items()]
     rows = [
         measure(name, program, args, tactics, opts.rounds)
         for name, program, args, tactics in cases

@@ -21,6 +21,13 @@ from xdsl.utils.exceptions import ParseError
 from dialects.parser import PartirParser as Parser
 
 
+PASS_THROUGH = frozenset({"sdy.sharding_constraint"})
+"""Ops imported as their operand: `jax.lax.with_sharding_constraint` (and the
+constraint JAX adds where a committed array meets `random_wrap`) is a hint
+for GSPMD's propagation; in partir the tactics decide where values live, and
+the value itself is unchanged."""
+
+
 class AttributeCache:
     """Parses MLIR attribute and type texts with xDSL, once per distinct text.
 
@@ -157,6 +164,11 @@ class MlirToXdsl:
             for mlir_arg, arg in zip(mlir_block.arguments, block.args, strict=True):
                 self._values[mlir_arg] = arg
             for mlir_op in mlir_block.operations:
+                if mlir_op.operation.name in PASS_THROUGH:
+                    (operand,) = mlir_op.operation.operands
+                    (result,) = mlir_op.operation.results
+                    self._values[result] = self._values[operand]
+                    continue
                 block.add_op(self.convert_op(mlir_op.operation))
             blocks.append(block)
         return Region(blocks)

@@ -52,3 +52,21 @@ def test_quoted_keys_are_read_as_python_reads_them():
     paths = ["d[\"x'y\"]", "d['é\\\\']"]
     assert select("d/x'y", paths) == [0]
     assert select("d/é\\", paths) == [1]
+
+
+def test_a_sharding_constraint_in_user_code_is_a_hint_the_tactics_override():
+    """`with_sharding_constraint` (GSPMD's hint) is imported as its value:
+    partir's tactics decide the layout, so a constraint asking for "model"
+    rows costs nothing under BatchParallel, and the numbers are jax.jit's."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    mesh = jax.make_mesh((4, 2), ("batch", "model"), axis_types=(AxisType.Auto,) * 2)
+
+    def f(x):
+        y = jnp.sin(x)
+        return 2 * jax.lax.with_sharding_constraint(y, NamedSharding(mesh, PartitionSpec("model")))
+
+    compiled = partir.jit(f, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs="x")])
+    np.testing.assert_allclose(compiled(X), jax.jit(f)(X), rtol=1e-6)
+    lowered = compiled.lower(X)
+    assert lowered.collectives == [] and "sdy.sharding_constraint" not in lowered.stage("import")

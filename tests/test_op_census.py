@@ -1,9 +1,10 @@
 """The op census: every op the programs partir is tested on import to has
 all its pieces, so a new op cannot slip through with one missing.
 
-For each op of the examples' programs and of the loop, remat and
-conditional programs (`tests/test_loops.py`, `test_checkpoint.py`,
-`test_conditionals.py`): reference semantics (an `@impl` the interpreter
+For each op of the examples' programs (a CNN's among them) and of the loop,
+remat, conditional, MoE, sampling and ViT programs (`tests/test_loops.py`,
+`test_checkpoint.py`, `test_conditionals.py`, `test_moe.py`, `test_keys.py`,
+`test_cnn.py`): reference semantics (an `@impl` the interpreter
 runs), a JAX emitter, and either a registry rule (propagation tiles it) or a
 one-line reason it stays whole (the report shows it). Ops inside a reduction's
 or a scatter's computation are part of that op and are not counted.
@@ -15,6 +16,7 @@ import collections
 import importlib
 from functools import cache
 
+import jax
 from xdsl.dialects import func
 from xdsl.ir import Operation
 
@@ -27,10 +29,10 @@ from examples import scanned_stack
 from lowering.emittable import emittable
 from rewrites.control_flow import BRANCHING_OPS
 from rewrites.registry import opaque_reason, rule_for
-from tests import test_checkpoint, test_conditionals
+from tests import test_checkpoint, test_cnn, test_conditionals, test_keys, test_moe
 
 EXAMPLES = ("mlp_forward", "mlp_train_step", "block_forward", "block_train_step",
-            "cross_entropy", "transformer_stack", "stack_train_step")
+            "cross_entropy", "transformer_stack", "stack_train_step", "cnn_train_step")
 CARRIERS = ("stablehlo.while", *(op.name for op in BRANCHING_OPS))
 """Ops whose regions hold ordinary program code (counted)."""
 
@@ -51,6 +53,11 @@ def programs() -> dict[str, tuple]:
         "remat step": (test_checkpoint.remat_step, scanned),
         "clipping cond step": (test_conditionals.clipped_step, test_conditionals.block_train_step
                                .make_args()),
+        "MoE step": (test_moe.step, test_moe.make_args()),
+        "nucleus sampling step": (  # the importer takes a typed key as its data
+            lambda data, logits: test_keys.nucleus_step(jax.random.wrap_key_data(data), logits),
+            (jax.random.key_data(jax.random.key(0)), test_keys.args()[1])),
+        "ViT gradients": (jax.grad(test_cnn.vit_loss), test_cnn.vit_args()),
     })
     return found
 

@@ -1,0 +1,186 @@
+"""A ResNet-style CNN's training step (examples/cnn_train_step.py), and a ViT's
+patch embedding with one transformer block, partitioned and checked against
+`jax.jit`: data parallelism; channel parallelism ("Megatron for convs": the
+first conv of each block splits its output channels, the second its input
+channels, then sums); spatial partitioning (the images' rows, with halos).
+An equinox CNN with an optax optimizer runs under data parallelism too.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax import lax
+
+import partir
+from dialects.interpreter.spmd import run_spmd
+from examples import cnn_train_step as cnn
+from examples import layers
+from tests.numerics import assert_leaves_close
+
+MESH = partir.Mesh({"batch": 4, "model": 2})
+DATA = partir.BatchParallel("batch", inputs=["images", "labels"])
+"""The optimizer state is called `momentum`, no name BatchParallel knows: name the data."""
+CHANNELS = partir.ManualPartition(
+    {"*/layers/*/conv1/kernel": {3: "model"}, "*/down/conv1/kernel": {3: "model"}}
+)
+ROWS = partir.ManualPartition({"images": {1: "model"}})
+
+
+def collective_kinds(lowered) -> collections.Counter:
+    return collections.Counter((c.kind, c.axes) for c in lowered.collectives)
+
+
+def check_step(tactics):
+    """The step under `tactics` equals jax.jit's; its lowered program."""
+    args = cnn.make_args()
+    compiled = partir.jit(cnn.program, mesh=MESH, tactics=tactics)
+    assert_leaves_close(compiled(*args), jax.jit(cnn.program)(*args), what="CNN step")
+    lowered = compiled.lower(*args)
+    assert lowered.conflicts == []
+    return lowered, args
+
+
+def test_data_parallel_cnn_step_sums_gradients_and_batch_statistics_only():
+    """Each device runs its images; batch norm's statistics and the
+    gradients are all-reduced over "batch", and nothing else moves."""
+    lowered, args = check_step([DATA])
+    kinds = collective_kinds(lowered)
+    assert set(kinds) == {("all_reduce", ("batch",))}, kinds
+    assert_leaves_close(
+        run_spmd(lowered.module, jax.tree_util.tree_leaves(args)),
+        jax.tree_util.tree_leaves(jax.jit(cnn.program)(*args)),
+        what="SPMD interpreter",
+    )
+
+
+def test_channel_parallel_blocks_sum_once_per_block_each_way():
+    """conv1 splits its output channels (its batch norm and relu follow per
+    channel), conv2 contracts them: one all-reduce over "model" per block
+    forward, one for the gradient of the block's input backward."""
+    lowered, _ = check_step([DATA, CHANNELS])
+    kinds = collective_kinds(lowered)
+    blocks = len(cnn.make_args()[0]["layers"]) + 1  # and the downsampling block
+    assert kinds[("all_reduce", ("model",))] == 2 * blocks, kinds
+    assert set(kinds) == {("all_reduce", ("batch",)), ("all_reduce", ("model",))}, kinds
+
+
+def test_spatially_partitioned_cnn_step_exchanges_halos():
+    """The images' rows split over "model": convolutions exchange halos, the
+    2x2 pools and batch norm run on each device's rows (the statistics sum
+    over rows and images), and the only gathers are for two gradients of the
+    downsampling block: the strided conv's (a transposed convolution, whose
+    dilated input does not split evenly with its output) and the average
+    pool's (an interior `pad`)."""
+    lowered, _ = check_step([DATA, ROWS])
+    kinds = collective_kinds(lowered)
+    assert kinds[("collective_permute", ("model",))] > 0
+    gathers = [c for c in lowered.collectives if c.kind == "all_gather"]
+    needed_by = sorted(c.op.attributes["needed_by"].data for c in gathers)
+    assert needed_by == ["stablehlo.convolution", "stablehlo.pad"], needed_by
+    assert set(kinds) <= {
+        ("all_reduce", ("batch",)), ("all_reduce", ("batch", "model")),
+        ("all_reduce", ("model",)), ("collective_permute", ("model",)),
+        ("all_gather", ("model",)),
+    }, kinds
+
+
+# --------------------------------------------------------------------------
+# A ViT: patch embedding (a conv whose window is its stride) and one block
+
+
+def vit_loss(params, images, targets):
+    patches = lax.conv_general_dilated(
+        images, params["embed"], (4, 4), "VALID", dimension_numbers=cnn.NHWC
+    )
+    batch, rows, cols, width = patches.shape
+    tokens = patches.reshape(batch, rows * cols, width) + params["position"]
+    out = layers.block(params["block"], tokens, heads=2)
+    return jnp.mean(jnp.square(jnp.mean(out, axis=1) @ params["head"] - targets))
+
+
+def vit_args(batch=8, size=16, width=32):
+    rng = np.random.default_rng(0)
+    params = {
+        "embed": layers.normal(rng, 4, 4, 3, width, scale=0.1),
+        "position": layers.normal(rng, (size // 4) ** 2, width, scale=0.02),
+        "block": layers.init_block(rng, width, 2 * width),
+        "head": layers.normal(rng, width, 4),
+    }
+    return params, layers.normal(rng, batch, size, size, 3, scale=1.0), layers.normal(rng, batch, 4)
+
+
+@pytest.mark.parametrize("tactics", [
+    [partir.BatchParallel("batch", inputs=["images", "targets"])],
+    [partir.BatchParallel("batch", inputs=["images", "targets"]), partir.Megatron("model")],
+], ids=["dp", "dp+megatron"])
+def test_a_vit_patch_embedding_and_block_train_on_shards(tactics):
+    """(The update, not the bare gradients, is compared: the attention's key
+    bias has a gradient of exactly zero, which leaves only rounding noise.)"""
+    args = vit_args()
+
+    def step(params, images, targets):
+        value, grads = jax.value_and_grad(vit_loss)(params, images, targets)
+        return value, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+    compiled = partir.jit(step, mesh=MESH, tactics=tactics)
+    assert_leaves_close(compiled(*args), jax.jit(step)(*args), what="ViT step")
+    lowered = compiled.lower(*args)
+    assert lowered.conflicts == []
+    kinds = collective_kinds(lowered)
+    assert ("all_gather", ("batch",)) not in kinds  # the patches stay split by image
+
+
+# --------------------------------------------------------------------------
+# equinox layers, an optax optimizer
+
+
+class SmallCnn(eqx.Module):
+    conv1: eqx.nn.Conv2d
+    conv2: eqx.nn.Conv2d
+    pool: eqx.nn.MaxPool2d
+    head: eqx.nn.Linear
+
+    def __init__(self, key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.conv1 = eqx.nn.Conv2d(3, 8, 3, padding=1, key=k1)
+        self.conv2 = eqx.nn.Conv2d(8, 8, 3, padding=1, key=k2)
+        self.pool = eqx.nn.MaxPool2d(2, 2)
+        self.head = eqx.nn.Linear(8, 4, key=k3)
+
+    def __call__(self, image):  # one CHW image: equinox layers are vmapped
+        h = self.pool(jax.nn.relu(self.conv1(image)))
+        h = jax.nn.relu(self.conv2(h))
+        return self.head(jnp.mean(h, axis=(1, 2)))
+
+
+def test_an_equinox_cnn_with_an_optax_optimizer_trains_on_shards():
+    model = SmallCnn(jax.random.key(0))
+    params, static = eqx.partition(model, eqx.is_array)
+    optimizer = optax.adamw(1e-2)
+    opt_state = optimizer.init(params)
+    rng = np.random.default_rng(1)
+    images = rng.standard_normal((16, 3, 8, 8)).astype(np.float32)
+    labels = rng.integers(0, 4, 16)
+
+    def step(params, opt_state, images, labels):
+        def loss(params):
+            logits = jax.vmap(eqx.combine(params, static))(images)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return value, optax.apply_updates(params, updates), opt_state
+
+    args = (params, opt_state, images, labels)
+    compiled = partir.jit(step, mesh=MESH,
+                          tactics=[partir.BatchParallel("batch", inputs=["images", "labels"])])
+    assert_leaves_close(compiled(*args), jax.jit(step)(*args), what="equinox CNN step")
+    kinds = collective_kinds(compiled.lower(*args))
+    assert set(kinds) == {("all_reduce", ("batch",))}, kinds
