@@ -20,7 +20,6 @@ from xdsl.utils.exceptions import ParseError
 
 from dialects.parser import PartirParser as Parser
 
-
 PASS_THROUGH = frozenset({"sdy.sharding_constraint"})
 """Ops imported as their operand: `jax.lax.with_sharding_constraint` (and the
 constraint JAX adds where a committed array meets `random_wrap`) is a hint
