@@ -122,9 +122,12 @@ def test_every_op_has_semantics_an_emitter_and_a_rule_or_reason():
 def test_print_the_census():
     """The census, for the record: op, uses, and its rule or reason."""
     rows = census()
+    example = {op_name(op): op for found in imported().values() for op in found}
     print(f"{len(rows)} ops in {len(programs())} programs")
     for name, uses in sorted(rows.items(), key=lambda item: -sum(item[1].values())):
-        print(f"  {name}: {sum(uses.values())} uses in {len(uses)} programs")
+        op = example[name]
+        how = "rule" if rule_for(op) is not None else f"whole: {opaque_reason(op)}"
+        print(f"  {name}: {sum(uses.values())} uses in {len(uses)} programs; {how}")
     assert {"stablehlo.while", "stablehlo.case", "stablehlo.optimization_barrier"} <= set(rows)
 
 
