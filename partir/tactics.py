@@ -27,6 +27,7 @@ from dialects.errors import PartirTypeError, PartirValueError
 from dialects.escaping import quoted
 from dialects.functions import NAME_ATTR
 from partir.mesh import Mesh
+from partir.roles import Roles
 from partir.selectors import display_path, select, slash_path
 
 
@@ -274,17 +275,14 @@ class ManualPartition(Tactic):
         return cls(table)
 
 
-PARAMETER_ROOTS = ("params", "opt_state", "optimizer_state", "state", "variables")
-"""Argument roots that hold model state rather than data (see BatchParallel)."""
-
-
 @dataclass(frozen=True)
 class BatchParallel(Tactic):
     """Data parallelism: tile dim 0 of the data inputs over `axis`.
 
-    `inputs` selects the data arguments; by default every argument of rank >= 1
-    whose root name is not one of `PARAMETER_ROOTS` (so `x`, `y`, `batch[...]`
-    are data and `params[...]`, `opt_state[...]` are not).
+    `inputs` selects the data arguments; by default the program says which
+    they are (`partir.roles`): the arguments it does not return updated, of
+    rank >= 1, sharing their leading dimension. Where they do not share it,
+    the error lists them and the `inputs=` to write.
     """
 
     axis: str
@@ -297,13 +295,10 @@ class BatchParallel(Tactic):
         if self.inputs is not None:
             leaves = program.find(self.inputs, who=self.name)
         else:
-            leaves = [
-                leaf
-                for leaf in program.arguments
-                if leaf.root not in PARAMETER_ROOTS and leaf.shape
-            ]
-            if not leaves:
-                raise TacticError(f"{self.name}: found no data arguments; name them with inputs=")
+            found = Roles.of(program.arguments, program.results).data(program.arguments)
+            if isinstance(found, str):
+                raise TacticError(f"{self.name}: {found}")
+            leaves = found
         tiles = (_plan(leaf, self.dim, self.axis, mesh, self.name) for leaf in leaves)
         return Plan(self.name, tuple(tiles))
 

@@ -1,0 +1,129 @@
+"""Telling a program's state from its data, by the program's structure.
+
+A training step takes its state (parameters, optimizer state) and returns it
+updated: an argument whose whole tree comes back as a result subtree, leaf
+for leaf (same path below it, shape and dtype), is state, whatever it is
+called. A lone array counts only where the function returns more than that
+one array (a forward function returning an array shaped like its input
+returns no state). Arguments rooted at a conventional state name
+(`STATE_ROOTS`) are state too. The data are the other arguments of rank >= 1,
+and must share their leading dimension (the batch); where they do not, the
+program does not say which arguments are data, and the error lists them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from xdsl.ir import Attribute
+
+from partir.selectors import display_path, slash_path
+
+STATE_ROOTS = ("params", "opt_state", "optimizer_state", "state", "variables")
+"""Argument roots that hold model state rather than data, whatever the results."""
+
+
+class NamedLeaf(Protocol):
+    """An argument or result of the entry function (`partir.tactics.Leaf`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def type(self) -> Attribute: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+L = TypeVar("L", bound=NamedLeaf)
+
+
+Signature = frozenset[tuple[str, tuple[int, ...], Attribute]]
+"""A subtree: (path below its root, shape, element type) of each leaf."""
+
+
+def _element(leaf: NamedLeaf) -> Attribute:
+    return getattr(leaf.type, "element_type", leaf.type)
+
+
+def _subtrees(leaves: Sequence[NamedLeaf]) -> dict[str, Signature]:
+    """Each node of the leaves' trees (a path prefix), with its subtree."""
+    found: dict[str, set[tuple[str, tuple[int, ...], Attribute]]] = defaultdict(set)
+    for leaf in leaves:
+        segments = slash_path(leaf.name).split("/")
+        for cut in range(1, len(segments) + 1):
+            below = "/".join(segments[cut:])
+            found["/".join(segments[:cut])].add((below, leaf.shape, _element(leaf)))
+    return {node: frozenset(tree) for node, tree in found.items()}
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Argument roots that are state, and why (root -> reason)."""
+
+    state: dict[str, str]
+
+    @staticmethod
+    def of(arguments: Sequence[NamedLeaf], results: Sequence[NamedLeaf]) -> Roles:
+        returned = _subtrees(results)
+        by_signature: dict[Signature, list[str]] = defaultdict(list)
+        for node, tree in returned.items():
+            by_signature[tree].append(node)
+        roots: dict[str, list[NamedLeaf]] = defaultdict(list)
+        for leaf in arguments:
+            roots[_root(leaf)].append(leaf)
+        state: dict[str, str] = {}
+        claimed: set[str] = set()
+        for root, leaves in roots.items():
+            tree = _subtrees(leaves)[root]
+            nodes = by_signature.get(tree, [])
+            if len(leaves) == 1 and slash_path(leaves[0].name) == root:
+                # A lone array: only as a result of its own (`result/1`), and
+                # not as the whole result (a forward function's output).
+                nodes = [n for n in nodes if n.count("/") == 1]
+            if nodes:  # (optimizer state mirroring the parameters matches both)
+                node = next((n for n in nodes if n not in claimed), nodes[0])
+                claimed.add(node)
+                state[root] = f"returned updated as {display_path(node)}"
+            elif root in STATE_ROOTS:
+                state[root] = "named as state"
+        return Roles(state)
+
+    def data(self, arguments: Sequence[L]) -> list[L] | str:
+        """The data arguments (not state, rank >= 1, one leading dimension),
+        or why the program does not say which they are."""
+        candidates = [leaf for leaf in arguments if leaf.shape and _root(leaf) not in self.state]
+        if not candidates:
+            return "found no data arguments (every argument is state); name them with inputs="
+        leading: dict[int, list[L]] = defaultdict(list)
+        for leaf in candidates:
+            leading[leaf.shape[0]].append(leaf)
+        if len(leading) == 1:
+            return candidates
+        groups = "; ".join(
+            f"leading dim {n}: " + ", ".join(display_path(leaf.name) for leaf in leaves[:4])
+            + (f", ... ({len(leaves)} in all)" if len(leaves) > 4 else "")
+            for n, leaves in sorted(leading.items())
+        )
+        by_root: dict[str, set[int]] = defaultdict(set)
+        lone: set[str] = set()
+        for leaf in candidates:
+            by_root[_root(leaf)].add(leaf.shape[0])
+            if slash_path(leaf.name) == _root(leaf):
+                lone.add(_root(leaf))
+        # A guess for the message: roots with one leading dim, lone arrays first.
+        batch_like = [root for root, dims in by_root.items() if len(dims) == 1]
+        batch_like = [r for r in batch_like if r in lone] or batch_like or list(by_root)
+        return (
+            f"cannot tell the data from the state: the arguments not returned updated "
+            f"({', '.join(by_root)}) do not share a leading dimension ({groups}); "
+            f"name the data, e.g. inputs={batch_like!r}"
+        )
+
+
+def _root(leaf: NamedLeaf) -> str:
+    return slash_path(leaf.name).split("/")[0]

@@ -1,0 +1,87 @@
+"""BatchParallel's default data, told from the state by the program's
+structure (`partir.roles`), whatever the arguments are called."""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import partir
+from examples import cnn_train_step, scanned_stack
+from tests.numerics import assert_leaves_close
+
+MESH = partir.Mesh({"batch": 4, "model": 2})
+DATA_PARALLEL = [partir.BatchParallel("batch")]
+
+
+def kinds(lowered) -> collections.Counter:
+    return collections.Counter((c.kind, c.axes) for c in lowered.collectives)
+
+
+def mlp(p, x):
+    return jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"]
+
+
+def step(p, m, x, labels):
+    """A step whose state is called `p` and `m` (no name partir knows)."""
+    loss, g = jax.value_and_grad(lambda p: jnp.mean((mlp(p, x) - labels) ** 2))(p)
+    m = jax.tree.map(lambda m, g: 0.9 * m + g, m, g)
+    return loss, jax.tree.map(lambda p, m: p - 0.1 * m, p, m), m
+
+
+def step_args(batch=16, width=8, hidden=16):
+    rng = np.random.default_rng(0)
+    p = {"w1": rng.standard_normal((width, hidden)).astype(np.float32),
+         "b1": rng.standard_normal(hidden).astype(np.float32),
+         "w2": rng.standard_normal((hidden, width)).astype(np.float32)}
+    m = jax.tree.map(lambda a: (0.1 * a).astype(np.float32), p)
+    x = rng.standard_normal((batch, width)).astype(np.float32)
+    return p, m, x, rng.standard_normal((batch, width)).astype(np.float32)
+
+
+def test_state_returned_updated_is_not_data_whatever_its_name():
+    """`p` and `m` come back updated, so only `x` and `labels` are split:
+    the step's collectives are the gradients' all-reduces over "batch"."""
+    args = step_args()
+    compiled = partir.jit(step, mesh=MESH, tactics=DATA_PARALLEL)
+    assert_leaves_close(compiled(*args), jax.jit(step)(*args), what="step")
+    lowered = compiled.lower(*args)
+    assert set(kinds(lowered)) == {("all_reduce", ("batch",))}, kinds(lowered)
+    split = [spec[0] for spec in lowered.compile().program.IN_SPECS]
+    assert split == [None] * 6 + ["batch", "batch"]  # p (3 leaves), m (3), x, labels
+
+
+def test_a_lone_parameter_array_returned_as_its_own_result_is_state():
+    def lone(w, x, y):
+        loss, g = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+        return loss, w - 0.1 * g
+
+    p, _, x, y = step_args(width=8, hidden=8)
+    w = p["w1"]  # 8 x 8: its leading dim differs from the batch's 16
+    compiled = partir.jit(lone, mesh=MESH, tactics=DATA_PARALLEL)
+    assert_leaves_close(compiled(w, x, y), jax.jit(lone)(w, x, y), what="lone step")
+    assert set(kinds(compiled.lower(w, x, y))) == {("all_reduce", ("batch",))}
+
+
+def test_the_cnn_step_with_momentum_needs_no_inputs():
+    """examples/cnn_train_step.py calls its optimizer state `momentum`."""
+    args = cnn_train_step.make_args()
+    compiled = partir.jit(cnn_train_step.program, mesh=MESH, tactics=DATA_PARALLEL)
+    lowered = compiled.lower(*args)
+    assert set(kinds(lowered)) == {("all_reduce", ("batch",))}, kinds(lowered)
+
+
+def test_a_program_that_does_not_say_gets_the_candidates_and_the_inputs_to_write():
+    """A forward function over stacked `blocks` (not returned, not named as
+    state): its arguments' leading dims differ, so it cannot tell."""
+    blocks, x = scanned_stack.mlp_args()
+    compiled = partir.jit(scanned_stack.mlp_program, mesh=MESH, tactics=DATA_PARALLEL)
+    with pytest.raises(partir.TacticError) as info:
+        compiled.lower(blocks, x)
+    message = str(info.value)
+    assert message.startswith("BatchParallel: cannot tell the data from the state")
+    assert "inputs=['x']" in message and "blocks/" in message
