@@ -82,9 +82,9 @@ class Roles:
             tree = _subtrees(leaves)[root]
             nodes = by_signature.get(tree, [])
             if len(leaves) == 1 and slash_path(leaves[0].name) == root:
-                # A lone array: only as a result of its own (`result/1`), and
-                # not as the whole result (a forward function's output).
-                nodes = [n for n in nodes if n.count("/") == 1]
+                # A lone array: only as a result of its own (`result/1`) among
+                # others, not as the only result (a forward function's output).
+                nodes = [n for n in nodes if n.count("/") == 1 and len(results) > 1]
             if nodes:  # (optimizer state mirroring the parameters matches both)
                 node = next((n for n in nodes if n not in claimed), nodes[0])
                 claimed.add(node)
@@ -98,7 +98,8 @@ class Roles:
         or why the program does not say which they are."""
         candidates = [leaf for leaf in arguments if leaf.shape and _root(leaf) not in self.state]
         if not candidates:
-            return "found no data arguments (every argument is state); name them with inputs="
+            stated = ", ".join(f"{root} ({why})" for root, why in self.state.items())
+            return f"found no data arguments; name them with inputs= (state: {stated})"
         leading: dict[int, list[L]] = defaultdict(list)
         for leaf in candidates:
             leading[leaf.shape[0]].append(leaf)
