@@ -63,9 +63,12 @@ def _subtrees(leaves: Sequence[NamedLeaf]) -> dict[str, Signature]:
 
 @dataclass(frozen=True)
 class Roles:
-    """Argument roots that are state, and why (root -> reason)."""
+    """Argument roots that are state, and why (root -> reason); among them
+    the model's parameters and the optimizer state that mirrors them."""
 
     state: dict[str, str]
+    parameters: tuple[str, ...] = ()
+    optimizer: tuple[str, ...] = ()
 
     @staticmethod
     def of(arguments: Sequence[NamedLeaf], results: Sequence[NamedLeaf]) -> Roles:
@@ -78,8 +81,9 @@ class Roles:
             roots[_root(leaf)].append(leaf)
         state: dict[str, str] = {}
         claimed: set[str] = set()
+        trees = {root: _subtrees(leaves) for root, leaves in roots.items()}
         for root, leaves in roots.items():
-            tree = _subtrees(leaves)[root]
+            tree = trees[root][root]
             nodes = by_signature.get(tree, [])
             if len(leaves) == 1 and slash_path(leaves[0].name) == root:
                 # A lone array: only as a result of its own (`result/1`) among
@@ -91,7 +95,8 @@ class Roles:
                 state[root] = f"returned updated as {display_path(node)}"
             elif root in STATE_ROOTS:
                 state[root] = "named as state"
-        return Roles(state)
+        parameters, optimizer = _parameters_and_optimizer(list(state), trees)
+        return Roles(state, parameters, optimizer)
 
     def data(self, arguments: Sequence[L]) -> list[L] | str:
         """The data arguments (not state, rank >= 1, one leading dimension),
@@ -124,6 +129,34 @@ class Roles:
             f"({', '.join(by_root)}) do not share a leading dimension ({groups}); "
             f"name the data, e.g. inputs={batch_like!r}"
         )
+
+
+def _parameters_and_optimizer(
+    state: list[str], trees: dict[str, dict[str, Signature]]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Which state roots are parameters and which optimizer state: optimizer
+    state holds copies of the parameters' tree (Adam's `m` and `v`, a
+    momentum), so a root whose tree recurs inside another root is the
+    parameters and that other root the optimizer's; of two equal trees, the
+    first argument is the parameters. With no such pair, every state root is
+    parameters (plain SGD), unless its name says otherwise."""
+    mirrored_in = {
+        a: [b for b in state if b != a and trees[a][a] in trees[b].values()] for a in state
+    }
+    parameters: list[str] = []
+    optimizer: list[str] = []
+    for a in state:
+        for b in mirrored_in[a]:
+            equal = trees[a][a] == trees[b][b]
+            if not equal or state.index(a) < state.index(b):
+                parameters += [a] if a not in parameters else []
+                optimizer += [b] if b not in optimizer else []
+    if not parameters:
+        named_optimizer = {"opt_state", "optimizer_state"}
+        parameters = [r for r in state if r not in named_optimizer]
+        optimizer = [r for r in state if r in named_optimizer]
+    parameters = [r for r in parameters if r not in optimizer]
+    return tuple(parameters), tuple(optimizer)
 
 
 def _root(leaf: NamedLeaf) -> str:

@@ -309,6 +309,14 @@ def _named(
     return tuple(f"params/**/{n}{s}" for n in names for s in suffixes)
 
 
+def _under(selectors: Sequence[str], roots: Sequence[str]) -> list[str]:
+    """Default selectors written under `params/`, under each of `roots` instead
+    (the parameters' roots `partir.roles` finds; `*`: any root)."""
+    return [
+        f"{root}/{selector.removeprefix('params/')}" for root in roots for selector in selectors
+    ]
+
+
 _ATTENTION_IN = ("q_proj", "k_proj", "v_proj", "query", "key", "value", "c_attn", "qkv", "w_qkv")
 _MLP_IN = ("fc1", "c_fc", "wi", "up_proj", "gate_proj", "dense_h_to_4h")
 
@@ -363,8 +371,9 @@ class Megatron(Tactic):
     MLP by hidden units; row weights (attention output projection, the MLP's
     second weight) on their input dim (`-2`). Each block's forward pass then
     needs exactly two sums over `axis`. Names follow `MEGATRON_COLUMN`,
-    `MEGATRON_COLUMN_BIAS` and `MEGATRON_ROW`; pass your own selectors to
-    override them.
+    `MEGATRON_COLUMN_BIAS` and `MEGATRON_ROW`, at any depth under the
+    parameters' root whatever it is called (`partir.roles`; any root where
+    the program does not say); pass your own selectors to override them.
     """
 
     axis: str
@@ -375,10 +384,17 @@ class Megatron(Tactic):
     CLI_NAME = "partir-megatron"
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
+        roots = Roles.of(program.arguments, program.results).parameters or ("*",)
+
+        def find(selectors: Sequence[str], default: Sequence[str]) -> list[Leaf]:
+            if selectors is default:  # the conventions, under the parameters' roots
+                selectors = _under(default, roots)
+            return program.find(selectors, who=self.name, required=False)
+
         picks = (
-            [(leaf, -1) for leaf in program.find(self.column, who=self.name, required=False)]
-            + [(leaf, -1) for leaf in program.find(self.column_bias, who=self.name, required=False)]
-            + [(leaf, -2) for leaf in program.find(self.row, who=self.name, required=False)]
+            [(leaf, -1) for leaf in find(self.column, MEGATRON_COLUMN)]
+            + [(leaf, -1) for leaf in find(self.column_bias, MEGATRON_COLUMN_BIAS)]
+            + [(leaf, -2) for leaf in find(self.row, MEGATRON_ROW)]
         )
         if not picks:
             raise TacticError(
@@ -398,13 +414,15 @@ class Megatron(Tactic):
 class ZeRO(Tactic):
     """ZeRO sharding over the data axis: state split on dim 0 instead of replicated.
 
-    - stage 1: the optimizer state (`opt_state`, default `opt_state/**`);
+    - stage 1: the optimizer state (`opt_state`; by default the state that
+      mirrors the parameters' tree, `partir.roles`: Adam's `m` and `v`);
     - stage 2: also the updated parameters and state the step returns
       (`updates`, default every result of rank >= 1): the update is computed
       shard by shard, so each gradient is only ever needed as a shard and
       propagation turns its all-reduce into a reduce-scatter;
-    - stage 3: also the parameters themselves (`params`, default `params/**`),
-      gathered where they are used.
+    - stage 3: also the parameters themselves (`params`; by default the
+      state the optimizer state mirrors, whatever its name), gathered where
+      they are used.
 
     With the default selectors, leaves of rank 0 or whose dim 0 the axis does
     not divide stay replicated; a selector you pass must select divisible leaves.
@@ -423,7 +441,7 @@ class ZeRO(Tactic):
         program: ProgramView,
         mesh: Mesh,
         given: str | Sequence[str] | None,
-        default: str,
+        default: Sequence[str],
         results: bool,
         skipped: list[str],
     ) -> list[PlannedTile]:
@@ -445,16 +463,19 @@ class ZeRO(Tactic):
         if self.stage not in (1, 2, 3):
             raise TacticError(f"{self.name}: stage must be 1, 2 or 3, got {self.stage}")
         skipped: list[str] = []
+        roles = Roles.of(program.arguments, program.results)
         planned = self._leaves(
-            program, mesh, self.opt_state, "opt_state/**", results=False, skipped=skipped
+            program, mesh, self.opt_state, [f"{r}/**" for r in roles.optimizer],
+            results=False, skipped=skipped,
         )
         if self.stage >= 2:
             planned += self._leaves(
-                program, mesh, self.updates, "result/**", results=True, skipped=skipped
+                program, mesh, self.updates, ["result/**"], results=True, skipped=skipped
             )
         if self.stage >= 3:
             planned += self._leaves(
-                program, mesh, self.params, "params/**", results=False, skipped=skipped
+                program, mesh, self.params, [f"{r}/**" for r in roles.parameters],
+                results=False, skipped=skipped,
             )
         if not planned:
             raise TacticError(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import partir
-from examples import cnn_train_step, scanned_stack
+from examples import block_forward, block_train_step, cnn_train_step, scanned_stack
 from tests.numerics import assert_leaves_close
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
@@ -85,3 +85,40 @@ def test_a_program_that_does_not_say_gets_the_candidates_and_the_inputs_to_write
     message = str(info.value)
     assert message.startswith("BatchParallel: cannot tell the data from the state")
     assert "inputs=['x']" in message and "blocks/" in message
+
+
+def renamed_block_step(p, s, inputs, targets):
+    """The block training step with its state called `p` and `s`."""
+    return block_train_step.program(p, s, inputs, targets)
+
+
+def test_megatron_and_zero_find_the_parameters_and_optimizer_state_by_structure():
+    """`p` is mirrored in `s` (Adam's m and v): the conventions apply under
+    `p`, and ZeRO shards `s` (stage 1) and `p` (stage 3), as with the names
+    `params` and `opt_state`."""
+    args = block_train_step.make_args()
+    for tactics in ([partir.BatchParallel("batch"), partir.Megatron("model")],
+                    [partir.BatchParallel("batch"), partir.ZeRO("batch", 3)]):
+        renamed = partir.jit(renamed_block_step, mesh=MESH, tactics=tactics).lower(*args)
+        named = partir.jit(block_train_step.program, mesh=MESH, tactics=tactics).lower(*args)
+        assert kinds(renamed) == kinds(named)
+        assert [c.bytes_per_device for c in renamed.collectives] == [
+            c.bytes_per_device for c in named.collectives
+        ]
+    compiled = partir.jit(renamed_block_step, mesh=MESH, tactics=tactics)
+    assert_leaves_close(compiled(*args), jax.jit(renamed_block_step)(*args), what="ZeRO-3")
+
+
+def test_megatron_conventions_reach_any_root_in_a_forward_function():
+    """A forward function whose parameters are called `weights` (not returned:
+    nothing says they are state): the conventions match under any root."""
+    params, x = block_forward.make_args()
+
+    def forward(weights, x):
+        return block_forward.program(weights, x)
+
+    tactics = [partir.BatchParallel("batch", inputs="x"), partir.Megatron("model")]
+    renamed = partir.jit(forward, mesh=MESH, tactics=tactics)
+    assert_leaves_close(renamed(params, x), jax.jit(forward)(params, x), what="forward")
+    named = partir.jit(block_forward.program, mesh=MESH, tactics=tactics)
+    assert kinds(renamed.lower(params, x)) == kinds(named.lower(params, x))
