@@ -59,7 +59,7 @@ SCANNED_STRATEGIES = {
 the end, so they are the same on a stack)."""
 
 
-CNN_DATA = partir.BatchParallel("batch", inputs=["images", "labels"])
+CNN_DATA = partir.BatchParallel("batch")
 CNN_STRATEGIES = {
     "DP": [CNN_DATA],
     "DP+channels": [

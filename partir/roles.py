@@ -3,12 +3,15 @@
 A training step takes its state (parameters, optimizer state) and returns it
 updated: an argument whose whole tree comes back as a result subtree, leaf
 for leaf (same path below it, shape and dtype), is state, whatever it is
-called. A lone array counts only where the function returns more than that
-one array (a forward function returning an array shaped like its input
-returns no state). Arguments rooted at a conventional state name
-(`STATE_ROOTS`) are state too. The data are the other arguments of rank >= 1,
-and must share their leading dimension (the batch); where they do not, the
-program does not say which arguments are data, and the error lists them.
+called. Each result subtree is matched to one argument, in argument order, so
+gradients passed in beside the parameters are not state. A lone array
+counts only where it comes back as a result of its own among several, not as
+a forward function's only output. Arguments rooted at a conventional state
+name (`STATE_ROOTS`) are state too. The data are the other arguments of rank
+>= 1, and must share their leading dimension (the batch); where they do not,
+the program does not say which arguments are data, and the error lists them.
+Among the state, the optimizer state is what holds copies of another root's
+tree (Adam's `m` and `v`): that root is the parameters.
 """
 
 from __future__ import annotations
@@ -89,10 +92,12 @@ class Roles:
                 # A lone array: only as a result of its own (`result/1`) among
                 # others, not as the only result (a forward function's output).
                 nodes = [n for n in nodes if n.count("/") == 1 and len(results) > 1]
-            if nodes:  # (optimizer state mirroring the parameters matches both)
-                node = next((n for n in nodes if n not in claimed), nodes[0])
-                claimed.add(node)
-                state[root] = f"returned updated as {display_path(node)}"
+            # Each result subtree is one argument's: gradients passed in beside
+            # the parameters match the same updated tree, but it is taken.
+            free = [n for n in nodes if not any(_overlap(n, c) for c in claimed)]
+            if free:
+                claimed.add(free[0])
+                state[root] = f"returned updated as {display_path(free[0])}"
             elif root in STATE_ROOTS:
                 state[root] = "named as state"
         parameters, optimizer = _parameters_and_optimizer(list(state), trees)
@@ -157,6 +162,11 @@ def _parameters_and_optimizer(
         optimizer = [r for r in state if r in named_optimizer]
     parameters = [r for r in parameters if r not in optimizer]
     return tuple(parameters), tuple(optimizer)
+
+
+def _overlap(node: str, other: str) -> bool:
+    """Whether one of two tree nodes (slash paths) lies within the other."""
+    return node == other or node.startswith(other + "/") or other.startswith(node + "/")
 
 
 def _root(leaf: NamedLeaf) -> str:

@@ -25,8 +25,8 @@ from examples import layers
 from tests.numerics import assert_leaves_close
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
-DATA = partir.BatchParallel("batch", inputs=["images", "labels"])
-"""The optimizer state is called `momentum`, no name BatchParallel knows: name the data."""
+DATA = partir.BatchParallel("batch")
+"""The data are told from the state (`momentum` too) by the program's structure."""
 CHANNELS = partir.ManualPartition(
     {"*/layers/*/conv1/kernel": {3: "model"}, "*/down/conv1/kernel": {3: "model"}}
 )
@@ -117,8 +117,8 @@ def vit_args(batch=8, size=16, width=32):
 
 
 @pytest.mark.parametrize("tactics", [
-    [partir.BatchParallel("batch", inputs=["images", "targets"])],
-    [partir.BatchParallel("batch", inputs=["images", "targets"]), partir.Megatron("model")],
+    [partir.BatchParallel("batch")],
+    [partir.BatchParallel("batch"), partir.Megatron("model")],
 ], ids=["dp", "dp+megatron"])
 def test_a_vit_patch_embedding_and_block_train_on_shards(tactics):
     """(The update, not the bare gradients, is compared: the attention's key
@@ -179,8 +179,7 @@ def test_an_equinox_cnn_with_an_optax_optimizer_trains_on_shards():
         return value, optax.apply_updates(params, updates), opt_state
 
     args = (params, opt_state, images, labels)
-    compiled = partir.jit(step, mesh=MESH,
-                          tactics=[partir.BatchParallel("batch", inputs=["images", "labels"])])
+    compiled = partir.jit(step, mesh=MESH, tactics=[partir.BatchParallel("batch")])
     assert_leaves_close(compiled(*args), jax.jit(step)(*args), what="equinox CNN step")
     kinds = collective_kinds(compiled.lower(*args))
     assert set(kinds) == {("all_reduce", ("batch",))}, kinds
