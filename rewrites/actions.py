@@ -8,7 +8,7 @@ number in the schedule and the tactic that asked for it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType, i64
 from xdsl.ir import Attribute, Block, BlockArgument, OpResult, Region, SSAValue
@@ -113,6 +113,27 @@ def identity_tile_loop(
     block.add_ops([part, YieldOp(part.result)])
     attributes: dict[str, Attribute] = {ORIGIN: origin} if origin is not None else {}
     return LoopOp(axis, TileAttr(dim), Region(block), value.type, attributes)
+
+
+def split_further(action: TileAction) -> list[TileAction]:
+    """A tactic's action on a value whose every use takes a part of the same
+    dim over another axis (an earlier action split it): the action splits
+    each part instead, so the dim is split over both axes, the earlier one
+    major (`PartitionSpec(("batch", "model"))`), and a sum over it is one
+    collective over both. Otherwise the action itself."""
+    uses = [use.operation for use in action.value.uses]
+    if not uses or not all(
+        isinstance(op, SliceOp)
+        and op.dim_index == action.dim
+        and range_axis(op.index) not in (None, action.axis)
+        for op in uses
+    ):
+        return [action]
+    return [
+        further
+        for op in dict.fromkeys(uses)
+        for further in split_further(replace(action, value=op.results[0]))
+    ]
 
 
 def apply_tile_action(action: TileAction, mesh: MeshOp, log: ConflictLog) -> LoopOp | None:

@@ -120,3 +120,28 @@ def test_mesh_rejects_bad_axes():
         partir.Mesh({"a": 0})
     with pytest.raises(TypeError, match="non-empty"):
         partir.Mesh({})
+
+
+def test_a_dim_split_by_two_tactics_is_split_over_both_and_summed_once():
+    """Batch rows over "batch", then the same rows over "model" too: the
+    second split is minor within the first (rows over ("batch", "model")),
+    so the input arrives split over both and the sum over the rows is one
+    all-reduce over both axes, not a gather over one and a sum over the other."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(x, w):
+        return jnp.sum(jnp.tanh(x @ w), axis=0)
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    mesh = partir.Mesh({"batch": 4, "model": 2})
+    tactics = [partir.BatchParallel("batch", inputs="x"),
+               partir.ManualPartition({"x": {0: "model"}})]
+    compiled = partir.jit(f, mesh=mesh, tactics=tactics)
+    np.testing.assert_allclose(compiled(x, w), jax.jit(f)(x, w), rtol=1e-5, atol=1e-5)
+    lowered = compiled.lower(x, w)
+    assert [(c.kind, c.axes) for c in lowered.collectives] == [("all_reduce", ("batch", "model"))]
+    spec = lowered.compile().program.IN_SPECS[0]
+    assert spec == jax.sharding.PartitionSpec(("batch", "model"), None)
