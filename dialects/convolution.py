@@ -39,7 +39,7 @@ from xdsl.irdl import (
     result_def,
     traits_def,
 )
-from xdsl.parser import AttrParser
+from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
 from xdsl.traits import NoMemoryEffect
 from xdsl.utils.exceptions import VerifyException
@@ -112,21 +112,27 @@ class ConvDimensionNumbers(ParametrizedAttribute):
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
         """The compact form `[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]`."""
-        layouts: list[Layout] = []
         with parser.in_angle_brackets():
-            for k, (major, minor) in enumerate(_ROLES):
-                if k == 1:
-                    parser.parse_keyword("x")
-                elif k == 2:
-                    parser.parse_punctuation("->")
-                start = parser.pos
-                roles = parser.parse_comma_separated_list(
-                    parser.Delimiter.SQUARE, lambda: _parse_role(parser)
-                )
-                layouts.append(_layout(roles, major, minor, parser, start))
+            return cls.parse_compact(parser).parameters
+
+    @staticmethod
+    def parse_compact(parser: AttrParser) -> ConvDimensionNumbers:
+        """`[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]`, without the brackets
+        (the op's pretty syntax writes it so after `dim_numbers =`)."""
+        layouts: list[Layout] = []
+        for k, (major, minor) in enumerate(_ROLES):
+            if k == 1:
+                parser.parse_keyword("x")
+            elif k == 2:
+                parser.parse_punctuation("->")
+            start = parser.pos
+            roles = parser.parse_comma_separated_list(
+                parser.Delimiter.SQUARE, lambda: _parse_role(parser)
+            )
+            layouts.append(_layout(roles, major, minor, parser, start))
         if len({len(layout.spatial) for layout in layouts}) != 1:
             parser.raise_error("#stablehlo.conv: the three layouts need the same spatial dims")
-        return ConvDimensionNumbers.of(*layouts).parameters
+        return ConvDimensionNumbers.of(*layouts)
 
     def print_parameters(self, printer: Printer) -> None:
         texts = []
@@ -165,9 +171,53 @@ def _layout(
     return Layout(roles.index(major), roles.index(minor), tuple(d for _, d in spatial))
 
 
+_WINDOW_FIELDS = {
+    "stride": "window_strides",
+    "lhs_dilate": "lhs_dilation",
+    "rhs_dilate": "rhs_dilation",
+    "reverse": "window_reversal",
+    "pad": "padding",
+}
+"""The pretty syntax's `window = {...}` keys -> the op's properties."""
+
+
+def _parse_window(parser: Parser) -> dict[str, Attribute]:
+    """`{stride = [1, 1], pad = [[1, 1], [1, 1]], reverse = [false, false], ...}`."""
+    found: dict[str, Attribute] = {}
+
+    def entry() -> None:
+        pos = parser.pos
+        key = parser.parse_identifier()
+        if key not in _WINDOW_FIELDS:
+            parser.raise_error(f"stablehlo.convolution: unknown window field {key!r}", pos)
+        parser.parse_punctuation("=")
+        if key == "pad":
+            pairs = parser.parse_comma_separated_list(
+                parser.Delimiter.SQUARE,
+                lambda: parser.parse_comma_separated_list(
+                    parser.Delimiter.SQUARE, lambda: parser.parse_integer(allow_boolean=False)
+                ),
+            )
+            flat = [v for pair in pairs for v in pair]
+            found["padding"] = DenseIntElementsAttr.from_list(
+                TensorType(i64, [len(pairs), 2]), flat
+            )
+            return
+        values = parser.parse_comma_separated_list(
+            parser.Delimiter.SQUARE, lambda: parser.parse_integer(allow_boolean=True)
+        )
+        element = i1 if key == "reverse" else i64
+        found[_WINDOW_FIELDS[key]] = DenseArrayBase.from_list(element, values)
+
+    parser.parse_comma_separated_list(parser.Delimiter.BRACES, entry)
+    return found
+
+
 @irdl_op_definition
 class ConvolutionOp(IRDLOperation):
-    """`stablehlo.convolution` (generic syntax, as JAX prints it)."""
+    """`stablehlo.convolution`: printed in generic syntax (as JAX's bridge
+    gives it); parsed in that and in MLIR's pretty syntax
+    (`jax.jit(f).lower().as_text()`)."""
 
     name = "stablehlo.convolution"
 
@@ -189,6 +239,37 @@ class ConvolutionOp(IRDLOperation):
     @property
     def layouts(self) -> tuple[Layout, Layout, Layout]:
         return self.dimension_numbers.layouts()
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ConvolutionOp:
+        """`(%lhs, %rhs) dim_numbers = [b, 0, 1, f]x[...]->[...], window = {...}
+        {feature_group_count = 1 : i64, ...} : (T, K) -> R`."""
+        operands = parser.parse_comma_separated_list(
+            parser.Delimiter.PAREN, parser.parse_unresolved_operand
+        )
+        parser.parse_keyword("dim_numbers")
+        parser.parse_punctuation("=")
+        properties: dict[str, Attribute] = {
+            "dimension_numbers": ConvDimensionNumbers.parse_compact(parser)
+        }
+        if parser.parse_optional_punctuation(",") is not None:
+            parser.parse_keyword("window")
+            parser.parse_punctuation("=")
+            properties.update(_parse_window(parser))
+        attributes = parser.parse_optional_attr_dict()
+        for name in list(attributes):
+            if name in cls.get_irdl_definition().properties:
+                properties[name] = attributes.pop(name)
+        parser.parse_punctuation(":")
+        pos = parser.pos
+        func_type = parser.parse_function_type()
+        resolved = parser.resolve_operands(operands, func_type.inputs.data, pos)
+        return cls.create(
+            operands=resolved,
+            result_types=list(func_type.outputs.data),
+            properties=properties,
+            attributes=attributes,
+        )
 
     @property
     def feature_groups(self) -> int:

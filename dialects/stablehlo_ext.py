@@ -54,7 +54,15 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.dialects.utils import EnumAttribute, StrEnum
 from xdsl.dialects.utils.format import print_assignment
-from xdsl.ir import Attribute, Dialect, Operation, SpacedOpaqueSyntaxAttribute, SSAValue
+from xdsl.ir import (
+    Attribute,
+    Block,
+    Dialect,
+    Operation,
+    Region,
+    SpacedOpaqueSyntaxAttribute,
+    SSAValue,
+)
 from xdsl.irdl import (
     IRDLOperation,
     SameVariadicOperandSize,
@@ -160,17 +168,27 @@ class ReduceOp(IRDLOperation):
 
     @classmethod
     def parse(cls, parser: Parser) -> ReduceOp:
+        """The region form (`... : T reducer(%a: t, %b: t) {...}`), and the
+        compact one MLIR prints for a single-op body (`applies stablehlo.add
+        across dimensions = [1] : T`), as `jax.jit(f).lower().as_text()` has it."""
         pairs = _reduction._parse_reduce_operand_pairs(parser)
         operands, inits = zip(*pairs, strict=True)
+        applied = None
+        if parser.parse_optional_keyword("applies") is not None:
+            pos = parser.pos
+            applied = (parser.parse_identifier(), pos)
         dimensions = _reduction._parse_reduce_dimensions(parser)
         attributes = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
         func_type = parser.parse_function_type()
-        parser.parse_keyword("reducer")
-        flat = _reduction._parse_reduce_reducer_args(parser)
-        # Printed as (acc_i, x_i) pairs; the block takes all accs, then all xs.
-        arguments = (*flat[0::2], *flat[1::2])
-        body = parser.parse_region(arguments)
+        if applied is not None:
+            body = _applied_body(parser, *applied, func_type.inputs.data[len(pairs):])
+        else:
+            parser.parse_keyword("reducer")
+            flat = _reduction._parse_reduce_reducer_args(parser)
+            # Printed as (acc_i, x_i) pairs; the block takes all accs, then all xs.
+            arguments = (*flat[0::2], *flat[1::2])
+            body = parser.parse_region(arguments)
         resolved = parser.resolve_operands([*operands, *inits], func_type.inputs.data, parser.pos)
         n = len(pairs)
         return cls.build(
@@ -180,6 +198,22 @@ class ReduceOp(IRDLOperation):
             properties={"dimensions": DenseArrayBase.from_list(i64, dimensions)},
             attributes=attributes,
         )
+
+
+def _applied_body(
+    parser: Parser, name: str, pos: int, inits: Sequence[Attribute]
+) -> Region:
+    """The body a compact reduce names: `name` on the accumulator and the
+    element, of the init value's type (one input: MLIR prints the compact
+    form for one)."""
+    op_type = parser.ctx.get_optional_op(name)
+    if op_type is None or len(inits) != 1:
+        parser.raise_error(f"stablehlo.reduce applies {name}: not a known binary op", pos)
+    scalar = inits[0]
+    block = Block(arg_types=[scalar, scalar])
+    combined = op_type.create(operands=list(block.args), result_types=[scalar])
+    block.add_ops([combined, _xj.ReturnOp(list(combined.results))])
+    return Region(block)
 
 
 @irdl_op_definition
