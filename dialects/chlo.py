@@ -11,7 +11,7 @@ unregistered ops, and fail later by name.
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import AnyTensorType, IntegerAttr, TensorType
+from xdsl.dialects.builtin import AnyTensorType, IntegerAttr, TensorType, i64
 from xdsl.ir import Dialect
 from xdsl.irdl import (
     IRDLOperation,
@@ -21,6 +21,7 @@ from xdsl.irdl import (
     result_def,
     traits_def,
 )
+from xdsl.parser import Parser
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
@@ -98,6 +99,32 @@ class TopKOp(IRDLOperation):
     @property
     def count(self) -> int:
         return int(self.k.value.data)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> TopKOp:
+        """MLIR's pretty syntax, as `jax.jit(f).lower().as_text()` prints it:
+        `chlo.top_k(%x, k = 2) : T -> (V, I)` (printed back generic)."""
+        parser.parse_punctuation("(")
+        operand = parser.parse_unresolved_operand()
+        parser.parse_punctuation(",")
+        parser.parse_keyword("k")
+        parser.parse_punctuation("=")
+        k = parser.parse_integer(allow_boolean=False, allow_negative=False)
+        parser.parse_punctuation(")")
+        attributes = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        pos = parser.pos
+        operand_type = parser.parse_type()
+        parser.parse_punctuation("->")
+        results = parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_type)
+        if len(results) != 2:
+            parser.raise_error("chlo.top_k gives (values, indices)", pos, parser.pos)
+        return cls.create(
+            operands=[parser.resolve_operand(operand, operand_type)],
+            result_types=results,
+            properties={"k": IntegerAttr(k, i64)},
+            attributes=attributes,
+        )
 
     def verify_(self) -> None:
         src = self.operand.type

@@ -86,3 +86,24 @@ def test_partir_opt_partitions_jax_text(name, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert 'spmd.all_reduce' in done.stdout and 'over ["batch"]' in done.stdout
+
+
+def _more_programs():
+    import jax.numpy as jnp
+
+    from tests import test_moe, test_sorting
+
+    x = test_sorting.data()
+    return {
+        "MoE step (chlo.top_k)": (test_moe.step, test_moe.make_args()),
+        "argsort": (lambda x: jnp.argsort(x, axis=1), (x,)),
+        "cumsum": (lambda x: jnp.cumsum(x, axis=1), (x,)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_more_programs()))
+def test_jax_text_of_other_programs_reads_back_and_runs(name):
+    program, args = _more_programs()[name]
+    module, _ = pretty_module(program, args)
+    got = run_function(module, jax.tree_util.tree_leaves(args))
+    assert_leaves_close(got, jax.jit(program)(*args), what=name)
