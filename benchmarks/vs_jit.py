@@ -2,13 +2,13 @@
 
 For the MLP and transformer-block training steps under DP, TP, DP+TP and
 ZeRO-3, a 4-layer `lax.scan` transformer step under DP, DP+TP and layered
-ZeRO-3, and a ResNet-style CNN step under DP, DP + channels and DP + rows
-(spatial), on the 4x2 CPU mesh: partir's `shard_map` program, and `jax.jit(fn,
-in_shardings=..., out_shardings=...)` given exactly the shardings partir's
-program takes and returns. Collectives and bytes per device come from each
-compiled HLO, per run (a collective inside a loop counts once per iteration);
-runtime is a paired ratio (alternating runs, medians, inputs pre-sharded, same
-process). Goal: bytes <= jax.jit's on every row, ratio <= 1.
+ZeRO-3, and a ResNet-style CNN step under DP, DP + channels, DP + every
+conv's output channels and DP + rows (spatial), on the 4x2 CPU mesh: partir's
+`shard_map` program, and `jax.jit(fn, in_shardings=..., out_shardings=...)`
+given exactly the shardings partir's program takes and returns. Collectives
+and bytes per device come from each compiled HLO, per run (a collective inside
+a loop counts once per iteration); runtime is a paired ratio (alternating runs,
+medians, inputs pre-sharded, same process). Goal: bytes <= jax.jit's on every row, ratio <= 1.
 
 CPU caveat (see shared/guides/jax.md): 8 virtual devices share 2 cores, so
 time tracks total work; only same-run paired ratios are meaningful.
@@ -68,11 +68,14 @@ CNN_STRATEGIES = {
             {"*/layers/*/conv1/kernel": {3: "model"}, "*/down/conv1/kernel": {3: "model"}}
         ),
     ],
+    "DP+out-channels": [CNN_DATA, partir.ManualPartition({"*/**/kernel": {3: "model"}})],
     "DP+rows": [CNN_DATA, partir.ManualPartition({"images": {1: "model"}})],
 }
 """For the ResNet-style CNN step: data parallelism; channel parallelism (each
-block's first conv splits its output channels, the second sums them); and
-spatial partitioning (the images' rows, with halo exchanges)."""
+block's first conv splits its output channels, the second sums them); every
+kernel asking for its output channels (the conflicts resolved in the actions'
+order: tests/test_cnn.py); and spatial partitioning (the images' rows, with
+halo exchanges)."""
 
 
 def cnn(small: bool):

@@ -2,7 +2,9 @@
 patch embedding with one transformer block, partitioned and checked against
 `jax.jit`: data parallelism; channel parallelism ("Megatron for convs": the
 first conv of each block splits its output channels, the second its input
-channels, then sums); spatial partitioning (the images' rows, with halos).
+channels, then sums); every conv splitting its output channels (conflicting
+requests, resolved in the actions' order); spatial partitioning (the images'
+rows, with halos).
 An equinox CNN with an optax optimizer runs under data parallelism too.
 """
 
@@ -31,19 +33,27 @@ CHANNELS = partir.ManualPartition(
     {"*/layers/*/conv1/kernel": {3: "model"}, "*/down/conv1/kernel": {3: "model"}}
 )
 ROWS = partir.ManualPartition({"images": {1: "model"}})
+OUT_CHANNELS = partir.ManualPartition({"*/**/kernel": {3: "model"}})
+"""Every conv kernel (HWIO) and its momentum split on its output channels."""
 
 
 def collective_kinds(lowered) -> collections.Counter:
     return collections.Counter((c.kind, c.axes) for c in lowered.collectives)
 
 
-def check_step(tactics):
-    """The step under `tactics` equals jax.jit's; its lowered program."""
+def local_shape(collective) -> tuple[int, ...]:
+    """The shape each device sends into `collective`."""
+    return tuple(collective.op.operands[0].type.get_shape())
+
+
+def check_step(tactics, conflicts: bool = False):
+    """The step under `tactics` equals jax.jit's; its lowered program, which
+    reports conflicting requests only where the caller expects some."""
     args = cnn.make_args()
     compiled = partir.jit(cnn.program, mesh=MESH, tactics=tactics)
     assert_leaves_close(compiled(*args), jax.jit(cnn.program)(*args), what="CNN step")
     lowered = compiled.lower(*args)
-    assert lowered.conflicts == []
+    assert bool(lowered.conflicts) == conflicts, lowered.conflicts
     return lowered, args
 
 
@@ -53,6 +63,13 @@ def test_data_parallel_cnn_step_sums_gradients_and_batch_statistics_only():
     lowered, args = check_step([DATA])
     kinds = collective_kinds(lowered)
     assert set(kinds) == {("all_reduce", ("batch",))}, kinds
+    # What is summed is shaped like a parameter (its gradient, the head's
+    # transposed; a batch-norm statistic is shaped like its scale) or is the
+    # loss: never an activation. Each kernel's gradient is summed once.
+    params = jax.tree.leaves(args[0])
+    summed = [local_shape(c) for c in lowered.collectives]
+    assert {tuple(sorted(s)) for s in summed} <= {tuple(sorted(p.shape)) for p in params} | {()}
+    assert sorted(s for s in summed if len(s) == 4) == sorted(p.shape for p in params if p.ndim == 4)
     assert_leaves_close(
         run_spmd(lowered.module, jax.tree_util.tree_leaves(args)),
         jax.tree_util.tree_leaves(jax.jit(cnn.program)(*args)),
@@ -69,6 +86,48 @@ def test_channel_parallel_blocks_sum_once_per_block_each_way():
     blocks = len(cnn.make_args()[0]["layers"]) + 1  # and the downsampling block
     assert kinds[("all_reduce", ("model",))] == 2 * blocks, kinds
     assert set(kinds) == {("all_reduce", ("batch",)), ("all_reduce", ("model",))}, kinds
+
+
+def test_every_conv_splitting_its_output_channels_gathers_channels_never_images():
+    """Every kernel asks for its output channels over "model", but a conv
+    that reads another's channel-split output contracts those channels: it
+    cannot also split its own output channels over the same axis. The earlier
+    action wins (the tree's order: `down`, `layers`, then `stem`), the
+    conflicts name both kernels, and the loser's value is redistributed:
+
+    - forward, a block's first conv and the shortcut read the channel-split
+      residual stream: an all_gather of its channels; a block's second conv
+      contracts its first conv's split channels (Megatron's row split), so its
+      kernel moves from output- to input-channel split (a kernel-sized
+      all_to_all, and one back for its gradient) and its output is a partial
+      sum, all-reduced over "model" once per block; so are the head's logits
+      (the pooled features are channel split);
+    - backward, gradients reaching channel-split activations are partial sums
+      over the split channels (reduce_scatter onto the channels), and the
+      kernels' gradients gather their conv's input channels again;
+    - over "batch", only the data-parallel sums (gradients, batch norm).
+
+    No image (the batch dim) is ever gathered."""
+    lowered, _ = check_step([DATA, OUT_CHANNELS], conflicts=True)
+    assert {c.op for c in lowered.conflicts} <= {
+        "stablehlo.convolution", "stablehlo.add", "stablehlo.subtract"}, lowered.conflicts
+    assert all("['kernel']" in v for c in lowered.conflicts for v in c.values), lowered.conflicts
+    kinds = collective_kinds(lowered)
+    assert set(kinds) == {
+        ("all_reduce", ("batch",)), ("all_reduce", ("model",)), ("all_gather", ("model",)),
+        ("reduce_scatter", ("model",)), ("all_to_all", ("model",)),
+    }, kinds
+    by_kind = collections.defaultdict(list)
+    for c in lowered.collectives:
+        by_kind[c.kind].append(c)
+    assert {c.op.dim.value.data for c in by_kind["all_gather"]} == {3}  # channels only
+    assert {c.op.attributes["needed_by"].data for c in by_kind["all_gather"]} == {
+        "stablehlo.convolution"}
+    assert {c.op.dim.value.data for c in by_kind["reduce_scatter"]} == {3}
+    kernels = {p.shape[:2] for p in jax.tree.leaves(cnn.make_args()[0]) if p.ndim == 4}
+    assert all(local_shape(c)[:2] in kernels for c in by_kind["all_to_all"])  # kernels move
+    blocks = len(cnn.make_args()[0]["layers"]) + 1
+    assert kinds[("all_reduce", ("model",))] == blocks + 1  # each second conv; the logits
 
 
 def test_spatially_partitioned_cnn_step_exchanges_halos():
