@@ -52,10 +52,15 @@ def emit_reduce_scatter(em: BodyEmitter, op: spmd.ReduceScatterOp) -> str:
     return f"jnp.moveaxis({scattered}, 0, {dim})"
 
 
-def emit_all_to_all(em: BodyEmitter, op: spmd.AllToAllOp) -> str:
-    """JAX's all_to_all records a single axis as a str; pass one that way."""
+def _group(op: spmd.CollectiveOp) -> str:
+    """The op's axes as a literal; one axis as a str (JAX's all_to_all and
+    ppermute record a single axis that way)."""
     names = op.axis_names
-    axes = repr(names[0]) if len(names) == 1 else axes_literal(names)
+    return repr(names[0]) if len(names) == 1 else axes_literal(names)
+
+
+def emit_all_to_all(em: BodyEmitter, op: spmd.AllToAllOp) -> str:
+    axes = _group(op)
     split, concat = int_value(op.split_dim), int_value(op.concat_dim)
     return f"lax.all_to_all({em.args(op)}, {axes}, {split}, {concat}, tiled=True)"
 
@@ -70,8 +75,7 @@ def emit_local_slice(em: BodyEmitter, op: spmd.LocalSliceOp) -> str:
 
 def emit_collective_permute(em: BodyEmitter, op: spmd.CollectivePermuteOp) -> str:
     """`lax.ppermute` over the same group (positions numbered as the op's)."""
-    names = op.axis_names
-    axes = repr(names[0]) if len(names) == 1 else axes_literal(names)
+    axes = _group(op)
     return f"lax.ppermute({em.args(op)}, {axes}, {op.source_target_pairs})"
 
 

@@ -32,7 +32,7 @@ from lowering.to_jax import emit_jax
 from lowering.to_spmd import LowerToSpmdPass
 from partir.mesh import Mesh
 from partir.tactics import TACTICS, Plan, PlannedTile, ProgramView, Tactic, TacticError
-from rewrites.actions import TileAction, apply_tile_action, split_further, take_action_numbers
+from rewrites.actions import TileAction, apply_tactic_action, take_action_numbers
 from rewrites.conflicts import ConflictLog, record_conflicts
 from rewrites.inline_calls import InlineCallsPass
 from rewrites.propagation import PropagatePass, paused_gc, propagate
@@ -88,8 +88,7 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
             action = TileAction(
                 _leaf_value(entry, tile), tile.dim, tile.axis, origin, tile.leaf.name
             )
-            for part in split_further(action):
-                apply_tile_action(part, mesh_op, log)
+            apply_tactic_action(action, mesh_op, log)
             actions.append(action)
         propagate(module, log)
     return actions
@@ -205,8 +204,7 @@ class TilePass(ModulePass):
         )
         log = ConflictLog()
         try:
-            for part in split_further(action):
-                apply_tile_action(part, mesh_op, log)
+            apply_tactic_action(action, mesh_op, log)
         except ValueError as err:
             raise PassFailedException(f"{self.name}: {err}") from err
         record_conflicts(op, log.conflicts)

@@ -136,6 +136,12 @@ def split_further(action: TileAction) -> list[TileAction]:
     ]
 
 
+def apply_tactic_action(action: TileAction, mesh: MeshOp, log: ConflictLog) -> None:
+    """A tactic's action: on the parts `split_further` finds, else on the value."""
+    for part in split_further(action):
+        apply_tile_action(part, mesh, log)
+
+
 def apply_tile_action(action: TileAction, mesh: MeshOp, log: ConflictLog) -> LoopOp | None:
     """Insert the action's loop and redirect the value's uses to it.
 
