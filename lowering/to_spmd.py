@@ -31,6 +31,7 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl_jax.dialects import stablehlo as shlo
 
+from dialects.carried import BRANCHING_OPS
 from dialects.distribution import Distribution
 from dialects.dtypes import tensor_type
 from dialects.functions import entry_function
@@ -49,7 +50,6 @@ from dialects.partir import (
 )
 from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
 from lowering.distributions import Placed, Redistributor
-from rewrites.control_flow import BRANCHING_OPS
 from rewrites.projection import LoopRelations, range_axis
 from rewrites.propagation import paused_gc
 

@@ -184,10 +184,11 @@ def _plan(leaf: Leaf, dim: int, axis: str, mesh: Mesh, who: str) -> PlannedTile:
     if not -rank <= dim < rank:
         raise TacticError(f"{who}: {leaf.name} has shape {leaf.shape}, which has no dim {dim}")
     dim %= rank
-    if leaf.shape[dim] % parts:
+    if leaf.shape[dim] < parts:
         raise TacticError(
             f"{who}: dim {dim} of {leaf.name} (shape {leaf.shape}) has size "
-            f'{leaf.shape[dim]}, which mesh axis "{axis}" of size {parts} does not divide'
+            f'{leaf.shape[dim]}, fewer elements than mesh axis "{axis}" has devices ({parts}); '
+            "pick another dim or axis"
         )
     return PlannedTile(leaf, dim, axis)
 
@@ -424,8 +425,10 @@ class ZeRO(Tactic):
       state the optimizer state mirrors, whatever its name), gathered where
       they are used.
 
-    With the default selectors, leaves of rank 0 or whose dim 0 the axis does
-    not divide stay replicated; a selector you pass must select divisible leaves.
+    With the default selectors, leaves of rank 0 or whose dim 0 is smaller
+    than the axis stay replicated; a dim 0 the axis does not divide is padded
+    for divisibility (`rewrites.padding`). A selector you pass must select
+    leaves whose dim 0 has at least one element per device.
     """
 
     axis: str
@@ -453,7 +456,7 @@ class ZeRO(Tactic):
             ]
         planned = []
         for leaf in program.find(default, who=self.name, results=results, required=False):
-            if leaf.shape and leaf.shape[0] % parts == 0:
+            if leaf.shape and leaf.shape[0] >= parts:  # padded where parts do not divide it
                 planned.append(PlannedTile(leaf, 0, self.axis))
             else:
                 skipped.append(leaf.name)
@@ -480,7 +483,7 @@ class ZeRO(Tactic):
         if not planned:
             raise TacticError(
                 f"{self.name}: nothing to shard (no optimizer state, updates "
-                "or parameters with a dim 0 the axis divides)"
+                "or parameters with a dim 0 of at least one element per device)"
             )
         return Plan(self.name, tuple(planned), tuple(skipped))
 

@@ -14,6 +14,7 @@ from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType, i64
 from xdsl.ir import Attribute, Block, BlockArgument, OpResult, Region, SSAValue
 
 from dialects.escaping import quoted
+from dialects.functions import enclosing_function
 from dialects.partir import (
     ACTIONS,
     ORIGIN,
@@ -26,6 +27,7 @@ from dialects.partir import (
     YieldOp,
 )
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin
+from rewrites.padding import pad_for_divisibility
 from rewrites.projection import range_axis, tilings
 
 
@@ -73,7 +75,7 @@ def check_action(action: TileAction, mesh: MeshOp) -> None:
     if action.axis not in axes:
         known = ", ".join(quoted(a) for a in axes)
         raise ActionError(
-            f'{action.name}: unknown mesh axis {quoted(action.axis)} (the mesh has {known})'
+            f"{action.name}: unknown mesh axis {quoted(action.axis)} (the mesh has {known})"
         )
     ty = action.value.type
     if not isinstance(ty, TensorType) or ty.get_num_dims() == 0:
@@ -82,11 +84,18 @@ def check_action(action: TileAction, mesh: MeshOp) -> None:
     if not 0 <= action.dim < rank:
         raise ActionError(f"{action.name}: dim {action.dim} is out of range for {ty}")
     size, parts = ty.get_shape()[action.dim], axes[action.axis]
-    if size % parts:
+    if size < parts:
         raise ActionError(
-            f"{action.name}: dim {action.dim} of {ty} has size {size}, which mesh axis "
-            f'{quoted(action.axis)} of size {parts} does not divide; pick another dim or axis'
+            f"{action.name}: dim {action.dim} of {ty} has size {size}, smaller than mesh axis "
+            f"{quoted(action.axis)} of size {parts} (some devices would hold only padding); "
+            "pick another dim or axis"
         )
+
+
+def _shape(value: SSAValue) -> tuple[int, ...]:
+    ty = value.type
+    assert isinstance(ty, TensorType)
+    return tuple(ty.get_shape())
 
 
 def existing_tiling(value: SSAValue, axis: str) -> int | None:
@@ -163,9 +172,12 @@ def apply_tile_action(action: TileAction, mesh: MeshOp, log: ConflictLog) -> Loo
                 )
             )
         return None
-    loop = identity_tile_loop(
-        action.value, action.dim, action.axis, mesh.axes[action.axis], action.origin
-    )
+    parts = mesh.axes[action.axis]
+    if _shape(action.value)[action.dim] % parts:  # padded for divisibility
+        scope = enclosing_function(action.value)
+        padded = pad_for_divisibility(action.value, action.dim, parts, scope)
+        action = replace(action, value=padded.value)
+    loop = identity_tile_loop(action.value, action.dim, action.axis, parts, action.origin)
     part = loop.body.block.first_op  # the slice: its use of the value stays
     owner = action.value.owner
     if isinstance(owner, Block):

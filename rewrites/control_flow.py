@@ -39,6 +39,7 @@ from xdsl.pattern_rewriter import PatternRewriter, RewritePattern
 from xdsl.rewriter import InsertPoint
 from xdsl_jax.dialects import stablehlo as shlo
 
+from dialects.carried import BRANCHING_OPS, carried_places, enclosing_carrier
 from dialects.partir import LoopOp, MeshOp, OriginAttr, SliceOp
 from dialects.stablehlo_ext import WhileOp
 from rewrites.actions import (
@@ -50,26 +51,11 @@ from rewrites.actions import (
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin
 from rewrites.projection import Tiling, range_axis, tilings
 
-BRANCHING_OPS = (shlo.CaseOp, shlo.IfOp)
-"""Conditionals: operand 0 picks the region that runs; their results are
-what its `stablehlo.return` gives."""
-
 CARRYING_OPS = frozenset(
     {WhileOp, shlo.WhileOp, shlo.ReturnOp, shlo.OptimizationBarrierOp, *BRANCHING_OPS}
 )
 """The op types `TileCarriedValues` looks at (a while, a region's return, a
 barrier, a conditional)."""
-
-
-def enclosing_carrier(op: Operation) -> Operation | None:
-    """The while whose body, or the conditional whose branch, `op` (a
-    `stablehlo.return`) ends, if any."""
-    parent = op.parent_op()
-    if isinstance(parent, shlo.WhileOp) and op.parent_region() is parent.body:
-        return parent
-    if isinstance(parent, BRANCHING_OPS):
-        return parent
-    return None
 
 
 @dataclass
@@ -132,7 +118,7 @@ class TileCarriedValues(RewritePattern):
                 )
             return
         self.carried[key] = tiling.dim
-        for value in _places(carrier, k):
+        for value in carried_places(carrier, k):
             # An unused place needs no tiling (and a dead op would be erased
             # and made again, for ever).
             if value.uses and existing_tiling(value, tiling.axis) is None:
@@ -160,14 +146,6 @@ class TileCarriedValues(RewritePattern):
         carrier.operands[k] = made.result
         _wake(rewriter, made)
         rewriter.notify_op_modified(carrier)
-
-
-def _places(op: Operation, k: int) -> tuple[SSAValue, ...]:
-    """Where carried value k appears besides the operand: a while's body and
-    condition arguments and its result; a barrier's result."""
-    if isinstance(op, shlo.WhileOp):
-        return (op.body.block.args[k], op.cond.block.args[k], op.results[k])
-    return (op.results[k],)  # a barrier's or a conditional's
 
 
 def _tilings_of(values: tuple[SSAValue, ...]) -> list[Tiling]:

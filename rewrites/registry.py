@@ -73,8 +73,13 @@ class Factor:
     """Operand elements per result element along the factor (a strided window)."""
 
 
-Localizer = Callable[[Operation, int, int], dict[str, Attribute]]
-"""(op, factor, parts) -> properties to replace in the per-part op."""
+Resize = Callable[[int], int]
+"""A dim size over a factor -> its size in the rebuilt op: a part's
+(`size // parts`, tiling) or a padded whole's (padding for divisibility)."""
+
+Localizer = Callable[[Operation, int, Resize], dict[str, Attribute]]
+"""(op, factor, resize) -> properties to replace in the op rebuilt with the
+factor's dims resized (the per-part op; the padded op)."""
 
 
 @dataclass(frozen=True)
@@ -349,7 +354,7 @@ def _pass_through_or_blocked(
     return tuple(operand), tuple(result)
 
 
-def _slice_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
+def _slice_localizer(op: Operation, factor: int, resize: Resize) -> dict[str, Attribute]:
     """A kept dim's limit is the part's size (the bounds are sizes, not a view)."""
     from xdsl.dialects.builtin import DenseArrayBase, i64
 
@@ -357,7 +362,7 @@ def _slice_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attrib
     d = slice_rule(op).operand_dims(factor)[0]
     assert d is not None
     limits = list(ints(op.limit_indices))
-    limits[d] = shape(op.operand)[d] // parts
+    limits[d] = resize(shape(op.operand)[d])
     return {"limit_indices": DenseArrayBase.from_list(i64, limits)}
 
 
@@ -374,7 +379,7 @@ def slice_rule(op: SliceOp) -> OpRule:
     return b.rule([operand], [result], _slice_localizer)
 
 
-def _dynamic_slice_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
+def _dynamic_slice_localizer(op: Operation, factor: int, resize: Resize) -> dict[str, Attribute]:
     """A dim the window spans whole: each part's window spans the part."""
     from xdsl.dialects.builtin import DenseArrayBase, i64
 
@@ -382,7 +387,7 @@ def _dynamic_slice_localizer(op: Operation, factor: int, parts: int) -> dict[str
     d = dynamic_slice_rule(op).operand_dims(factor)[0]
     assert d is not None
     sizes = list(ints(op.slice_sizes))
-    sizes[d] = shape(op.operand)[d] // parts
+    sizes[d] = resize(shape(op.operand)[d])
     return {"slice_sizes": DenseArrayBase.from_list(i64, sizes)}
 
 
@@ -445,7 +450,7 @@ def reverse_rule(op: ReverseOp) -> OpRule:
     return b.rule([dims], [dims])
 
 
-def _convolution_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
+def _convolution_localizer(op: Operation, factor: int, resize: Resize) -> dict[str, Attribute]:
     """A tiled group factor (the rule's first, when there are groups): each
     part runs its share of the groups. A tiled spatial factor: each part
     reads its halo instead of the padding, so that dim is no longer padded."""
@@ -453,7 +458,7 @@ def _convolution_localizer(op: Operation, factor: int, parts: int) -> dict[str, 
     groups = op.feature_groups * op.batch_groups
     if groups > 1 and factor == 0:
         field = "feature_group_count" if op.feature_groups > 1 else "batch_group_count"
-        return {field: IntegerAttr(groups // parts, i64)}
+        return {field: IntegerAttr(resize(groups), i64)}
     lhs_dim = convolution_rule(op).operand_dims(factor)[0]
     lhs = op.layouts[0]
     if lhs_dim not in lhs.spatial:
@@ -647,7 +652,7 @@ def iota_rule(op: shlo.IotaOp) -> OpRule:
     return b.rule([], [result])
 
 
-def _splat_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
+def _splat_localizer(op: Operation, factor: int, resize: Resize) -> dict[str, Attribute]:
     assert isinstance(op, shlo.ConstantOp)
     value = op.value
     ty = value.type
@@ -656,7 +661,7 @@ def _splat_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attrib
     assert rule is not None
     d = rule.result_dim(factor)
     assert d is not None
-    local_shape[d] //= parts
+    local_shape[d] = resize(local_shape[d])
     local = TensorType(ty.element_type, local_shape)
     first = value.get_values()[0]
     return {"value": DenseIntOrFPElementsAttr.from_list(local, [first] * math.prod(local_shape))}
@@ -671,7 +676,7 @@ def constant_rule(op: shlo.ConstantOp) -> OpRule | None:
     return b.rule([], [_same_shape_dims(b, shape(op.results[0]))], _splat_localizer)
 
 
-def _gather_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attribute]:
+def _gather_localizer(op: Operation, factor: int, resize: Resize) -> dict[str, Attribute]:
     from xdsl.dialects.builtin import DenseArrayBase, i64
 
     assert isinstance(op, shlo.GatherOp)
@@ -679,7 +684,7 @@ def _gather_localizer(op: Operation, factor: int, parts: int) -> dict[str, Attri
     sizes = list(ints(op.slice_sizes))
     d = rule.operand_dims(factor)[0]
     if d is not None and sizes[d] == shape(op.operand)[d]:
-        sizes[d] //= parts
+        sizes[d] = resize(sizes[d])
     return {"slice_sizes": DenseArrayBase.from_list(i64, sizes)}
 
 

@@ -49,7 +49,7 @@ def part_op(
     result_type = part_type(result, dim, parts) if dim is not None else result
     properties = dict(op.properties)
     if rule.localize is not None:
-        properties.update(rule.localize(op, factor, parts))
+        properties.update(rule.localize(op, factor, lambda size: size // parts))
     return type(op).create(
         operands=list(operands),
         result_types=[result_type],

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
-from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, TensorType
+from xdsl.ir import Attribute, BlockArgument, Operation, SSAValue
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.context import make_context
@@ -17,6 +17,7 @@ from dialects.names import op_name
 from dialects.parser import PartirParser
 from dialects.partir import ORIGIN, LoopOp, MeshOp, OriginAttr, find_mesh
 from dialects.spmd import SPMD, DTensorType, result_dtensors
+from dialects.stablehlo_ext import PadOp
 from lowering.collectives import collectives
 from lowering.distributions import NEEDED_BY
 from lowering.to_spmd import lower_to_spmd
@@ -24,8 +25,9 @@ from partir.report.memory import estimate_memory
 from partir.report.model import Report
 from partir.report.names import _partir_name, ssa_names
 from partir.report.replicated import replicated_ops
-from partir.report.rows import CollectiveInfo, ValueInfo
+from partir.report.rows import CollectiveInfo, PaddedValue, ValueInfo
 from rewrites.conflicts import recorded_conflicts
+from rewrites.padding import PADDED
 
 _SPMD_OPS = {op.name for op in SPMD.operations}
 
@@ -72,6 +74,7 @@ def build_report(module: ModuleOp, core: ModuleOp | None = None) -> Report:
         conflicts=conflicts,
         memory=estimate_memory(spmd_entry, values, names),
         core_available=core is not None or stage == "stablehlo",
+        padding=_padding(spmd_entry, names),
     )
 
 
@@ -144,6 +147,33 @@ def _results(entry: func.FuncOp, mesh: Mesh) -> list[ValueInfo]:
         info = _value_info(name or f"result {i}", "result", name, ty, None, mesh)
         if info is not None:
             out.append(info)
+    return out
+
+
+def _padding(entry: func.FuncOp, names: dict[SSAValue, str]) -> list[PaddedValue]:
+    """The pads `rewrites.padding` inserted (they carry `PADDED`), by the
+    value they pad."""
+    arg_attrs = list(entry.arg_attrs.data) if entry.arg_attrs else []
+    out = []
+    for op in entry.walk():
+        parts = op.attributes.get(PADDED)
+        if not isinstance(op, PadOp) or not isinstance(parts, IntegerAttr):
+            continue
+        source = op.operand
+        if isinstance(source.owner, Operation) and source.owner.name == "spmd.to_local":
+            source = source.owner.operands[0]  # the argument it localises
+        partir_name = None
+        if isinstance(source, BlockArgument) and source.index < len(arg_attrs):
+            partir_name = _partir_name(arg_attrs[source.index])
+        before = op.operand.type
+        after = op.result.type
+        assert isinstance(before, TensorType) and isinstance(after, TensorType)
+        dims = tuple(
+            (d, n, p)
+            for d, (n, p) in enumerate(zip(before.get_shape(), after.get_shape(), strict=True))
+            if n != p
+        )
+        out.append(PaddedValue(names.get(source, "?"), partir_name, dims, parts.value.data))
     return out
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from dialects.mesh import Mesh
 from partir.report.memory import MemoryEstimate, XlaMemory
 from partir.report.render import _conflict_json, _counts, _type_text, render_plain
-from partir.report.rows import CollectiveInfo, ReplicatedOp, Table, ValueInfo
+from partir.report.rows import CollectiveInfo, PaddedValue, ReplicatedOp, Table, ValueInfo
 from rewrites.conflicts import Conflict
 
 
@@ -27,6 +27,8 @@ class Report:
     core_available: bool = True
     """False for an SPMD module reported without its core stage (no `replicated_ops`)."""
     xla: XlaMemory | None = field(default=None)
+    padding: list[PaddedValue] = field(default_factory=list)
+    """Values padded for divisibility (a dim the mesh axis does not divide)."""
 
     @property
     def arguments(self) -> list[ValueInfo]:
@@ -53,6 +55,7 @@ class Report:
             "conflicts": [_conflict_json(c) for c in self.conflicts],
             "memory": self.memory.to_json(),
             "xla_memory": None if self.xla is None else self.xla.to_json(),
+            "padding": [p.to_json() for p in self.padding],
         }
 
     def summary(self) -> list[tuple[str, str]]:
@@ -83,6 +86,8 @@ class Report:
                     f"{x.outputs} B, aliased {x.aliased} B, total {x.total} B",
                 )
             )
+        if self.padding:
+            lines.append(("padded", "; ".join(p.text for p in self.padding)))
         lines += [
             ("conflicts", str(len(self.conflicts))),
             (

@@ -125,6 +125,31 @@ class ReplicatedOp:
 
 
 @dataclass(frozen=True)
+class PaddedValue:
+    """A value padded for divisibility (`rewrites.padding`): its `dims` as
+    (dim, true size, padded size), the padding a multiple of `parts`."""
+
+    name: str
+    partir_name: str | None
+    dims: tuple[tuple[int, int, int], ...]
+    parts: int
+
+    @property
+    def text(self) -> str:
+        who = self.partir_name or self.name
+        sizes = ", ".join(f"dim {d} {n} -> {p}" for d, n, p in self.dims)
+        return f"{who}: {sizes} (a multiple of {self.parts})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "partir.name": self.partir_name,
+            "dims": [{"dim": d, "size": n, "padded": p} for d, n, p in self.dims],
+            "parts": self.parts,
+        }
+
+
+@dataclass(frozen=True)
 class Table:
     """A titled table of strings: what text renderers (plain or rich) draw."""
 
