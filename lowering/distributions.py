@@ -28,7 +28,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.distribution import Distribution
-from dialects.dtypes import tensor_type
+from dialects.dtypes import tensor_bytes, tensor_type
 from dialects.mesh import Mesh
 from dialects.partir import ORIGIN, OriginAttr, part_type
 from dialects.spmd import (
@@ -70,6 +70,18 @@ def _shape(value: SSAValue) -> list[int]:
     return list(ty.get_shape())
 
 
+_SEARCH_DEPTH = 32
+
+Remake = Callable[[list[SSAValue]], SSAValue]
+"""Emits a carried linear op again on the given (whole) operands."""
+
+
+def _bytes(value: SSAValue) -> int:
+    ty = value.type
+    assert isinstance(ty, TensorType)  # a device's part is a tensor
+    return tensor_bytes(ty)
+
+
 def grow_type(ty: TensorType, dim: int, factor: int) -> TensorType:
     shape = list(ty.get_shape())
     shape[dim] *= factor
@@ -86,6 +98,12 @@ class Redistributor:
         self.mesh = mesh
         self._emit = emit
         self._cache: dict[tuple[SSAValue, Distribution, str], Placed] = {}
+        self._sums: dict[tuple[SSAValue, tuple[str, ...]], SSAValue] = {}
+        """Each device's values summed over axes, per local value: a loop's
+        result and the parts its users slice share one local value, so they
+        share its all-reduce, however their dims are described."""
+        self._linear: dict[SSAValue, tuple[list[Placed], Remake]] = {}
+        """Partial sums computed by a linear op from partial sums (`carried`)."""
         self.cause: tuple[str, tuple[tuple[str, OriginAttr], ...]] = ("", ())
         """What the next conversion is for: the op needing it, and per axis the
         action that made the value distributed (recorded on each collective:
@@ -113,6 +131,72 @@ class Redistributor:
             self._cache[k] = make()
         return self._cache[k]
 
+    def has_whole(self, placed: Placed) -> bool:
+        """Whether `placed`'s partial sums were already added (its all-reduce is paid)."""
+        return (placed.local, placed.dist.partial) in self._sums
+
+    def carried(self, local: SSAValue, operands: list[Placed], remake: Remake) -> None:
+        """Record that the partial sum `local` is a linear op on `operands`,
+        some of them partial sums over the same axes: `remake` emits that op
+        again on whole operands. Summing `local` may then sum those instead
+        and remake the op (`_all_reduce`), where that moves fewer bytes."""
+        self._linear[local] = (operands, remake)
+
+    def _all_reduce(self, placed: Placed) -> Placed:
+        """P -> B on every pending axis, once per local value: an all-reduce
+        of it, or, for a partial sum a linear op carried (`carried`), the op
+        remade on its operands' sums when those cost no more bytes (some may
+        be paid already: a gradient summed once for every update that scales
+        it); ties go to the operands, whose sums others may share."""
+        key = (placed.local, placed.dist.partial)
+        if key not in self._sums:
+            self._sums[key] = self._summed(placed)
+        return Placed(self._sums[key], placed.dist.summed(placed.dist.partial), placed.origins)
+
+    def _summed(self, placed: Placed) -> SSAValue:
+        linear = self._remakeable(placed)
+        if linear is not None:
+            operands, remake = linear
+            axes = next(p.dist.partial for p in operands if p.dist.partial)
+            rest = tuple(a for a in placed.dist.partial if a not in axes)
+            own = _bytes(placed.local)
+            if self._sum_bytes(placed, {}, 0) + (own if rest else 0) <= own:
+                local = remake(
+                    [self._all_reduce(p).local if p.dist.partial else p.local for p in operands]
+                )
+                if rest:  # a sum loop around the op: its axes are summed after
+                    local = self.emit(AllReduceOp(local, rest)).results[0]
+                return local
+        return self.emit(AllReduceOp(placed.local, placed.dist.partial)).results[0]
+
+    def _remakeable(self, placed: Placed) -> tuple[list[Placed], Remake] | None:
+        """How `placed` was carried, if its operands were partial over some of
+        its pending axes (a sum loop around the op adds its own)."""
+        linear = self._linear.get(placed.local)
+        if linear is None:
+            return None
+        operands, _ = linear
+        if any(not set(p.dist.partial) <= set(placed.dist.partial) for p in operands):
+            return None
+        return linear
+
+    def _sum_bytes(self, placed: Placed, memo: dict[SSAValue, int], depth: int) -> int:
+        """The bytes per device of summing what `placed` is made of, by the
+        cheapest mix of all-reduces and remade linear ops (nothing for a sum
+        already paid); the search stops `_SEARCH_DEPTH` linear ops back."""
+        total = 0
+        operands, _ = self._linear[placed.local]
+        for p in operands:
+            if not p.dist.partial or (p.local, p.dist.partial) in self._sums:
+                continue
+            if p.local not in memo:
+                own = _bytes(p.local)
+                if self._remakeable(p) is not None and depth < _SEARCH_DEPTH:
+                    own = min(own, self._sum_bytes(p, memo, depth + 1))
+                memo[p.local] = own
+            total += memo[p.local]
+        return total
+
     def replicate(self, placed: Placed) -> Placed:
         """The whole value on every device: all-reduce partials, gather splits."""
         if placed.dist.is_replicated:
@@ -121,7 +205,7 @@ class Redistributor:
         def make() -> Placed:
             whole = placed
             if whole.dist.partial:
-                whole = self._apply(whole, AllReduceOp(whole.local, whole.dist.partial))
+                whole = self._all_reduce(whole)
             for d, axes in enumerate(whole.dist.dims):
                 if axes:
                     local_t = whole.local.type
@@ -137,16 +221,14 @@ class Redistributor:
         if not placed.dist.partial:
             return placed
 
-        def make() -> Placed:
-            return self._apply(placed, AllReduceOp(placed.local, placed.dist.partial))
-
-        return self._memo(placed, "reduce", make)
+        return self._all_reduce(placed)
 
     def convert(self, placed: Placed, target: Distribution) -> Placed:
         """`placed` distributed as `target` (splits only: a loop-carried value):
         a local slice where `target` only splits further, a reduce-scatter
         where it splits a dim over the axes `placed` is partial over, else
-        whole first, then the device's part."""
+        partial sums added, gathered where the splits differ, then the
+        device's part."""
         if placed.dist == target:
             return placed
 
@@ -159,7 +241,10 @@ class Redistributor:
                     d, axes = split[0], target.dims[split[0]]
                     ty = part_type(current.local.type, d, self.mesh.size_of(axes))
                     return self._apply(current, ReduceScatterOp(current.local, d, axes, ty))
-            further = not dist.partial and all(
+            if dist.partial:  # P -> B first: the splits stay
+                current = self._all_reduce(current)
+                dist = current.dist
+            further = all(
                 want[: len(have)] == have for have, want in zip(dist.dims, target.dims, strict=True)
             )
             if not further:
@@ -177,11 +262,11 @@ class Redistributor:
     def nested(self) -> Iterator[None]:
         """Conversions made inside a region are not reused after it (they do
         not dominate the ops that follow the region's op)."""
-        saved = dict(self._cache)
+        saved, sums = dict(self._cache), dict(self._sums)  # (carried ops dominate)
         try:
             yield
         finally:
-            self._cache = saved
+            self._cache, self._sums = saved, sums
 
     def take_part(self, placed: Placed, dim: int, axis: str) -> Placed:
         """Each device's part along `dim` over `axis` (a `partir.slice` by the

@@ -20,7 +20,7 @@ partial sums are all-reduced, since a partial sum is not a value.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -30,6 +30,7 @@ from xdsl.dialects.builtin import ArrayAttr, ModuleOp, TensorType
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl_jax.dialects import stablehlo as shlo
+from xdsl_jax.xdsl_extras.traits import Elementwise
 
 from dialects.carried import BRANCHING_OPS
 from dialects.distribution import Distribution
@@ -49,9 +50,10 @@ from dialects.partir import (
     find_mesh,
 )
 from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
-from lowering.distributions import Placed, Redistributor
+from lowering.distributions import Placed, Redistributor, Remake
 from rewrites.projection import LoopRelations, range_axis
 from rewrites.propagation import paused_gc
+from rewrites.registry import linear_operands
 
 
 class LoweringError(ValueError):
@@ -123,6 +125,10 @@ class SpmdLowering:
         self.redistribute = Redistributor(mesh, self._emit)
         self.computed: list[Operation] = []
         """The ops moved into the SPMD body, for the annotations."""
+        self.partial: dict[Operation, tuple[str, ...]] = {}
+        """Computed ops whose result stays a partial sum over these axes."""
+        self.remade: dict[Operation, Operation] = {}
+        """Carried ops emitted again on summed operands, and the originals."""
 
     def _emit(self, op: Operation) -> Operation:
         self.block.add_op(op)
@@ -165,6 +171,7 @@ class SpmdLowering:
             results.append(from_local.results[0])
             types.append(dtensor)
         self._emit(func.ReturnOp(*results))
+        self._drop_unused_partials()
         self._annotate_computed()
         annotate_collectives(self.block)
         lowered = func.FuncOp(
@@ -356,12 +363,14 @@ class SpmdLowering:
     def _lower_compute(self, op: Operation) -> None:
         if len(op.successors):
             raise LoweringError(f"{op.name}: ops with successors are not supported")
-        operands = []
         for value in op.operands:
-            placed = self.env.get(value)
-            if placed is None:
+            if value not in self.env:
                 raise LoweringError(f"{op.name} uses a value the lowering has not seen: {value}")
-            if not placed.dist.is_replicated:
+        keeps = self._keeps_partial(op)
+        placed_operands = [self.env[value] for value in op.operands]
+        operands = []
+        for placed in placed_operands:
+            if not placed.dist.is_replicated and keeps is None:
                 self.redistribute.cause = (op_name(op), placed.origins)
                 placed = self.redistribute.replicate(placed)
             operands.append(placed.local)
@@ -370,6 +379,13 @@ class SpmdLowering:
         op.detach()
         op.operands = operands
         self._emit(op)
+        if keeps is not None:  # the result is the devices' partial sums (and parts)
+            dist, origins = keeps
+            self.env[op.results[0]] = Placed(op.results[0], dist, origins)
+            self.computed.append(op)
+            self.partial[op] = dist.partial
+            self.redistribute.carried(op.results[0], placed_operands, self._remake(op))
+            return
         for result in op.results:
             if isinstance(result.type, TensorType):
                 rank = result.type.get_num_dims()
@@ -379,6 +395,64 @@ class SpmdLowering:
             else:
                 self.env[result] = Placed(result, Distribution(()))
 
+    def _keeps_partial(
+        self, op: Operation
+    ) -> tuple[Distribution, tuple[tuple[str, OriginAttr], ...]] | None:
+        """The distribution `op`'s result keeps when partial sums pass through
+        it instead of being all-reduced first (DistPar's P through a linear
+        op; Shardy's unreduced axes): the op is linear in exactly its partial
+        operands (`rewrites.registry.LINEAR`), which are partial over the same
+        axes and not summed yet, and its result is not cut into halo parts.
+        Split dims pass through an elementwise op whose operands are all split
+        alike; otherwise nothing is split. Whether to sum the result or its
+        operands is decided where a sum is needed (`Redistributor`)."""
+        placed = [self.env[v] for v in op.operands]
+        partial = frozenset(i for i, p in enumerate(placed) if p.dist.partial)
+        if not partial or partial not in linear_operands(op):
+            return None
+        dists = {placed[i].dist for i in partial}
+        if len(dists) != 1:
+            return None
+        (dist,) = dists
+        if any(self.redistribute.has_whole(placed[i]) for i in partial):
+            return None
+        if _iterated_axes(op) & set(dist.partial):  # each device runs its own part
+            return None
+        if any(any(p.dist.dims) for p in placed) and not (
+            op.has_trait(Elementwise) and all(p.dist.dims == dist.dims for p in placed)
+        ):
+            return None
+        result = op.results[0]
+        if not isinstance(result.type, TensorType) or _cut_with_halos(result):
+            return None
+        kept = Distribution(
+            dist.dims if any(dist.dims)
+            else Distribution.replicated(result.type.get_num_dims()).dims,
+            dist.partial,
+        )
+        return kept, placed[min(partial)].origins
+
+    def _remake(self, op: Operation) -> Remake:
+        """Emits `op` again on whole operands (`Redistributor.carried`)."""
+
+        def remake(operands: list[SSAValue]) -> SSAValue:
+            clone = op.clone()
+            clone.operands = operands
+            self._emit(clone)
+            self.remade[clone] = op
+            return clone.results[0]
+
+        return remake
+
+    def _drop_unused_partials(self) -> None:
+        """Erase the carried ops whose partial results every use took summed
+        by remaking them (last first: an op may feed another)."""
+        for op in reversed(list(self.partial)):
+            if not op.results[0].uses:
+                op.detach()
+                op.erase()
+                del self.partial[op]
+
     # --- annotations ------------------------------------------------------------
 
     def _annotate_computed(self) -> None:
@@ -386,23 +460,71 @@ class SpmdLowering:
         distribution over the loops around it (`rewrites.projection`); a value
         whose relation to some loop is unknown is left unannotated."""
         annotations: dict[tuple[Attribute, tuple[int, ...], Distribution], DTensorType] = {}
-        for op in self.computed:
-            relation = self.relations(op.results[0])
+        remade = [(clone, original) for clone, original in self.remade.items()]
+        computed = [(op, op) for op in self.computed if op.parent is not None]
+        for op, original in computed + remade:
+            relation = self.relations(original.results[0])
             local = op.results[0].type
             if relation.known and isinstance(local, TensorType):
+                dist = relation.dist
+                if op in self.partial:
+                    dist = replace(dist, partial=tuple(sorted({*dist.partial, *self.partial[op]})))
                 # Keyed by shape and element type: hashing a TensorType walks
                 # its attributes, and most ops share a few (type, dist) pairs.
-                key = (local.element_type, local.get_shape(), relation.dist)
+                key = (local.element_type, local.get_shape(), dist)
                 dtensor = annotations.get(key)
                 if dtensor is None:
-                    global_type = self._global_type(local, relation.dist)
-                    dtensor = annotations[key] = DTensorType.of(global_type, relation.dist)
+                    global_type = self._global_type(local, dist)
+                    dtensor = annotations[key] = DTensorType.of(global_type, dist)
                 op.attributes[DIST] = dtensor
 
     def _global_type(self, local: TensorType, dist: Distribution) -> TensorType:
         parts = dist.parts(self.mesh)
         shape = [n * k for n, k in zip(local.get_shape(), parts, strict=True)]
         return tensor_type(local.element_type, shape)
+
+
+def _views(value: SSAValue) -> Iterator[tuple[Operation, int]]:
+    """Every use of the devices' values `value` shares: the uses of `value`,
+    of what it is a `partir.slice` of, and of every slice and loop result
+    made of those (a loop's result and its users' parts are the same
+    values), as (user, operand index)."""
+    root = value
+    while isinstance(root.owner, SliceOp):
+        root = root.owner.src
+    pending, seen = [root], {root}
+    while pending:
+        current = pending.pop()
+        for use in current.uses:
+            user = use.operation
+            view = None
+            if isinstance(user, SliceOp):
+                view = user.result
+            elif isinstance(user, YieldOp) and isinstance(loop := user.parent_op(), LoopOp):
+                view = loop.result
+            if view is None:
+                yield user, use.index
+            elif view not in seen:
+                seen.add(view)
+                pending.append(view)
+
+
+def _iterated_axes(op: Operation) -> set[str]:
+    """The mesh axes the loops around `op` iterate."""
+    axes = set()
+    parent = op.parent_op()
+    while parent is not None:
+        if isinstance(parent, LoopOp):
+            axes.add(parent.axis_name)
+        parent = parent.parent_op()
+    return axes
+
+
+def _cut_with_halos(value: SSAValue) -> bool:
+    """Whether some view of `value` is a halo part (`partir.halo_slice`),
+    which takes its neighbours' edges: a partial sum's edges would need a
+    sum of their own."""
+    return any(isinstance(user, HaloSliceOp) for user, _ in _views(value))
 
 
 def annotate_collectives(block: Block) -> None:

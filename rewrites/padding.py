@@ -243,7 +243,7 @@ class _Rebuild:
                 )
                 ops += [zero, pad]
                 value = pad.results[0]
-            _insert_after_definition(value_of(old, self.base), ops)
+            _insert_after_definition(self.base.get(old, (old, frozenset()))[0], ops)
             self.adapted[key] = value
         return self.adapted[key]
 
@@ -309,10 +309,6 @@ class _Rebuild:
             _insert_after_definition(value, [iota, bound, inside, pred, zeros, select])
             self.masks[key] = select.results[0]
         return self.masks[key]
-
-
-def value_of(old: SSAValue, base: dict[SSAValue, tuple[SSAValue, frozenset[int]]]) -> SSAValue:
-    return base.get(old, (old, frozenset()))[0]
 
 
 def _shape(value: SSAValue) -> tuple[int, ...]:

@@ -864,6 +864,97 @@ OPAQUE_REASONS: dict[str, str] = {
 }
 
 
+# --- linearity: which operands a partial sum passes through -------------------------
+
+Linear = tuple[frozenset[int], ...]
+"""The sets of operands an op is linear in, jointly: when exactly the operands
+of one set are partial sums over the same axes (each device holding a part
+that sums to the value) and the others are whole, the op on each device's
+parts gives parts that sum to the op's result (DistPar's P passing through).
+`add` is linear in both operands together (parts of a + parts of b), a
+product in either one alone (a part times a whole), never in both."""
+
+
+def _float_to_float(op: Operation) -> bool:
+    """Its first operand and its result are floats (a float divide; a convert
+    between float types; integer division and rounding are not linear)."""
+    from xdsl.dialects.builtin import AnyFloat, ComplexType
+
+    def floating(value: object) -> bool:
+        ty = getattr(value, "type", None)
+        return isinstance(ty, TensorType) and isinstance(ty.element_type, AnyFloat | ComplexType)
+
+    return floating(op.operands[0]) and floating(op.results[0])
+
+
+def _add_into_zero(op: Operation) -> bool:
+    assert isinstance(op, ReduceOp)
+    return (
+        len(op.inputs) == 1
+        and combiner_name(op.body) == "stablehlo.add"
+        and _is_zero_constant(op.init_values[0])
+    )
+
+
+_FIRST: Linear = (frozenset({0}),)
+_EITHER: Linear = (frozenset({0}), frozenset({1}))
+_BOTH: Linear = (frozenset({0, 1}),)
+
+
+def _zeros(value: object) -> bool:
+    """Whether `value` is all zeros: a zero constant, or a broadcast or a
+    loop's part (`partir.slice`) of one."""
+    from dialects.partir import SliceOp
+
+    owner = getattr(value, "owner", None)
+    while isinstance(owner, SliceOp | shlo.BroadcastInDimOp):
+        owner = owner.operands[0].owner
+    return isinstance(owner, shlo.ConstantOp) and _is_zero_constant(owner.results[0])
+
+
+def _select(op: Operation) -> Linear:
+    """Linear in both branches together, and in one alone where the other is
+    zeros (a mask: where a padded dim's sum operand is zeroed)."""
+    sets = [frozenset({1, 2})]
+    sets += [frozenset({b}) for b, other in ((1, 2), (2, 1)) if _zeros(op.operands[other])]
+    return tuple(sets)
+
+
+def _when(sets: Linear, condition: Callable[[Operation], bool]) -> Callable[[Operation], Linear]:
+    return lambda op: sets if condition(op) else ()
+
+
+LINEAR: dict[str, Callable[[Operation], Linear]] = {
+    "stablehlo.add": lambda op: _BOTH,
+    "stablehlo.subtract": lambda op: _BOTH,
+    "stablehlo.negate": lambda op: _FIRST,
+    "stablehlo.multiply": lambda op: _EITHER,
+    "stablehlo.divide": _when(_FIRST, _float_to_float),
+    "stablehlo.dot_general": lambda op: _EITHER,
+    "stablehlo.convert": _when(_FIRST, _float_to_float),
+    "stablehlo.reshape": lambda op: _FIRST,
+    "stablehlo.transpose": lambda op: _FIRST,
+    "stablehlo.broadcast_in_dim": lambda op: _FIRST,
+    "stablehlo.slice": lambda op: _FIRST,
+    "stablehlo.dynamic_slice": lambda op: _FIRST,
+    "stablehlo.gather": lambda op: _FIRST,
+    "stablehlo.reduce": _when(_FIRST, _add_into_zero),
+    "stablehlo.select": _select,
+    "stablehlo.dynamic_update_slice": lambda op: _BOTH,
+    "stablehlo.concatenate": lambda op: (frozenset(range(len(op.operands))),),
+    "stablehlo.real": lambda op: _FIRST,
+    "stablehlo.imag": lambda op: _FIRST,
+}
+"""Per op name: its `Linear` sets (none where a condition fails: a convert or
+a divide that is not on floats, a reduce that does not add into zero)."""
+
+
+def linear_operands(op: Operation) -> Linear:
+    """The operand sets `op` is linear in (none if it is not linear)."""
+    sets = LINEAR.get(op.name)
+    return sets(op) if sets is not None and len(op.results) == 1 else ()
+
+
 def _register_elementwise() -> None:
     from dialects.stablehlo_ext import StableHLO
 

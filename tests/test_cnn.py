@@ -85,7 +85,17 @@ def test_channel_parallel_blocks_sum_once_per_block_each_way():
     kinds = collective_kinds(lowered)
     blocks = len(cnn.make_args()[0]["layers"]) + 1  # and the downsampling block
     assert kinds[("all_reduce", ("model",))] == 2 * blocks, kinds
-    assert set(kinds) == {("all_reduce", ("batch",)), ("all_reduce", ("model",))}, kinds
+    assert set(kinds) == {("all_reduce", ("batch",)), ("all_reduce", ("model",)),
+                          ("all_reduce", ("batch", "model"))}, kinds
+    assert_statistics_summed_over_both_axes(lowered)
+
+
+def assert_statistics_summed_over_both_axes(lowered) -> None:
+    """A batch norm's mean over a second conv's output (partial over "model")
+    is summed over both axes at once: one channel vector per block."""
+    both = [c for c in lowered.collectives if c.axes == ("batch", "model")]
+    blocks = len(cnn.make_args()[0]["layers"]) + 1
+    assert len(both) == blocks and all(len(local_shape(c)) == 1 for c in both), both
 
 
 def test_every_conv_splitting_its_output_channels_gathers_channels_never_images():
@@ -105,7 +115,8 @@ def test_every_conv_splitting_its_output_channels_gathers_channels_never_images(
     - backward, gradients reaching channel-split activations are partial sums
       over the split channels (reduce_scatter onto the channels), and the
       kernels' gradients gather their conv's input channels again;
-    - over "batch", only the data-parallel sums (gradients, batch norm).
+    - over "batch", only the data-parallel sums (gradients, batch norm; a
+      mean of a partial sum over "model" is summed over both at once).
 
     No image (the batch dim) is ever gathered."""
     lowered, _ = check_step([DATA, OUT_CHANNELS], conflicts=True)
@@ -116,7 +127,9 @@ def test_every_conv_splitting_its_output_channels_gathers_channels_never_images(
     assert set(kinds) == {
         ("all_reduce", ("batch",)), ("all_reduce", ("model",)), ("all_gather", ("model",)),
         ("reduce_scatter", ("model",)), ("all_to_all", ("model",)),
+        ("all_reduce", ("batch", "model")),
     }, kinds
+    assert_statistics_summed_over_both_axes(lowered)
     by_kind = collections.defaultdict(list)
     for c in lowered.collectives:
         by_kind[c.kind].append(c)
