@@ -51,7 +51,7 @@ from dialects.partir import (
 )
 from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
 from lowering.distributions import Placed, Redistributor, Remake
-from rewrites.projection import LoopRelations, range_axis
+from rewrites.projection import LoopRelations, enclosing_axes, range_axis
 from rewrites.propagation import paused_gc
 from rewrites.registry import linear_operands
 
@@ -416,7 +416,7 @@ class SpmdLowering:
         (dist,) = dists
         if any(self.redistribute.has_whole(placed[i]) for i in partial):
             return None
-        if _iterated_axes(op) & set(dist.partial):  # each device runs its own part
+        if enclosing_axes(op) & set(dist.partial):  # each device runs its own part
             return None
         if any(any(p.dist.dims) for p in placed) and not (
             op.has_trait(Elementwise) and all(p.dist.dims == dist.dims for p in placed)
@@ -507,17 +507,6 @@ def _views(value: SSAValue) -> Iterator[tuple[Operation, int]]:
             elif view not in seen:
                 seen.add(view)
                 pending.append(view)
-
-
-def _iterated_axes(op: Operation) -> set[str]:
-    """The mesh axes the loops around `op` iterate."""
-    axes = set()
-    parent = op.parent_op()
-    while parent is not None:
-        if isinstance(parent, LoopOp):
-            axes.add(parent.axis_name)
-        parent = parent.parent_op()
-    return axes
 
 
 def _cut_with_halos(value: SSAValue) -> bool:
