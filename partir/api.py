@@ -85,9 +85,16 @@ class Compiled:
 
 @dataclass
 class Lowered:
-    """Every stage of one partitioning, without running it."""
+    """Every stage of one partitioning, without running it.
 
-    stages: list[Stage]
+    The core stages are not kept while partitioning (a snapshot per tactic
+    cost a copy of the whole program each): `stages` replays the partition on
+    a copy of the import when first read. The partition is deterministic, so
+    the replay's stages are the ones the emitted program came from."""
+
+    imported: ModuleOp
+    """The program as imported, before any tactic (a private copy)."""
+    tactics: Sequence[Tactic]
     module: ModuleOp
     source: str
     conflicts: list[Conflict]
@@ -98,6 +105,15 @@ class Lowered:
     keys: KeyBoundary = field(default_factory=KeyBoundary)
     """Which arguments and results are typed PRNG keys (run as their data)."""
     _source_path: Path | None = field(default=None, repr=False)
+    _stages: list[Stage] | None = field(default=None, repr=False)
+
+    @property
+    def stages(self) -> list[Stage]:
+        """"import", one stage per tactic (`partir.partition.stage_names`), "spmd"."""
+        if self._stages is None:
+            replayed = partition(self.imported.clone(), self.mesh, self.tactics, keep_stages=True)
+            self._stages = [*replayed.stages, Stage("spmd", self.module)]
+        return self._stages
 
     @property
     def collectives(self) -> list[Collective]:
@@ -144,14 +160,15 @@ def lower(
     fn, args = keys.raw_function(fn), keys.raw(tuple(args))
     imported = import_program(fn, *args, supported_only=True)
     module = imported.module
-    done = partition(module, mesh, tactics, keep_stages=True)
+    original = Stage.snapshot("import", module).module
+    partition(module, mesh, tactics)
     label = name or getattr(fn, "__name__", None) or "program"
     label = "".join(c if c.isalnum() else "_" for c in label) or "program"
     emit = EmitJaxPass(program=label)
     PassPipeline((LowerToSpmdPass(), emit)).apply(_CONTEXT, module)
-    stages = [*done.stages, Stage("spmd", module)]  # the last pass: no snapshot needed
     return Lowered(
-        stages,
+        original,
+        tuple(tactics),
         module,
         emit.source,
         recorded_conflicts(module),

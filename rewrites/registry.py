@@ -968,13 +968,37 @@ _register_elementwise()
 
 
 def rule_for(op: Operation) -> OpRule | None:
-    """The op's factor rule, or None if it is opaque (see `opaque_reason`)."""
+    """The op's factor rule, or None if it is opaque (see `opaque_reason`).
+
+    Memoised by signature (`_signature`): a stack of N layers has the same few
+    hundred signatures whatever N, and every rewrite makes new ops."""
     builder = RULES.get(op.name)
     if builder is None:
         return None
     if any(not isinstance(r.type, TensorType) for r in (*op.results, *op.operands)):
         return None
-    return builder(op)
+    if op.regions or op.name == "stablehlo.constant":
+        return builder(op)  # the rule reads a body, an init or a value
+    key = _signature(op)
+    rule = _RULES_BY_SIGNATURE.get(key, _UNKNOWN)
+    if rule is _UNKNOWN:
+        rule = _RULES_BY_SIGNATURE[key] = builder(op)
+    return rule  # type: ignore[return-value]
+
+
+def _signature(op: Operation) -> tuple[object, ...]:
+    """What a region-free op's rule is a function of: its name, its operand
+    and result types and its properties (no builder reads anything else)."""
+    return (
+        op.name,
+        tuple(v.type for v in op.operands),
+        tuple(r.type for r in op.results),
+        tuple(op.properties.items()),
+    )
+
+
+_UNKNOWN = object()
+_RULES_BY_SIGNATURE: dict[tuple[object, ...], OpRule | None] = {}
 
 
 def opaque_reason(op: Operation) -> str:
