@@ -225,9 +225,12 @@ class PushForward(RewritePattern):
         loop: LoopOp,
         rewriter: PatternRewriter,
     ) -> None:
-        """Move `op` into the loop producing its tiled operand (its only user)."""
-        region = rewriter.move_region_contents_to_new_regions(loop.body)
-        block = region.block
+        """Move `op` into the loop producing its tiled operand (its only user).
+
+        The loop is kept (moved to `op`'s place, where all of `op`'s operands
+        are defined) and only its body, action and result type change:
+        building a new loop per joined op made a fused chain cost a loop each."""
+        block = loop.body.block
         old_yield = block.last_op
         assert isinstance(old_yield, YieldOp)
         part = old_yield.values[0]
@@ -243,17 +246,13 @@ class PushForward(RewritePattern):
             [*new_ops, body_op, YieldOp(body_op.results[0])], InsertPoint.before(old_yield)
         )
         rewriter.erase(old_yield)
-        new = LoopOp(
-            chosen.tiling.axis,
-            loop_action(rule, chosen.factor),
-            region,
-            op.results[0].type,
-            dict(loop.attributes),
-        )
-        rewriter.insert(new, InsertPoint.before(op))
-        rewriter.replace_all_uses_with(op.results[0], new.result)
+        loop.detach()
+        rewriter.insert(loop, InsertPoint.before(op))
+        loop.properties["action"] = loop_action(rule, chosen.factor)
+        result = rewriter.replace_value_with_new_type(loop.result, op.results[0].type)
+        result.name_hint = None  # it is `op`'s value now, no longer what the loop made
+        rewriter.replace_all_uses_with(op.results[0], result)
         rewriter.erase(op)
-        rewriter.erase(loop)
 
     def _record_conflicts(
         self, op: Operation, chosen: _Candidate, others: list[_Candidate]
