@@ -22,11 +22,17 @@ _LAZY = {
     "PartitionedFunction": "partir.api",
     "jit": "partir.api",
     "ValidationError": "partir.validation",
+    "Profile": "partir.cost",
+    "Estimate": "partir.cost",
+    "named_profile": "partir.cost",
+    "simulate": "partir.cost",
+    "calibrate": "partir.cost.calibrate",
 }
 
 __all__ = [
     "BatchParallel",
     "Compiled",
+    "Estimate",
     "Lowered",
     "ManualPartition",
     "Megatron",
@@ -36,14 +42,18 @@ __all__ = [
     "PartirValueError",
     "Partitioned",
     "PartitionedFunction",
+    "Profile",
     "Tactic",
     "TacticError",
     "UnsupportedError",
     "ValidationError",
     "ZeRO",
+    "calibrate",
     "import_jax",
     "jit",
+    "named_profile",
     "partition",
+    "simulate",
 ]
 
 

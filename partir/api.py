@@ -32,6 +32,7 @@ from dialects.errors import PartirTypeError, PartirValueError
 from lowering.collectives import Collective, collectives
 from lowering.loader import load_source
 from lowering.to_spmd import LowerToSpmdPass
+from partir.cost import Estimate, Profile, estimate
 from partir.generated_files import write_source
 from partir.importer import check_arguments, import_program
 from partir.keys import KeyBoundary
@@ -132,12 +133,20 @@ class Lowered:
             self._source_path = write_source(self.source, self.name)
         return self._source_path
 
-    def report(self) -> Report:
+    def report(self, profile: Profile | str | None = None) -> Report:
         """Shardings, collectives, replicated ops and memory (`partir.report`):
         read from the SPMD module, with the last core stage for the ops it
-        left outside every loop. For XLA's figures beside the estimate:
+        left outside every loop; with `profile`, the predicted step on it
+        (`estimate`). For XLA's figures beside the estimate:
         `.report().with_xla(XlaMemory.of(lowered.compile(), args))`."""
-        return build_report(self.module, core=self.stages[-2].module)
+        chosen = Profile.load(profile) if isinstance(profile, str) else profile
+        return build_report(self.module, core=self.stages[-2].module, profile=chosen)
+
+    def estimate(self, profile: Profile | str) -> Estimate:
+        """The predicted step on `profile` (a `Profile`, a shipped profile's
+        name or a JSON file; see `partir.cost`)."""
+        chosen = profile if isinstance(profile, Profile) else Profile.load(profile)
+        return estimate(self.module, chosen)
 
     def compile(self) -> Compiled:
         jax_mesh = devices_for(self.mesh, self.jax_mesh)

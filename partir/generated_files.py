@@ -89,10 +89,17 @@ def write_source(source: str, name: str) -> Path:
                 return path
     except FileNotFoundError:
         pass
-    fd, temporary = tempfile.mkstemp(dir=directory, prefix=".partir-", suffix=".py")
+    return write_private(path, data)
+
+
+def write_private(path: Path, data: str | bytes) -> Path:
+    """Write `data` to `path` as a 0600 file: to a temporary name beside it,
+    renamed into place (a reader never sees half a file)."""
+    raw = data.encode() if isinstance(data, str) else data
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".partir-", suffix=path.suffix)
     try:
         with os.fdopen(fd, "wb") as f:  # mkstemp makes it 0600
-            f.write(data)
+            f.write(raw)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

@@ -24,6 +24,7 @@ from typing import NoReturn, TextIO
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 from partir.cli_errors import one_line, parse_error_line
+from partir.cost.profile import Profile
 from partir.report import Diff, Report, Table, build_report, diff, dumps, parse_module
 
 
@@ -52,6 +53,17 @@ def _arguments() -> argparse.ArgumentParser:
     )
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument(
+        "--estimate",
+        metavar="PROFILE",
+        help="predict a step on PROFILE: a shipped profile's name "
+        "(h100-8, h100-16x8, tpu-v5e-16x16) or a profile JSON file (partir.calibrate)",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="with --estimate: draw the step's time per op kind and per collective to PNG",
+    )
+    parser.add_argument(
         "--traceback",
         action="store_true",
         help="on an error, show the Python traceback instead of one message",
@@ -73,7 +85,7 @@ def _read(path: str) -> str:
         raise InspectError(one_line(err, name).removeprefix("error: ")) from err
 
 
-def load_report(path: str) -> Report:
+def load_report(path: str, profile: Profile | None = None) -> Report:
     """The report of one file, or an `InspectError` saying what is wrong with it.
 
     The input is verified first (as `partir-opt` does): a report of IR the
@@ -97,7 +109,7 @@ def load_report(path: str) -> Report:
         line = one_line(err, name).removeprefix("error: ")
         raise InspectError(f"{name} does not verify: {line}") from err
     try:
-        return build_report(module)
+        return build_report(module, profile=profile)
     except (ValueError, DiagnosticException) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InspectError(f"{name}: {first}") from err
@@ -137,12 +149,30 @@ def _render(result: Report | Diff, fmt: str, out: TextIO) -> None:
         out.write(result.footer + "\n")
 
 
+def _profile(name: str) -> Profile:
+    from dialects.errors import PartirValueError
+
+    try:
+        return Profile.load(name)
+    except (PartirValueError, OSError, ValueError) as err:
+        raise InspectError(f"--estimate {name}: {err}") from err
+
+
 def run(args: argparse.Namespace, out: TextIO) -> int:
     if len(args.files) > 2:
         raise InspectError("give one file to report on, or two to diff")
-    reports = [load_report(path) for path in args.files]
+    if args.plot and not args.estimate:
+        raise InspectError("--plot draws an estimate: give --estimate PROFILE too")
+    profile = _profile(args.estimate) if args.estimate else None
+    reports = [load_report(path, profile) for path in args.files]
     if len(reports) == 1:
         _render(reports[0], args.format, out)
+        if args.plot:
+            from partir.cost.plot import plot_estimates
+
+            estimate = reports[0].estimate
+            assert estimate is not None
+            plot_estimates({args.files[0]: estimate}, args.plot)
     else:
         labels = (args.files[0], args.files[1])
         _render(diff(reports[0], reports[1], labels), args.format, out)

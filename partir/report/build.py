@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, TensorType
@@ -29,6 +30,9 @@ from partir.report.rows import CollectiveInfo, PaddedValue, ValueInfo
 from rewrites.conflicts import recorded_conflicts
 from rewrites.padding import PADDED
 
+if TYPE_CHECKING:
+    from partir.cost.profile import Profile
+
 _SPMD_OPS = {op.name for op in SPMD.operations}
 
 
@@ -40,10 +44,13 @@ def parse_module(text: str, filename: str = "<string>") -> ModuleOp:
     return PartirParser(make_context(allow_unregistered=True), text, filename).parse_module()
 
 
-def build_report(module: ModuleOp, core: ModuleOp | None = None) -> Report:
+def build_report(
+    module: ModuleOp, core: ModuleOp | None = None, profile: Profile | None = None
+) -> Report:
     """The report of `module` (any stage; not modified). `core` is the core
     stage the SPMD `module` was lowered from, for `replicated_ops`; a
-    core-stage `module` is its own."""
+    core-stage `module` is its own. With `profile`, the predicted step on it
+    (`partir.cost.estimate`)."""
     entry = entry_function(module)
     if is_spmd(entry):
         stage, spmd = "spmd", module
@@ -64,6 +71,12 @@ def build_report(module: ModuleOp, core: ModuleOp | None = None) -> Report:
     names = ssa_names(spmd)
     spmd_entry = entry_function(spmd)
     values = _values(spmd_entry, names, mesh)
+    memory = estimate_memory(spmd_entry, values, names)
+    predicted = None
+    if profile is not None:
+        from partir.cost.estimate import estimate
+
+        predicted = estimate(spmd, profile, peak_bytes=memory.peak)
     return Report(
         stage=stage,
         mesh=mesh,
@@ -72,9 +85,10 @@ def build_report(module: ModuleOp, core: ModuleOp | None = None) -> Report:
         collectives=_collectives(spmd, names),
         replicated_ops=[] if core is None else replicated_ops(core, conflicts),
         conflicts=conflicts,
-        memory=estimate_memory(spmd_entry, values, names),
+        memory=memory,
         core_available=core is not None or stage == "stablehlo",
         padding=_padding(spmd_entry, names),
+        estimate=predicted,
     )
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dialects.mesh import Mesh
 from partir.report.memory import MemoryEstimate, XlaMemory
 from partir.report.render import _conflict_json, _counts, _type_text, render_plain
 from partir.report.rows import CollectiveInfo, PaddedValue, ReplicatedOp, Table, ValueInfo
 from rewrites.conflicts import Conflict
+
+if TYPE_CHECKING:
+    from partir.cost.estimate import Estimate
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class Report:
     xla: XlaMemory | None = field(default=None)
     padding: list[PaddedValue] = field(default_factory=list)
     """Values padded for divisibility (a dim the mesh axis does not divide)."""
+    estimate: Estimate | None = field(default=None)
+    """A predicted step on some profile (`with_estimate`, `partir-inspect --estimate`)."""
 
     @property
     def arguments(self) -> list[ValueInfo]:
@@ -41,6 +46,10 @@ class Report:
 
     def with_xla(self, xla: XlaMemory) -> Report:
         return replace(self, xla=xla)
+
+    def with_estimate(self, estimate: Estimate) -> Report:
+        """The report with a predicted step beside it (`partir.cost`)."""
+        return replace(self, estimate=estimate)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +65,7 @@ class Report:
             "memory": self.memory.to_json(),
             "xla_memory": None if self.xla is None else self.xla.to_json(),
             "padding": [p.to_json() for p in self.padding],
+            "estimate": None if self.estimate is None else self.estimate.to_json(),
         }
 
     def summary(self) -> list[tuple[str, str]]:
@@ -103,6 +113,8 @@ class Report:
     def tables(self) -> list[Table]:
         """The report's sections as tables: summary first, then the details."""
         out = [Table("summary", ("", ""), self.summary())]
+        if self.estimate is not None:
+            out.append(Table("estimate", ("", ""), self.estimate.summary()))
         sharding_headers = ("name", "partir.name", "global", "sharding", "local", "bytes")
         out.append(
             Table(

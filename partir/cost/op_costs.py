@@ -1,0 +1,197 @@
+"""What one op of the SPMD program costs a device: FLOPs and memory traffic
+from its local (per-device) types, the inputs of a roofline.
+
+Every op partir can emit is in exactly one `Kind` (`KINDS`; a test checks
+the emitter's op table against it, so a new op cannot go uncosted):
+
+- `MATMUL`: dot_general and convolution, 2 FLOPs per multiply-add;
+- `ELEMENTWISE`: one FLOP per result element. XLA fuses chains of these (and
+  broadcasts, converts, iotas) into one kernel, so a fusible op whose every
+  user is fusible too is `fused`: its result never goes to memory, and it
+  launches no kernel of its own;
+- `REDUCTION`: one FLOP per input element (reduce, reduce_window, sort's
+  comparisons n log n);
+- `MOVEMENT`: no FLOPs, its bytes in and out (transpose, slice, gather, ...);
+- `FREE`: a view or a boundary (reshape, to_local, a splat constant): nothing;
+- `CONTROL`: while, if, case: the cost of their regions (`partir.cost.estimate`);
+- `COLLECTIVE`: the SPMD collectives, costed by `partir.cost.collective_costs`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import Attribute, Operation
+
+from dialects.dtypes import dense_to_numpy, tensor_bytes
+
+
+class Kind(Enum):
+    MATMUL = "matmul"
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    MOVEMENT = "movement"
+    FREE = "free"
+    CONTROL = "control"
+    COLLECTIVE = "collective"
+
+
+_UNARY = (
+    "abs cbrt ceil cosine count_leading_zeros exponential exponential_minus_one floor imag "
+    "is_finite log log_plus_one logistic negate not popcnt real rsqrt sign sine sqrt tan tanh "
+    "round_nearest_afz round_nearest_even reduce_precision"
+)
+_BINARY = (
+    "add and atan2 complex divide maximum minimum multiply or power remainder shift_left "
+    "shift_right_arithmetic shift_right_logical subtract xor compare select clamp convert"
+)
+_CHLO = (
+    "acos acosh asin asinh atan atanh bessel_i1e conj cosh digamma erf erf_inv erfc is_inf "
+    "is_neg_inf is_pos_inf lgamma next_after polygamma sinh square tan zeta"
+)
+
+KINDS: dict[str, Kind] = {
+    **{f"stablehlo.{n}": Kind.ELEMENTWISE for n in (*_UNARY.split(), *_BINARY.split())},
+    **{f"chlo.{n}": Kind.ELEMENTWISE for n in _CHLO.split()},
+    "stablehlo.broadcast_in_dim": Kind.ELEMENTWISE,
+    "stablehlo.iota": Kind.ELEMENTWISE,
+    "stablehlo.bitcast_convert": Kind.ELEMENTWISE,
+    "stablehlo.rng_bit_generator": Kind.ELEMENTWISE,
+    "stablehlo.constant": Kind.FREE,  # a literal in the executable (bytes, if not a splat)
+    "stablehlo.reshape": Kind.FREE,
+    "stablehlo.optimization_barrier": Kind.FREE,
+    "spmd.to_local": Kind.FREE,
+    "spmd.from_local": Kind.FREE,
+    "stablehlo.dot_general": Kind.MATMUL,
+    "stablehlo.convolution": Kind.MATMUL,
+    "stablehlo.reduce": Kind.REDUCTION,
+    "stablehlo.reduce_window": Kind.REDUCTION,
+    "stablehlo.select_and_scatter": Kind.REDUCTION,
+    "stablehlo.sort": Kind.REDUCTION,
+    "chlo.top_k": Kind.REDUCTION,
+    "stablehlo.transpose": Kind.MOVEMENT,
+    "stablehlo.reverse": Kind.MOVEMENT,
+    "stablehlo.concatenate": Kind.MOVEMENT,
+    "stablehlo.slice": Kind.MOVEMENT,
+    "stablehlo.dynamic_slice": Kind.MOVEMENT,
+    "stablehlo.dynamic_update_slice": Kind.MOVEMENT,
+    "stablehlo.pad": Kind.MOVEMENT,
+    "stablehlo.gather": Kind.MOVEMENT,
+    "stablehlo.scatter": Kind.MOVEMENT,
+    "spmd.local_slice": Kind.MOVEMENT,
+    "stablehlo.while": Kind.CONTROL,
+    "stablehlo.if": Kind.CONTROL,
+    "stablehlo.case": Kind.CONTROL,
+    "spmd.all_reduce": Kind.COLLECTIVE,
+    "spmd.all_gather": Kind.COLLECTIVE,
+    "spmd.reduce_scatter": Kind.COLLECTIVE,
+    "spmd.all_to_all": Kind.COLLECTIVE,
+    "spmd.collective_permute": Kind.COLLECTIVE,
+}
+"""Op name -> how it is costed (see the module docstring)."""
+
+_FUSIBLE = frozenset({Kind.ELEMENTWISE, Kind.FREE})
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One op on one device: FLOPs, bytes read and written, its element type
+    (which peak applies), and whether it runs as a kernel of its own."""
+
+    kind: Kind
+    flops: float
+    bytes: float
+    element_type: str
+    kernel: bool
+
+
+def kind_of(op: Operation) -> Kind:
+    kind = KINDS.get(op.name)
+    if kind is None:
+        raise KeyError(
+            f"{op.name} has no cost in partir.cost.op_costs.KINDS; add it there "
+            "(as the op it behaves like)"
+        )
+    return kind
+
+
+def elements(ty: Attribute) -> int:
+    return math.prod(ty.get_shape()) if isinstance(ty, TensorType) else 1
+
+
+def value_bytes(ty: Attribute) -> int:
+    return tensor_bytes(ty) if isinstance(ty, TensorType) else 0
+
+
+def element_type_name(op: Operation) -> str:
+    """The element type the op computes in: its first tensor operand's."""
+    for value in (*op.operands, *op.results):
+        if isinstance(value.type, TensorType):
+            return str(value.type.element_type)
+    return "f32"
+
+
+def fused(op: Operation) -> bool:
+    """Whether XLA would fuse `op` into its users: it is fusible, and so is
+    every user (its result then stays in registers)."""
+    if KINDS.get(op.name) not in _FUSIBLE or not op.results:
+        return False
+    return all(
+        KINDS.get(use.operation.name) in _FUSIBLE and use.operation.parent is op.parent
+        for result in op.results
+        for use in result.uses
+    )
+
+
+def op_cost(op: Operation) -> OpCost:
+    """The FLOPs and memory traffic of `op` on one device (not CONTROL or
+    COLLECTIVE ops, whose cost is their regions' or their links')."""
+    kind = kind_of(op)
+    out = sum(elements(r.type) for r in op.results)
+    if kind is Kind.FREE:
+        constant = op.name == "stablehlo.constant" and not _splat(op)
+        written = sum(value_bytes(r.type) for r in op.results) if constant else 0
+        return OpCost(kind, 0, written, element_type_name(op), False)
+    # inputs a fused producer computed in registers are not read from memory
+    read = sum(
+        value_bytes(v.type)
+        for v in op.operands
+        if not (isinstance(v.owner, Operation) and fused(v.owner))
+    )
+    is_fused = fused(op)
+    written = 0 if is_fused else sum(value_bytes(r.type) for r in op.results)
+    flops: float
+    if kind is Kind.MATMUL:
+        flops = 2 * out * _contracted(op)
+    elif kind is Kind.ELEMENTWISE:
+        flops = out
+    elif kind is Kind.REDUCTION:
+        inputs = elements(op.operands[0].type) if op.operands else out
+        sort = op.name in ("stablehlo.sort", "chlo.top_k")
+        flops = inputs * max(1, math.ceil(math.log2(max(inputs, 2)))) if sort else inputs
+    else:
+        flops = 0
+    return OpCost(kind, flops, read + written, element_type_name(op), not is_fused)
+
+
+def _contracted(op: Operation) -> int:
+    """Multiply-adds per result element of a dot_general or a convolution."""
+    lhs = op.operands[0].type
+    rhs = op.operands[1].type
+    assert isinstance(lhs, TensorType) and isinstance(rhs, TensorType)
+    if op.name == "stablehlo.dot_general":
+        dims = op.properties["dot_dimension_numbers"]
+        contracting = [d.value.data for d in dims.lhs_contracting_dimensions]  # type: ignore[attr-defined]
+        return math.prod(lhs.get_shape()[d] for d in contracting)
+    numbers = op.properties["dimension_numbers"]
+    out_features = rhs.get_shape()[numbers.kernel_output_feature_dimension.data]  # type: ignore[attr-defined]
+    return elements(rhs) // max(out_features, 1)
+
+
+def _splat(op: Operation) -> bool:
+    """A constant of one repeated value (XLA materialises it in the kernel)."""
+    array = dense_to_numpy(op.properties["value"])
+    return array.size <= 1 or bool((array == array.reshape(-1)[0]).all())

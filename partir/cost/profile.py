@@ -1,0 +1,153 @@
+"""A machine as the cost model sees it: one device's roofline and the links
+between devices, as plain data that loads from and saves to JSON.
+
+Devices are numbered the way a mesh lays them out (row-major over its axes,
+the last axis fastest), and grouped by `levels`, innermost first: an 8-GPU
+node is one level of 8 joined by NVLink; 16 such nodes add a level of 16
+joined by InfiniBand. A mesh axis's collective runs over the devices that
+differ only in that axis's coordinate; `Profile.axis_levels` says how many
+of them share each level, so an axis may span links (8 GPUs in a node x 2
+nodes), as the ONNX multi-device proposal's topology section describes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dialects.errors import PartirValueError
+
+
+@dataclass(frozen=True)
+class Link:
+    """One level of the device hierarchy: `size` groups of the level below
+    (devices, for the innermost) joined by links of this latency and
+    per-device, per-direction bandwidth."""
+
+    name: str
+    size: int
+    latency_s: float
+    bandwidth: float
+    """Bytes per second one device sends (and receives) over this level."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device's roofline: peak FLOP/s per element type, memory bandwidth
+    and capacity, and a fixed cost per kernel (launch, or XLA's per-fusion
+    overhead on CPU)."""
+
+    peak_flops: dict[str, float]
+    """Per MLIR element type name ("f32", "bf16", "f16", "i8", ...)."""
+    memory_bandwidth: float
+    memory_bytes: float
+    kernel_overhead_s: float = 0.0
+
+    def flops_per_second(self, element_type: str) -> float:
+        """The peak for `element_type`, else f32's (an integer or unlisted
+        float type runs at the f32 rate)."""
+        peak = self.peak_flops.get(element_type) or self.peak_flops.get("f32")
+        if not peak:
+            raise PartirValueError(
+                f"the device profile has no peak FLOP/s for {element_type} or f32; "
+                f"it lists {sorted(self.peak_flops)}"
+            )
+        return peak
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A device, the levels linking devices (innermost first), and where the
+    figures come from."""
+
+    name: str
+    device: Device
+    levels: tuple[Link, ...]
+    sources: tuple[str, ...] = field(default=())
+
+    @property
+    def devices(self) -> int:
+        return math.prod(level.size for level in self.levels)
+
+    def axis_levels(self, mesh: Mapping[str, int], axes: tuple[str, ...]) -> list[tuple[int, Link]]:
+        """For a collective over `axes` of `mesh`: per level, innermost first,
+        how many of its group's devices that level joins (the product is
+        the group's size; levels it does not cross are left out)."""
+        unknown = [a for a in axes if a not in mesh]
+        if unknown:
+            raise PartirValueError(f"mesh axes {unknown} are not in the mesh {dict(mesh)}")
+        if math.prod(mesh.values()) > self.devices:
+            raise PartirValueError(
+                f"the mesh {dict(mesh)} has {math.prod(mesh.values())} devices; the profile "
+                f"{self.name!r} has {self.devices}: pick a larger profile or a smaller mesh"
+            )
+        names = list(mesh)
+        # The group's devices: the coordinates of `axes` vary, the others are 0.
+        strides = {a: math.prod(mesh[b] for b in names[names.index(a) + 1 :]) for a in names}
+        members = [0]
+        for a in axes:
+            members = [m + k * strides[a] for m in members for k in range(mesh[a])]
+        found: list[tuple[int, Link]] = []
+        span = 1  # devices per unit of the current level
+        for level in self.levels:
+            outer = span * level.size
+            # distinct units of this level the group touches, per unit of the next
+            inside = len({(m % outer) // span for m in members})
+            if inside > 1:
+                found.append((inside, level))
+            span = outer
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Profile:
+        try:
+            return Profile(
+                name=data["name"],
+                device=Device(**data["device"]),
+                levels=tuple(Link(**level) for level in data["levels"]),
+                sources=tuple(data.get("sources", ())),
+            )
+        except (KeyError, TypeError) as err:
+            raise PartirValueError(f"not a partir device profile: {err}") from err
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as JSON, readable only by the user."""
+        from partir.generated_files import write_private
+
+        return write_private(Path(path), json.dumps(self.to_json(), indent=2) + "\n")
+
+    @staticmethod
+    def load(path_or_name: str | Path) -> Profile:
+        """A profile from a JSON file, or one of `named_profiles()` by name."""
+        path = Path(path_or_name)
+        if path.suffix != ".json" and str(path_or_name) in named_profiles():
+            return named_profile(str(path_or_name))
+        try:
+            return Profile.from_json(json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise PartirValueError(
+                f"no profile file {str(path)!r}; the named profiles are {named_profiles()}"
+            ) from None
+
+
+def named_profiles() -> list[str]:
+    """The profiles partir ships (`partir/cost/profiles/*.json`)."""
+    folder = resources.files("partir.cost") / "profiles"
+    names = (p.name for p in folder.iterdir())
+    return sorted(n.removesuffix(".json") for n in names if n.endswith(".json"))
+
+
+def named_profile(name: str) -> Profile:
+    """A shipped profile by name (see `named_profiles`)."""
+    if name not in named_profiles():
+        raise PartirValueError(f"no named profile {name!r}; partir ships {named_profiles()}")
+    text = (resources.files("partir.cost") / "profiles" / f"{name}.json").read_text()
+    return Profile.from_json(json.loads(text))

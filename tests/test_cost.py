@@ -1,0 +1,206 @@
+"""The cost model (issue 14): profiles as data, the α-β and roofline formulas
+against hand-derived and published figures, the estimator on real programs
+(loops, strategies), simulation on a mesh this machine does not have,
+calibration, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import partir
+from dialects.spmd import CollectiveOp
+from examples import block_train_step, stack_train_step
+from lowering.jax_ops import EMITTERS
+from partir.cost import Device, Link, Profile, named_profile, named_profiles, simulate
+from partir.cost.collective_costs import collective_seconds
+from partir.cost.op_costs import KINDS
+
+MESH = partir.Mesh({"batch": 4, "model": 2})
+GiB = 1 << 30
+
+
+def test_every_emittable_op_has_a_cost_and_every_collective_a_model():
+    assert sorted(set(EMITTERS) - set(KINDS)) == []
+    assert sorted(set(KINDS) - set(EMITTERS)) == []
+    link = [(4, Link("l", 4, 1e-6, 1e9))]
+    kinds = {c.name.removeprefix("spmd.") for c in _subclasses(CollectiveOp)}
+    for kind in kinds - {"local_slice"}:  # a local slice does not communicate
+        assert collective_seconds(kind, 1 << 20, link) > 0, kind
+
+
+def _subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        if getattr(sub, "name", "").startswith("spmd."):
+            found.append(sub)
+        found += _subclasses(sub)
+    return found
+
+
+def test_profiles_round_trip_as_private_json(tmp_path):
+    profile = named_profile("h100-16x8")
+    path = profile.save(tmp_path / "p.json")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert Profile.load(path) == profile
+    assert json.loads(path.read_text())["levels"][1]["size"] == 16
+    assert set(named_profiles()) >= {"h100-8", "h100-16x8", "tpu-v5e-16x16"}
+    with pytest.raises(partir.PartirValueError, match="no profile file"):
+        Profile.load(tmp_path / "missing.json")
+    with pytest.raises(partir.PartirValueError, match="not a partir device profile"):
+        Profile.from_json({"name": "x"})
+
+
+def test_an_all_reduce_of_1_gib_on_8_h100s_matches_the_published_bus_bandwidth():
+    """nccl-tests: 460-480 GB/s bus bandwidth for a large all-reduce on 8
+    H100 SXM5 over NVLink (busbw = B/t * 2(n-1)/n)."""
+    profile = named_profile("h100-8")
+    seconds = collective_seconds("all_reduce", GiB, profile.axis_levels({"x": 8}, ("x",)))
+    published = GiB * 2 * 7 / 8 / 470e9
+    assert abs(seconds / published - 1) < 0.15
+
+
+def test_a_matmul_runs_at_the_published_peak():
+    """H100 SXM dense BF16: 989.5 TFLOP/s (datasheet); an 8192^3 matmul is
+    compute-bound, so the roofline gives its FLOPs at that peak."""
+    n = 8192
+    a = jax.ShapeDtypeStruct((n, n), jnp.bfloat16)
+    e = simulate(lambda a, b: a @ b, (a, a), {"x": 1}, [], named_profile("h100-8"))
+    assert e.flops == 2 * n**3
+    assert abs(e.compute_seconds / (2 * n**3 / 989.5e12) - 1) < 0.15
+    assert e.comm_seconds == 0 and e.kernels == 1
+
+
+def test_axes_find_their_levels():
+    profile = named_profile("h100-16x8")
+    nvlink, infiniband = profile.levels
+    mesh = {"data": 16, "model": 8}
+    assert profile.axis_levels(mesh, ("model",)) == [(8, nvlink)]
+    assert profile.axis_levels(mesh, ("data",)) == [(16, infiniband)]
+    assert profile.axis_levels(mesh, ("data", "model")) == [(8, nvlink), (16, infiniband)]
+    # an axis spanning links: 8 devices in a node x 8 nodes
+    assert profile.axis_levels({"a": 2, "b": 64}, ("b",)) == [(8, nvlink), (8, infiniband)]
+    assert profile.axis_levels({"a": 2, "b": 64}, ("a",)) == [(2, infiniband)]
+    with pytest.raises(partir.PartirValueError, match="has 256 devices; the profile"):
+        profile.axis_levels({"a": 256}, ("a",))
+    with pytest.raises(partir.PartirValueError, match=r"\['c'\] are not in the mesh"):
+        profile.axis_levels(mesh, ("c",))
+
+
+def test_hierarchical_collectives_are_rings_per_level():
+    inner, outer = Link("in", 8, 1e-6, 400e9), Link("out", 4, 5e-6, 50e9)
+    b = 64 * 2**20
+    ring = 7 * 1e-6 + 7 / 8 * b / 400e9
+    assert collective_seconds("reduce_scatter", b, [(8, inner)]) == pytest.approx(ring)
+    assert collective_seconds("all_reduce", b, [(8, inner)]) == pytest.approx(2 * ring)
+    two = ring + 3 * 5e-6 + 3 / 4 * (b / 8) / 50e9
+    assert collective_seconds("all_gather", b, [(8, inner), (4, outer)]) == pytest.approx(two)
+    assert collective_seconds("collective_permute", b, [(8, inner), (4, outer)]) == (
+        pytest.approx(5e-6 + b / 50e9)
+    )
+    assert collective_seconds("all_reduce", b, []) == 0
+
+
+def _fori(x):
+    return jax.lax.fori_loop(0, 5, lambda i, v: jnp.tanh(v @ v), x)
+
+
+def _unrolled(x):
+    for _ in range(5):
+        x = jnp.tanh(x @ x)
+    return x
+
+
+def test_a_counted_loop_costs_its_trip_count_times_its_body():
+    x = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+    profile = named_profile("h100-8")
+    looped = simulate(_fori, (x,), {"x": 1}, [], profile)
+    unrolled = simulate(_unrolled, (x,), {"x": 1}, [], profile)
+    assert looped.unknown_trip_counts == 0
+    assert looped.flops == pytest.approx(unrolled.flops, rel=0.01)
+
+
+def test_strategies_divide_the_work_and_pay_for_their_collectives():
+    fn, args = block_train_step.program, block_train_step.make_args()
+    profile = named_profile("h100-8")
+    whole = simulate(fn, args, {"x": 1}, [], profile)
+    dp = partir.jit(fn, mesh=MESH, tactics=[partir.BatchParallel("batch")]).lower(*args)
+    e = dp.estimate(profile)
+    share = e.flops / whole.flops
+    assert 0.25 < share < 0.4  # a quarter of the batch's work, the optimizer's replicated
+    assert set(e.by_axes) == {("batch",)}
+    assert e.comm_seconds == pytest.approx(sum(c.seconds for c in e.collectives))
+    assert all(c.kind == "all_reduce" for c in e.collectives)
+    assert e.seconds == pytest.approx(e.compute_seconds + e.comm_seconds)
+    report = dp.report(profile="h100-8")
+    assert report.estimate is not None and report.estimate.seconds == pytest.approx(e.seconds)
+    assert report.to_json()["estimate"]["comm_seconds"] == pytest.approx(e.comm_seconds)
+    assert "estimate" in [t.title for t in report.tables()]
+
+
+def test_simulating_a_mesh_larger_than_this_machine_allocates_nothing():
+    args = stack_train_step.make_args(layers_=2, batch=64)
+    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+    before = len(jax.live_arrays())
+    tactics = [partir.BatchParallel("data"), partir.Megatron("model")]
+    e = simulate(
+        stack_train_step.program, abstract, {"data": 16, "model": 8}, tactics,
+        named_profile("h100-16x8"),
+    )
+    assert len(jax.live_arrays()) == before
+    assert {("data",), ("model",)} <= set(e.by_axes)
+    # activation sums ride NVLink, gradient sums InfiniBand: per byte, data's cost more
+    per_byte = {
+        axes: sum(c.seconds for c in e.collectives if c.axes == axes)
+        / sum(c.bytes_per_device * c.count for c in e.collectives if c.axes == axes)
+        for axes in e.by_axes
+    }
+    assert per_byte[("data",)] > 5 * per_byte[("model",)]
+    assert e.fits and e.peak_bytes > 0
+
+
+def test_calibration_measures_this_machine(tmp_path):
+    path = tmp_path / "cpu.json"
+    profile = partir.calibrate(
+        {"batch": 4, "model": 2}, repeats=1, save=path, progress=None, sizes=(1 << 14, 1 << 18)
+    )
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert Profile.load(path) == profile
+    (link,) = profile.levels
+    assert link.size == 8 and link.latency_s > 0 and link.bandwidth > 0
+    assert profile.device.peak_flops["f32"] > 1e8 and profile.device.memory_bandwidth > 1e7
+    fn, args = block_train_step.program, block_train_step.make_args()
+    lowered = partir.jit(fn, mesh=MESH, tactics=[partir.BatchParallel("batch")]).lower(*args)
+    assert lowered.estimate(profile).seconds > 0
+
+
+def test_partir_inspect_estimates_and_plots(tmp_path):
+    from partir.inspect import main
+
+    fn, args = block_train_step.program, block_train_step.make_args()
+    lowered = partir.jit(fn, mesh=MESH, tactics=[partir.BatchParallel("batch")]).lower(*args)
+    stage = tmp_path / "spmd.mlir"
+    stage.write_text(lowered.stage("spmd"))
+    out = tmp_path / "step.png"
+    assert main([str(stage), "--estimate", "h100-8", "--plot", str(out), "--format", "json"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    assert main([str(stage), "--plot", str(out)]) == 1
+    assert main([str(stage), "--estimate", "no-such-profile"]) == 1
+
+
+def test_the_estimate_is_per_device_and_sums_its_parts():
+    e = named_profile("tpu-v5e-16x16")
+    assert math.isclose(e.devices, 256)
+    device = Device({"f32": 1e12}, 1e11, 1e9)
+    assert device.flops_per_second("bf16") == 1e12  # unlisted types run at f32's rate
+    with pytest.raises(partir.PartirValueError, match="no peak FLOP/s"):
+        Device({}, 1e11, 1e9).flops_per_second("f32")
