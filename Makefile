@@ -27,7 +27,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy partir dialects rewrites lowering
 
 test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.import_speed

@@ -28,6 +28,7 @@ from dialects.errors import PartirTypeError
 from dialects.functions import NAME_ATTR, entry_function
 from lowering.emittable import refuse_unemittable
 from partir.mlir_bridge import AttributeCache, MlirToXdsl
+from partir.selectors import POSITIONAL_ROOT
 from rewrites.inline_calls import InlineCallsPass
 
 
@@ -182,7 +183,7 @@ def _parameter_names(fn: Callable[..., Any], count: int) -> list[str]:
         ):
             names.append(params[i].name)
         else:
-            names.append(f"args[{i}]")
+            names.append(f"{POSITIONAL_ROOT}[{i}]")
     return names
 
 

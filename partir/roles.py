@@ -3,8 +3,10 @@
 A training step takes its state (parameters, optimizer state) and returns it
 updated: an argument whose whole tree comes back as a result subtree, leaf
 for leaf (same path below it, shape and dtype), is state, whatever it is
-called. Each result subtree is matched to one argument, in argument order, so
-gradients passed in beside the parameters are not state. A lone array
+called (an argument is a parameter's tree, or one positional `args[i]`:
+`partir.selectors.argument_root`). Each result subtree is matched to one
+argument, in argument order, so gradients passed in beside the parameters
+are not state. A lone array
 counts only where it comes back as a result of its own among several, not as
 a forward function's only output. Arguments rooted at a conventional state
 name (`STATE_ROOTS`) are state too. The data are the other arguments of rank
@@ -23,7 +25,7 @@ from typing import Protocol, TypeVar
 
 from xdsl.ir import Attribute
 
-from partir.selectors import display_path, slash_path
+from partir.selectors import argument_root, display_path, slash_path
 
 STATE_ROOTS = ("params", "opt_state", "optimizer_state", "state", "variables")
 """Argument roots that hold model state rather than data, whatever the results."""
@@ -170,4 +172,4 @@ def _overlap(node: str, other: str) -> bool:
 
 
 def _root(leaf: NamedLeaf) -> str:
-    return slash_path(leaf.name).split("/")[0]
+    return argument_root(leaf.name)

@@ -60,6 +60,20 @@ def slash_path(path: str) -> str:
     return "/".join(parts)
 
 
+POSITIONAL_ROOT = "args"
+"""The root of the names of arguments that have none of their own: `args[i]`
+for a `*args` element, or for an argument of IR that names none."""
+
+
+def argument_root(path: str) -> str:
+    """The argument a leaf named `path` belongs to, in the slash form: its
+    root, or `args/i` for a positional one (each is an argument of its own)."""
+    segments = slash_path(path).split("/")
+    if segments[0] == POSITIONAL_ROOT and len(segments) > 1:
+        return "/".join(segments[:2])
+    return segments[0]
+
+
 def display_path(path: str) -> str:
     """The slash form for messages, or the path form where a key holds a `/`."""
     slashed = slash_path(path)

@@ -28,7 +28,7 @@ from dialects.escaping import quoted
 from dialects.functions import NAME_ATTR
 from partir.mesh import Mesh
 from partir.roles import Roles
-from partir.selectors import display_path, select, slash_path
+from partir.selectors import POSITIONAL_ROOT, argument_root, display_path, select, slash_path
 
 
 class TacticError(PartirValueError):
@@ -77,7 +77,7 @@ class Leaf:
 
     @property
     def root(self) -> str:
-        return slash_path(self.name).split("/")[0]
+        return argument_root(self.name)
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class ProgramView:
             tuple(
                 Leaf("argument", i, n, t)
                 for i, (n, t) in enumerate(
-                    zip(names(entry.arg_attrs, len(ins), "args"), ins, strict=True)
+                    zip(names(entry.arg_attrs, len(ins), POSITIONAL_ROOT), ins, strict=True)
                 )
             ),
             tuple(
@@ -318,7 +318,10 @@ def _under(selectors: Sequence[str], roots: Sequence[str]) -> list[str]:
     ]
 
 
-_ATTENTION_IN = ("q_proj", "k_proj", "v_proj", "query", "key", "value", "c_attn", "qkv", "w_qkv")
+_ATTENTION_IN = (
+    "q_proj", "k_proj", "v_proj", "query", "key", "value", "query_proj", "key_proj",
+    "value_proj", "c_attn", "qkv", "w_qkv",
+)
 _MLP_IN = ("fc1", "c_fc", "wi", "up_proj", "gate_proj", "dense_h_to_4h")
 
 MEGATRON_COLUMN = _named(
@@ -339,6 +342,10 @@ MEGATRON_COLUMN = _named(
 )
 """Weights `[in, out]` split on their output dim (attention heads, MLP hidden)."""
 
+OUT_IN_WEIGHTS = ("weight",)
+"""Leaf names of weights stored `[out, in]` (PyTorch's and equinox's
+`Linear.weight`): Megatron splits the other of their last two dims."""
+
 MEGATRON_COLUMN_BIAS = (
     *_named(("bq", "bk", "bv", "b_q", "b_k", "b_v", "b_in", "b1", "b_up", "b_gate"), ("",)),
     *_named((*_ATTENTION_IN, *_MLP_IN), ("/bias", "/b")),
@@ -351,6 +358,7 @@ MEGATRON_ROW = _named(
         "w_o",
         "o_proj",
         "out_proj",
+        "output_proj",
         "c_proj",
         "w_out",
         "w2",
@@ -363,6 +371,13 @@ MEGATRON_ROW = _named(
 """Weights `[in, out]` split on their input dim (attention output, MLP second matmul)."""
 
 
+def _megatron_dim(leaf: Leaf, dim: int) -> int:
+    """`dim` (-1: output, -2: input, for `[in, out]`) in `leaf`'s layout."""
+    if len(leaf.shape) >= 2 and slash_path(leaf.name).split("/")[-1] in OUT_IN_WEIGHTS:
+        return -3 - dim  # -1 <-> -2
+    return dim
+
+
 @dataclass(frozen=True)
 class Megatron(Tactic):
     """Tensor parallelism for transformer blocks (Megatron-LM's split) over `axis`.
@@ -370,8 +385,9 @@ class Megatron(Tactic):
     Column weights (q/k/v projections, the MLP's first weight) and their biases
     are split on their output (last) dim, so attention splits by heads and the
     MLP by hidden units; row weights (attention output projection, the MLP's
-    second weight) on their input dim (`-2`). Each block's forward pass then
-    needs exactly two sums over `axis`. Names follow `MEGATRON_COLUMN`,
+    second weight) on their input dim (`-2`); a weight stored `[out, in]`
+    (named `weight`, `OUT_IN_WEIGHTS`) the other way round. Each block's
+    forward pass then needs exactly two sums over `axis`. Names follow `MEGATRON_COLUMN`,
     `MEGATRON_COLUMN_BIAS` and `MEGATRON_ROW`, at any depth under the
     parameters' root whatever it is called (`partir.roles`; any root where
     the program does not say); pass your own selectors to override them.
@@ -407,7 +423,7 @@ class Megatron(Tactic):
         for leaf, dim in sorted(picks, key=lambda p: p[0].index):
             if leaf.index not in seen:
                 seen.add(leaf.index)
-                planned.append(_plan(leaf, dim, self.axis, mesh, self.name))
+                planned.append(_plan(leaf, _megatron_dim(leaf, dim), self.axis, mesh, self.name))
         return Plan(self.name, tuple(planned))
 
 
@@ -425,10 +441,13 @@ class ZeRO(Tactic):
       state the optimizer state mirrors, whatever its name), gathered where
       they are used.
 
-    With the default selectors, leaves of rank 0 or whose dim 0 is smaller
-    than the axis stay replicated; a dim 0 the axis does not divide is padded
-    for divisibility (`rewrites.padding`). A selector you pass must select
-    leaves whose dim 0 has at least one element per device.
+    With the default selectors, a leaf is split on dim 0, padded for
+    divisibility where the axis does not divide it (`rewrites.padding`); a
+    leaf whose dim 0 has fewer elements than the axis has devices (flax's
+    attention output kernel `[heads, head_dim, out]`, a stack of fewer
+    layers) on the first dim that has enough (`zero_dim`), and scalars stay
+    replicated. A selector you pass must select leaves whose dim 0 has at
+    least one element per device.
     """
 
     axis: str
@@ -456,8 +475,9 @@ class ZeRO(Tactic):
             ]
         planned = []
         for leaf in program.find(default, who=self.name, results=results, required=False):
-            if leaf.shape and leaf.shape[0] >= parts:  # padded where parts do not divide it
-                planned.append(PlannedTile(leaf, 0, self.axis))
+            dim = zero_dim(leaf.shape, parts)
+            if dim is not None:
+                planned.append(PlannedTile(leaf, dim, self.axis))
             else:
                 skipped.append(leaf.name)
         return planned
@@ -486,6 +506,20 @@ class ZeRO(Tactic):
                 "or parameters with a dim 0 of at least one element per device)"
             )
         return Plan(self.name, tuple(planned), tuple(skipped))
+
+
+def zero_dim(shape: tuple[int, ...], parts: int) -> int | None:
+    """The dim ZeRO splits a state leaf of `shape` on over `parts` devices:
+    dim 0 where it has an element per device (padded where `parts` does not
+    divide it), else the first dim `parts` divides, else the first with an
+    element per device; None where no dim has (a scalar, a tiny vector).
+
+    A leaf, its optimizer state and its update share a shape, so they agree."""
+    if shape and shape[0] >= parts:
+        return 0
+    enough = [d for d, n in enumerate(shape) if n >= parts]
+    divided = [d for d in enough if shape[d] % parts == 0]
+    return next(iter(divided or enough), None)
 
 
 TACTICS: tuple[type[Tactic], ...] = (BatchParallel, Megatron, ZeRO, ManualPartition)

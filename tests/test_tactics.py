@@ -9,7 +9,7 @@ import partir
 from examples import block_train_step, mlp_train_step, stack_train_step
 from partir.importer import entry_function
 from partir.selectors import matches, select, slash_path
-from partir.tactics import ProgramView
+from partir.tactics import ProgramView, zero_dim
 
 
 def _module(example=mlp_train_step, **sizes):
@@ -60,6 +60,43 @@ def test_megatron_takes_your_own_names():
     planned = partir.Megatron("model", column=["params/w2"], column_bias=[], row=["params/w1"]).plan(
         view, partir.Mesh({"model": 2}))
     assert {slash_path(p.leaf.name): p.dim for p in planned} == {"params/w2": 1, "params/w1": 0}
+
+
+def test_megatron_splits_out_in_weights_on_their_other_dim():
+    """A leaf named `weight` is stored `[out, in]` (PyTorch's and equinox's
+    `Linear`): a column weight is split on dim -2, a row weight on -1; a
+    `kernel` (flax, `[in, out]`) and the biases as usual."""
+    params = {
+        "attn": {"query_proj": {"weight": np.ones((8, 16), np.float32)},
+                 "output_proj": {"weight": np.ones((16, 8), np.float32)}},
+        "fc1": {"kernel": np.ones((16, 32), np.float32), "bias": np.ones(32, np.float32)},
+        "fc2": {"weight": np.ones((16, 32), np.float32)},
+    }
+
+    def forward(params, x):
+        h = x @ params["attn"]["query_proj"]["weight"].T @ params["attn"]["output_proj"]["weight"].T
+        h = h @ params["fc1"]["kernel"] + params["fc1"]["bias"]
+        return h @ params["fc2"]["weight"].T
+
+    module = partir.import_jax(forward, params, np.ones((4, 16), np.float32))
+    view = ProgramView.of(entry_function(module))
+    planned = partir.Megatron("model").plan(view, partir.Mesh({"model": 2}))
+    assert {slash_path(p.leaf.name): p.dim for p in planned} == {
+        "params/attn/query_proj/weight": 0, "params/attn/output_proj/weight": 1,
+        "params/fc1/kernel": 1, "params/fc1/bias": 0, "params/fc2/weight": 1,
+    }
+
+
+@pytest.mark.parametrize(("shape", "dim"), [
+    ((6, 4), 0),       # dim 0 has an element per device: split there (padded to 8)
+    ((2, 16, 8), 1),   # 2 layers over 4 devices: the next dim the axis divides
+    ((2, 6, 5), 1),    # none divides: the first with an element per device (padded)
+    ((2, 2, 8), 2),
+    ((3,), None),      # too short: stays replicated
+    ((), None),
+])
+def test_zero_splits_the_first_dim_long_enough(shape, dim):
+    assert zero_dim(shape, 4) == dim
 
 
 def test_batch_parallel_default_inputs_are_the_data():

@@ -1,0 +1,287 @@
+"""The model libraries users bring (issue 12's real-client matrix): flax
+linen, haiku and equinox transformer blocks, and flax and equinox stacks of
+them under a scan, trained with optax's Adam (`tests/client_models.py`),
+partitioned by the stock tactics and checked against `jax.jit` (numbers: the
+SPMD stage on the reference interpreter for every strategy, the emitted
+program on JAX for data parallelism) and against the collectives a
+hand-written strategy has.
+
+Their parameter trees carry the libraries' own names (`params/Dense_0/kernel`,
+`params['mlp/~/linear_0']['w']`, `params.attention.query_proj.weight`) and
+optax's state its own (`opt_state[0].mu[...]`): `BatchParallel` and `ZeRO`
+find the data, the parameters and the optimizer state by the program's
+structure (`partir.roles`), not by those names.
+
+Per block (12 parameter leaves; mesh {"batch": 4, "model": 2}):
+
+| strategy | collectives |
+|---|---|
+| DP | AR(batch)×13: the 12 gradients and the loss |
+| DP + Megatron | AR(model)×3 of activations: 2 forward, 1 backward (the gradient reaching the second norm); the first norm's input needs no gradient (it is the data), so its scale and bias gradients, partial over "model", are summed over both axes at once, AR(batch, model)×2; AR(batch)×11, the other gradients and the loss |
+| DP + ZeRO-1 | RS(batch)×12 of the gradients, AR(batch)×1 (the loss) |
+| DP + ZeRO-3 | AG(batch)×12 of the parameters, RS(batch)×12, AR(batch)×1 |
+
+A stack of 2 blocks under `nn.scan` (flax) or `lax.scan` (equinox) has them
+inside its loops, per layer and iteration: DP's gradient sums in the backward
+loop; Megatron's AR(model)×4, 2 forward and 2 backward (the residual gradient
+the loop carries to the layer below needs the first norm's too); ZeRO-3
+gathers each layer's 12 parameters in the forward loop and the 8 the backward
+pass reads (the matrices and the norm scales) in the backward loop.
+
+ZeRO-1 and ZeRO-3 return the updated parameters split as the optimizer state
+is (the update is computed shard by shard): a stage-1 step made to return
+them whole would all-gather each once more.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import pytest
+
+import partir
+from dialects.interpreter.spmd import run_spmd
+from lowering.collectives import Collective, collectives
+from partir.opt import main as partir_opt
+from partir.report import parse_module
+from tests import client_models
+from tests.jaxpr_collectives import emitted_collectives
+from tests.numerics import assert_leaves_close
+
+MESH = partir.Mesh({"batch": 4, "model": 2})
+DATA = partir.BatchParallel("batch")
+
+BLOCKS: dict[str, tuple[str, Callable[[], client_models.Client]]] = {
+    "flax": ("flax", client_models.flax_block),
+    "haiku": ("haiku", client_models.haiku_block),
+    "equinox": ("equinox", client_models.equinox_block),
+}
+STACKS: dict[str, tuple[str, Callable[[], client_models.Client]]] = {
+    "flax nn.scan": ("flax", client_models.flax_scanned_stack),
+    "equinox lax.scan": ("equinox", client_models.equinox_scanned_stack),
+}
+MODELS = {**BLOCKS, **STACKS}
+BY_MODEL = [pytest.param(name, marks=pytest.mark.xdist_group(name)) for name in sorted(MODELS)]
+"""Each model's tests run on one worker (`make test`'s `--dist loadgroup`),
+which builds the model, its arguments and `jax.jit`'s result once."""
+
+STRATEGIES: dict[str, Callable[[client_models.Client], list[partir.Tactic]]] = {
+    "DP": lambda client: [DATA],
+    "DP+Megatron": lambda client: [DATA, client.megatron],
+    "ZeRO-1": lambda client: [DATA, partir.ZeRO("batch", stage=1)],
+    "ZeRO-3": lambda client: [DATA, partir.ZeRO("batch", stage=3)],
+}
+CLI_STRATEGIES = {
+    "DP": "partir-batch-parallel{axis=batch}",
+    "ZeRO-3": "partir-batch-parallel{axis=batch},partir-zero{axis=batch stage=3}",
+}
+"""The same tactics as `partir-opt` passes (Megatron needs the names JAX's text lacks)."""
+
+
+@functools.cache
+def _client(name: str) -> client_models.Client:
+    library, build = MODELS[name]
+    pytest.importorskip(library, reason=f"the {name} model needs {library}")
+    pytest.importorskip("optax", reason="the client models train with optax")
+    return build()
+
+
+@functools.cache
+def _case(name: str) -> tuple[tuple[Any, ...], Any]:
+    """The model's arguments and `jax.jit`'s result on them."""
+    client = _client(name)
+    args = client.make_args()
+    return args, jax.jit(client.step)(*args)
+
+
+@functools.cache
+def jax_text(name: str) -> str:
+    """`jax.jit(step).lower(*args).as_text()`: MLIR's pretty syntax."""
+    return jax.jit(_client(name).step).lower(*_case(name)[0]).as_text()
+
+
+@functools.cache
+def lowered(name: str, strategy: str) -> partir.Lowered:
+    """The step partitioned by the strategy (kept for the `partir-opt` test to compare)."""
+    client = _client(name)
+    tactics = STRATEGIES[strategy](client)
+    return partir.jit(client.step, mesh=MESH, tactics=tactics).lower(*_case(name)[0])
+
+
+def run_and_check(name: str, strategy: str) -> partir.Lowered:
+    """The partitioned step: its SPMD stage, run on the reference interpreter
+    (every device simulated, each collective as it moves data), equals
+    `jax.jit`; it has no conflicts; and the emitted program's jaxpr holds
+    the SPMD stage's collectives. (XLA takes seconds to compile each emitted
+    step; `test_data_parallel...` runs each model's on JAX.)"""
+    args, want = _case(name)
+    program = lowered(name, strategy)
+    got = run_spmd(program.module, jax.tree.leaves(args))
+    assert_leaves_close(got, jax.tree.leaves(want), what=f"{name} step, {strategy}")
+    assert program.conflicts == []
+    assert emitted_collectives(program.compile(), args) == kinds(program.collectives)
+    return program
+
+
+def kinds(found: list[Collective]) -> collections.Counter:
+    return collections.Counter((c.kind, c.axes) for c in found)
+
+
+def moved(collective: Collective) -> int:
+    """Elements a collective moves per device: the larger of its local
+    operand and result (a gradient shard summed, a parameter gathered whole)."""
+    op = collective.op
+    return max(math.prod(op.operands[0].type.get_shape()), math.prod(op.results[0].type.get_shape()))
+
+
+def loop_of(collective: Collective) -> int | None:
+    """Which `stablehlo.while` of the function runs the collective (0: the
+    first in program order, the forward scan; 1: the backward), or None."""
+    op = collective.op.parent_op()
+    while op is not None and op.name != "stablehlo.while":
+        op = op.parent_op()
+    if op is None:
+        return None
+    loops = [w for w in collective.op.get_toplevel_object().walk() if w.name == "stablehlo.while"]
+    return loops.index(op)
+
+
+def sizes(found: list[Collective]) -> list[int]:
+    return sorted(moved(c) for c in found)
+
+
+def parameter_sizes(name: str) -> list[int]:
+    """Elements of each parameter leaf (of one layer, for a stack)."""
+    params = _case(name)[0][0]
+    per_layer = 1 if name in BLOCKS else client_models.LAYERS
+    return sorted(leaf.size // per_layer for leaf in jax.tree.leaves(params))
+
+
+def minus(items: list[int], removed: list[int]) -> list[int]:
+    return sorted((collections.Counter(items) - collections.Counter(removed)).elements())
+
+
+ACTIVATION = client_models.BATCH // MESH.axes["batch"] * client_models.SEQ * client_models.WIDTH
+"""Elements of one device's residual stream: its sequences, whole."""
+
+NORM = client_models.WIDTH
+"""Elements of a norm's scale (or bias)."""
+
+
+@pytest.mark.parametrize("name", BY_MODEL)
+def test_data_parallel_sums_each_gradient_and_the_loss_only(name):
+    """Default `BatchParallel`: x and y are split (optax's state and the
+    parameters come back updated, so they are state); every collective is an
+    all-reduce over "batch" of one parameter's gradient, or of the loss. The
+    emitted program runs on JAX equal to `jax.jit`. In a stack, each layer's gradients are summed inside the backward loop (the
+    scan stays a loop) and only the loss outside it."""
+    program = run_and_check(name, "DP")
+    args, want = _case(name)
+    assert_leaves_close(program.compile()(*args), want, what=f"{name} step on JAX")
+    params = parameter_sizes(name)
+    assert kinds(program.collectives) == {("all_reduce", ("batch",)): len(params) + 1}
+    assert sizes(program.collectives) == sorted([*params, 1])
+    if name in STACKS:
+        assert "stablehlo.while" in program.stage("import")
+        in_loops = [c for c in program.collectives if loop_of(c) is not None]
+        assert sizes(in_loops) == params
+
+
+@pytest.mark.parametrize("name", BY_MODEL)
+def test_megatron_all_reduces_activations_over_model(name):
+    """Each library's Megatron: flax's `ManualPartition` (attention kernels
+    split on their heads dim), haiku's `Megatron` with its modules' paths,
+    equinox's default `Megatron` (its names fit the conventions; its `[out,
+    in]` weights are split on the right dims). Over "model", only whole
+    activations are summed (see the module docstring for which); over
+    "batch", the gradients and the loss, as without Megatron."""
+    program = run_and_check(name, "DP+Megatron")
+    params = parameter_sizes(name)
+    over_model = [c for c in program.collectives if c.axes == ("model",)]
+    if name in BLOCKS:
+        assert kinds(program.collectives) == {
+            ("all_reduce", ("batch",)): len(params) - 1,
+            ("all_reduce", ("model",)): 3,
+            ("all_reduce", ("batch", "model")): 2,
+        }
+        both = [c for c in program.collectives if c.axes == ("batch", "model")]
+        assert sizes(both) == [NORM, NORM]  # the first norm's scale and bias
+        over_batch = [c for c in program.collectives if c.axes == ("batch",)]
+        # the gradients as each device holds them: the Megatron-split leaves
+        # (the matrices and the MLP's first bias, HIDDEN elements or more) half
+        split = client_models.HIDDEN
+        held = [n // 2 if n >= split else n for n in minus(params, [NORM, NORM])]
+        assert sizes(over_batch) == sorted([*held, 1])
+    else:
+        assert kinds(program.collectives) == {
+            ("all_reduce", ("batch",)): len(params) + 1,
+            ("all_reduce", ("model",)): 4,
+        }
+        assert all(loop_of(c) is not None for c in over_model)
+    assert {moved(c) for c in over_model} == {ACTIVATION}
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("name", BY_MODEL)
+def test_zero_shards_the_optimizer_state_and_parameters(name, stage):
+    """`ZeRO("batch", stage)` after `BatchParallel`: optax's `mu` and `nu`
+    (and at stage 3 the parameters) are split over "batch". Each gradient is
+    reduce-scattered once instead of all-reduced, each parameter all-gathered
+    where it is used (stage 3), and the loss all-reduced: no activation
+    moves. A leaf whose dim 0 is shorter than the 4 devices (flax's attention
+    output kernel `[heads=2, head_dim, out]`, a stack's 2 layers) is split on
+    its next dim, not left whole: in a stack, each layer is gathered inside
+    the loops, once forward and again backward where the backward reads it."""
+    program = run_and_check(name, f"ZeRO-{stage}")
+    params = parameter_sizes(name)
+    scattered = [c for c in program.collectives if c.kind == "reduce_scatter"]
+    gathered = [c for c in program.collectives if c.kind == "all_gather"]
+    assert [c.axes for c in program.collectives] == [("batch",)] * len(program.collectives)
+    assert sizes(scattered) == params
+    assert [moved(c) for c in program.collectives if c.kind == "all_reduce"] == [1]
+    if stage == 1:
+        assert gathered == []
+    elif name in BLOCKS:
+        assert sizes(gathered) == params
+    else:
+        matrices = [n for n in params if n >= client_models.WIDTH**2]
+        matrices_and_scales = [*matrices, NORM, NORM]
+        assert sizes([c for c in gathered if loop_of(c) == 0]) == params
+        assert sizes([c for c in gathered if loop_of(c) == 1]) == sorted(matrices_and_scales)
+        assert all(loop_of(c) == 1 for c in scattered)
+
+
+# --------------------------------------------------------------------------
+# partir-opt on JAX's text of each model
+
+
+@pytest.mark.parametrize("strategy", sorted(CLI_STRATEGIES))
+@pytest.mark.parametrize("name", BY_MODEL)
+def test_partir_opt_partitions_the_jax_text_of_each_model(name, strategy, tmp_path):
+    """`jax.jit(step).lower(*args).as_text()` through `partir-opt`: the
+    arguments are only positions there (`%arg0`...), and the default
+    `partir-batch-parallel` and `partir-zero` still tell the data, the state
+    and the parameters apart by the program's structure. The SPMD stage it
+    writes parses back, runs (on the reference interpreter) equal to
+    `jax.jit`, and has the collectives of the Python path's."""
+    args, want = _case(name)
+    source, spmd = tmp_path / "step.mlir", tmp_path / "step.spmd.mlir"
+    source.write_text(jax_text(name))
+    pipeline = (
+        f'inline-calls,partir-declare-mesh{{axes="batch=4","model=2"}},'
+        f"{CLI_STRATEGIES[strategy]},partir-lower-spmd"
+    )
+    assert partir_opt([str(source), "-p", pipeline, "-o", str(spmd)]) == 0
+    module = parse_module(spmd.read_text(), str(spmd))
+    assert_leaves_close(run_spmd(module, jax.tree.leaves(args)), jax.tree.leaves(want),
+                        what=f"{name} via partir-opt, {strategy}")
+
+    def signature(found: list[Collective]) -> collections.Counter:
+        return collections.Counter((c.kind, c.axes, c.operand, c.result) for c in found)
+
+    assert signature(collectives(module)) == signature(lowered(name, strategy).collectives)
