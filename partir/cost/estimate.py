@@ -7,7 +7,8 @@ own. Per collective, α-β over the links its group crosses
 (`collective_costs`). A `while` costs its trip count times its body (the
 count read from JAX's `scan`/`fori_loop` form: a counter from a constant,
 compared below a constant), a conditional its dearest branch. Peak memory
-is the report's liveness estimate (`partir.report.memory`).
+is the report's liveness estimate (`partir.report.memory`) with XLA's
+fusion: an op `op_costs.fused` into its users holds no buffer.
 
 The model assumes no overlap of communication with computation (`overlap`
 = 0: the step is their sum), as XLA's CPU and default GPU schedules mostly
@@ -261,10 +262,12 @@ def module_mesh(module: ModuleOp) -> dict[str, int]:
 def estimate(module: ModuleOp, profile: Profile, peak_bytes: int | None = None) -> Estimate:
     """The predicted step of the SPMD `module` on `profile` (`peak_bytes`: the
     report's liveness peak, if the caller has it)."""
-    if peak_bytes is None:
+    if peak_bytes is None:  # the report's liveness, with fused ops holding no buffer
         from partir.report import build_report
 
-        peak_bytes = build_report(module).memory.peak
+        found = build_report(module, profile=profile).estimate
+        assert found is not None
+        return found
     mesh = module_mesh(module)
     walk = _Walk(mesh, profile)
     walk.block(entry_function(module).body.block, 1)

@@ -75,8 +75,10 @@ def build_report(
     predicted = None
     if profile is not None:
         from partir.cost.estimate import estimate
+        from partir.cost.op_costs import fused
 
-        predicted = estimate(spmd, profile, peak_bytes=memory.peak)
+        unfused = estimate_memory(spmd_entry, values, names, lambda op: not fused(op))
+        predicted = estimate(spmd, profile, peak_bytes=unfused.peak)
     return Report(
         stage=stage,
         mesh=mesh,

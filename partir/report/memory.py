@@ -3,7 +3,7 @@ and XLA's own figures for a compiled program (`XlaMemory`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -112,9 +112,14 @@ class XlaMemory:
 
 
 def estimate_memory(
-    entry: func.FuncOp, infos: dict[SSAValue, ValueInfo], names: dict[SSAValue, str]
+    entry: func.FuncOp,
+    infos: dict[SSAValue, ValueInfo],
+    names: dict[SSAValue, str],
+    materialised: Callable[[Operation], bool] | None = None,
 ) -> MemoryEstimate:
-    """See `MemoryEstimate`: liveness over the flat SPMD body."""
+    """See `MemoryEstimate`: liveness over the flat SPMD body. With
+    `materialised`, an op it rejects holds no buffer (the cost model's view
+    of XLA's fusion: `partir.cost.op_costs.fused`)."""
     ops = list(entry.body.block.ops)
     end = len(ops)
     position = {op: i for i, op in enumerate(ops)}
@@ -122,6 +127,8 @@ def estimate_memory(
     delta = [0] * (end + 1)
     for i, op in enumerate(ops):
         if isinstance(op, ToLocalOp | FromLocalOp):
+            continue
+        if materialised is not None and not materialised(op):
             continue
         for r in op.results:
             info = infos.get(r)

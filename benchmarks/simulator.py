@@ -1,0 +1,161 @@
+"""Does the cost model rank strategies as this machine does?
+
+Calibrates this machine (`partir.calibrate`, about a minute), then for each
+program and strategy below (DP, TP, DP+TP, ZeRO-1/2/3 and combinations, on
+meshes 8, 4x2, 2x4 and 1x8): predicts a step (`Lowered.estimate`), measures
+it (median of paired rounds: every round runs every strategy once, in a
+shuffled order, inputs pre-sharded), and prints both with Spearman's ρ of
+the predicted and measured times, and the predicted peak memory beside
+XLA's `memory_analysis()` (arguments, outputs and temporaries, per device).
+
+CPU caveat (shared/guides/jax.md): the 8 devices share this host's cores, so
+a step's time is the total work over the cores; the calibration measures
+compute and collectives under that same sharing.
+
+    python -m benchmarks.simulator [--rounds 10] [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+import partir
+from examples import block_train_step, mlp_train_step
+from partir.report import XlaMemory
+
+MESHES = {
+    "8": {"batch": 8},
+    "4x2": {"batch": 4, "model": 2},
+    "2x4": {"batch": 2, "model": 4},
+    "1x8": {"model": 8},
+}
+DP = partir.BatchParallel("batch")
+TP = partir.Megatron("model")
+STRATEGIES: list[tuple[str, str, list[partir.Tactic]]] = [
+    ("8", "DP", [DP]),
+    ("8", "DP+ZeRO-1", [DP, partir.ZeRO("batch", 1)]),
+    ("8", "DP+ZeRO-2", [DP, partir.ZeRO("batch", 2)]),
+    ("8", "DP+ZeRO-3", [DP, partir.ZeRO("batch", 3)]),
+    ("4x2", "DP", [DP]),
+    ("4x2", "TP", [TP]),
+    ("4x2", "DP+TP", [DP, TP]),
+    ("4x2", "DP+TP+ZeRO-1", [DP, TP, partir.ZeRO("batch", 1)]),
+    ("4x2", "DP+TP+ZeRO-3", [DP, TP, partir.ZeRO("batch", 3)]),
+    ("2x4", "TP", [TP]),
+    ("2x4", "DP+TP", [DP, TP]),
+    ("2x4", "DP+TP+ZeRO-3", [DP, TP, partir.ZeRO("batch", 3)]),
+    ("1x8", "TP", [TP]),
+]
+
+
+def programs(small: bool) -> dict[str, tuple]:
+    if small:
+        return {
+            "MLP": (mlp_train_step.program, mlp_train_step.make_args(batch=64, d_in=64,
+                                                                     hidden=256, d_out=64)),
+            "block": (block_train_step.program, block_train_step.make_args(
+                batch=8, seq=32, width=64, mlp_width=256)),
+        }
+    return {
+        "MLP": (mlp_train_step.program, mlp_train_step.make_args(
+            batch=256, d_in=512, hidden=2048, d_out=512)),
+        "block": (block_train_step.program, block_train_step.make_args(
+            batch=8, seq=128, width=256, mlp_width=1024)),
+        "wide block": (block_train_step.program, block_train_step.make_args(
+            batch=8, seq=64, width=512, mlp_width=2048)),
+    }
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+
+    def ranks(x: list[float]) -> np.ndarray:
+        order = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x), dtype=float)
+        values = np.asarray(x)
+        for v in set(x):
+            tied = values == v
+            r[tied] = r[tied].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--small", action="store_true", help="small shapes, for a quick check")
+    parser.add_argument("--profile", help="a saved profile JSON instead of calibrating")
+    opts = parser.parse_args()
+    start = time.perf_counter()
+    if opts.profile:
+        profile = partir.Profile.load(opts.profile)
+    else:
+        profile = partir.calibrate(MESHES["4x2"], save=False, progress=None)
+    print(f"profile: {profile.device}, {profile.levels[0]} "
+          f"({time.perf_counter() - start:.0f} s)")
+    rows = []
+    for prog_name, (program, args) in programs(opts.small).items():
+        for mesh_name, strat, tactics in STRATEGIES:
+            mesh = partir.Mesh(MESHES[mesh_name])
+            try:
+                lowered = partir.jit(program, mesh=mesh, tactics=tactics).lower(*args)
+            except partir.TacticError as err:  # e.g. ZeRO-1 of a step with no optimizer state
+                print(f"skipped {prog_name} {mesh_name} {strat}: {err}")
+                continue
+            predicted = lowered.estimate(profile)
+            compiled = lowered.compile()
+            leaves = jax.tree_util.tree_leaves(args)
+            inputs = [
+                jax.device_put(x, NamedSharding(compiled.jax_mesh, spec))
+                for x, spec in zip(leaves, compiled.program.IN_SPECS, strict=True)
+            ]
+            xla = XlaMemory.of(compiled, args)
+            rows.append({
+                "name": f"{prog_name} {mesh_name} {strat}",
+                "run": compiled.run,
+                "inputs": inputs,
+                "predicted": predicted,
+                "xla_bytes": xla.total,
+                "times": [],
+            })
+    for row in rows:  # warm up
+        jax.block_until_ready(row["run"](*row["inputs"]))
+    for _ in range(opts.rounds):
+        for row in random.sample(rows, len(rows)):
+            t0 = time.perf_counter()
+            jax.block_until_ready(row["run"](*row["inputs"]))
+            row["times"].append(time.perf_counter() - t0)
+    print("| program mesh strategy | predicted ms | measured ms | predicted/measured "
+          "| peak MiB predicted | XLA total MiB | mem ratio |")
+    print("|---|---|---|---|---|---|---|")
+    predicted_ms, measured_ms = [], []
+    for row in rows:
+        p = row["predicted"].seconds * 1e3
+        m = statistics.median(row["times"]) * 1e3
+        predicted_ms.append(p)
+        measured_ms.append(m)
+        mem = row["predicted"].peak_bytes / 2**20
+        xla = row["xla_bytes"] / 2**20
+        print(f"| {row['name']} | {p:.2f} | {m:.2f} | {p / m:.2f} | {mem:.1f} | {xla:.1f} "
+              f"| {mem / xla:.2f} |")
+    print(f"\n{len(rows)} strategies; Spearman rho (predicted vs measured time): "
+          f"{spearman(predicted_ms, measured_ms):.3f}")
+    print(f"total {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
