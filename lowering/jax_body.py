@@ -10,6 +10,11 @@ names of the values defined before it (`outer`): a value it uses from there
 becomes a parameter (`p0`, `p1`, ... in order of first use), and its own
 values are named `x0`, `x1`, ... So two parts whose ops are the same up to
 renaming come out as the same text.
+
+Each op's statement ends in a comment saying where the user's code made the
+op (`ModuleTables.note`: its `file:line` and JAX name stack, escaped). The
+comments are kept beside the lines (`BodyEmitter.notes`), not in them, so
+parts that differ only in where their ops came from still share a function.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import numpy as np
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from dialects import spmd
+from dialects.locations import source_location
 from lowering.jax_ir import (
     UnsupportedOpError,
     element_dtype,
@@ -28,7 +34,7 @@ from lowering.jax_ir import (
     tensor_type,
     unsupported,
 )
-from lowering.jax_literals import dtype_literal
+from lowering.jax_literals import comment_text, dtype_literal
 from lowering.jax_ops import EMITTERS
 
 Emitter = Callable[["BodyEmitter", Operation], "str | None"]
@@ -46,6 +52,7 @@ class ModuleTables:
         self.helpers: dict[str, str] = {}
         """Name -> source of the module-level helper functions the body calls."""
         self._keys: dict[str, str] = {}
+        self._notes: dict[int, str | None] = {}
 
     def helper(self, name: str, source: str) -> str:
         """`name`, whose definition `source` the module then includes once."""
@@ -61,6 +68,17 @@ class ModuleTables:
             self.constants[key] = entry
         return key
 
+    def note(self, op: Operation) -> str | None:
+        """The comment for `op`'s statement: `file:line name/stack` of its
+        location, escaped for a comment, or None if it has neither. Read once
+        per location (ops share them; the module keeps them alive)."""
+        location = op.location
+        key = id(location)
+        if key not in self._notes:
+            text = source_location(location).describe()
+            self._notes[key] = comment_text(text) if text else None
+        return self._notes[key]
+
 
 class BodyEmitter:
     """Emission state of one function: generated names, output lines."""
@@ -75,6 +93,8 @@ class BodyEmitter:
         self.tables = tables or ModuleTables()
         self.names: dict[SSAValue, str] = {}
         self.lines: list[str] = []
+        self.notes: dict[int, str] = {}
+        """Index in `lines` -> the trailing comment of that line (`source`)."""
         self.outer = outer
         """Names of the values defined before this function (they become parameters)."""
         self.params: list[SSAValue] = []
@@ -126,6 +146,10 @@ class BodyEmitter:
     def write(self, line: str) -> None:
         self.lines.append("    " * self._indent + line)
 
+    def source(self) -> list[str]:
+        """The lines, each op's statement with its note as a trailing comment."""
+        return noted(self.lines, self.notes)
+
     @contextlib.contextmanager
     def indented(self) -> Iterator[None]:
         self._indent += 1
@@ -155,8 +179,17 @@ class BodyEmitter:
         if not isinstance(op, spmd.FromLocalOp):
             for result in op.results:
                 tensor_type(op, result.type)
+        start = len(self.lines)
         expression = emitter(self, op)
-        if expression is None:
-            return
-        targets = ", ".join(self.define(r) for r in op.results)
-        self.write(f"{targets} = {expression}")
+        if expression is not None:
+            targets = ", ".join(self.define(r) for r in op.results)
+            self.write(f"{targets} = {expression}")
+        if len(self.lines) > start:  # its statement is the last line it wrote
+            note = self.tables.note(op)
+            if note is not None:
+                self.notes.setdefault(len(self.lines) - 1, note)
+
+
+def noted(lines: Sequence[str], notes: dict[int, str]) -> list[str]:
+    """`lines`, each one `notes` has a comment for ending in it."""
+    return [f"{line}  # {notes[i]}" if i in notes else line for i, line in enumerate(lines)]

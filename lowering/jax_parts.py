@@ -19,6 +19,10 @@ once per argument types and copies the cached jaxpr into each call, so the
 program JAX lowers is the one a single function would give, bit for bit.
 (Without `inline`, each call stays a call until XLA inlines it; that traces
 and lowers faster, but XLA then rounds a few values differently.)
+
+A shared function's statements are commented with where the first call's
+ops came from, and how many other places the other calls' ops came from
+(layers whose name stacks differ, `layers_0` and `layers_1`, still share).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 
 from xdsl.ir import Operation, SSAValue
 
-from lowering.jax_body import BodyEmitter, ModuleTables
+from lowering.jax_body import BodyEmitter, ModuleTables, noted
 
 PART_MIN = 64
 """No cut before a part has this many ops (bounds the number of calls)."""
@@ -111,12 +115,26 @@ class PartFunction:
     parameters: int = 0
     returns: set[str] = field(default_factory=set)
     calls: int = 0
+    notes: dict[int, dict[str, None]] = field(default_factory=dict)
+    """Per line, the distinct notes of the calls' ops, first call first."""
+
+    def add_notes(self, notes: dict[int, str]) -> None:
+        for i, note in notes.items():
+            self.notes.setdefault(i, {})[note] = None
+
+    def _notes(self) -> dict[int, str]:
+        out = {}
+        for i, seen in self.notes.items():
+            first, *others = seen
+            places = "place" if len(others) == 1 else "places"
+            out[i] = f"{first} (and {len(others)} other {places})" if others else first
+        return out
 
     def source(self) -> list[str]:
         params = ", ".join(f"p{i}" for i in range(self.parameters))
         returned = sorted(self.returns, key=_order)
         ret = returned[0] if len(returned) == 1 else ", ".join(returned)
-        lines = [f"def {self.name}({params}):", *self.lines]
+        lines = [f"def {self.name}({params}):", *noted(self.lines, self._notes())]
         if returned:
             lines.append(f"    return {ret}")
         if self.calls > 1:
@@ -177,6 +195,7 @@ class PartsEmitter:
             self.functions[key] = function
         function.calls += 1
         function.returns |= set(returned)
+        function.add_notes(em.notes)
         targets: dict[str, str] = {}
         for local, values in returned.items():
             targets[local] = self.top.define(values[0])

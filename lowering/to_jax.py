@@ -273,6 +273,6 @@ def emit_jax(module: ModuleOp, *, name: str = "partir_program") -> str:
         out += ["}"]
     params = ", ".join(f"a{i}" for i in range(len(arg_types)))
     out += parts.function_lines()
-    out += ["", "", f"def _body({params}):", f"    _check_inputs({params})", *body.lines]
+    out += ["", "", f"def _body({params}):", f"    _check_inputs({params})", *body.source()]
     helpers = "".join(f"\n{source}" for _, source in sorted(tables.helpers.items()))
     return "\n".join(out) + "\n" + _FOOTER + helpers

@@ -16,6 +16,10 @@ distribution:
 Arguments take the distribution their uses slice them by (inputs arrive
 sharded); results keep theirs (outputs stay sharded), except that pending
 partial sums are all-reduced, since a partial sum is not a value.
+
+Every op the lowering inserts (a collective, a local slice, an op remade on
+the devices' parts) takes the location of the op being lowered, the one that
+needed it (`dialects.locations`); ops moved into the body keep their own.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import cast
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, ModuleOp, TensorType
+from xdsl.dialects.builtin import UNKNOWN_LOC, ArrayAttr, LocationAttr, ModuleOp, TensorType
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl_jax.dialects import stablehlo as shlo
@@ -36,6 +40,7 @@ from dialects.carried import BRANCHING_OPS
 from dialects.distribution import Distribution
 from dialects.dtypes import tensor_type
 from dialects.functions import entry_function
+from dialects.locations import is_unknown
 from dialects.mesh import Mesh
 from dialects.names import op_name
 from dialects.partir import (
@@ -129,8 +134,12 @@ class SpmdLowering:
         """Computed ops whose result stays a partial sum over these axes."""
         self.remade: dict[Operation, Operation] = {}
         """Carried ops emitted again on summed operands, and the originals."""
+        self.location: LocationAttr = UNKNOWN_LOC
+        """The location of the op being lowered, for the ops inserted for it."""
 
     def _emit(self, op: Operation) -> Operation:
+        if is_unknown(op.location):
+            op.location = self.location
         self.block.add_op(op)
         return op
 
@@ -158,6 +167,7 @@ class SpmdLowering:
         raise LoweringError("the entry function has no func.return")
 
     def _finish(self, entry: func.FuncOp, ret: func.ReturnOp) -> func.FuncOp:
+        self.location = ret.location
         results, types = [], []
         for value in ret.arguments:
             placed = self.env[value]
@@ -187,6 +197,15 @@ class SpmdLowering:
     # --- ops -------------------------------------------------------------------
 
     def _lower_op(self, op: Operation) -> None:
+        outer = self.location
+        if not is_unknown(op.location):
+            self.location = op.location
+        try:
+            self._lower_located(op)
+        finally:
+            self.location = outer
+
+    def _lower_located(self, op: Operation) -> None:
         if isinstance(op, SliceOp):
             self._lower_slice(op)
         elif isinstance(op, HaloSliceOp):

@@ -120,10 +120,13 @@ class Lowered:
     def collectives(self) -> list[Collective]:
         return collectives(self.module)
 
-    def stage(self, key: str | int) -> str:
+    def stage(self, key: str | int, *, locations: bool = False) -> str:
         """The IR text of a stage: "import", a tactic's name ("ZeRO#2" for the
-        second ZeRO), "spmd", or an index into `stages`; printed when read."""
-        return find_stage(self.stages, key).text
+        second ZeRO), "spmd", or an index into `stages`; printed when read.
+        With `locations`, each op is followed by where the user's code made it
+        (`loc("jit(f)/dot_general"("f"("model.py":12:8)))`), which parses back."""
+        stage = find_stage(self.stages, key)
+        return stage.located_text if locations else stage.text
 
     @property
     def source_path(self) -> Path:

@@ -21,11 +21,12 @@ import jax
 import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
-from xdsl.ir import Attribute, Operation
+from xdsl.ir import Attribute
 
 from dialects.context import make_context
 from dialects.errors import PartirTypeError
 from dialects.functions import NAME_ATTR, entry_function
+from dialects.locations import source_location
 from lowering.emittable import refuse_unemittable
 from partir.mlir_bridge import AttributeCache, MlirToXdsl
 from partir.selectors import POSITIONAL_ROOT
@@ -71,55 +72,28 @@ _ATTRIBUTES = AttributeCache(_CONTEXT)
 
 def import_lowered(mlir_module: Any, *, supported_only: bool = False) -> ModuleOp:
     """Convert a jaxlib StableHLO module to xDSL and inline its calls
-    (refusing ops partir cannot emit first, with `supported_only`)."""
-    converter = MlirToXdsl(_CONTEXT, _ATTRIBUTES, keep_sources=supported_only)
+    (then refuse ops partir cannot emit, with `supported_only`, each with the
+    user's line: an op of a private helper such as `jnp.sort`'s has the line
+    of its call once inlined)."""
+    converter = MlirToXdsl(_CONTEXT, _ATTRIBUTES, internal=is_partir_file)
     module = converter.convert_module(mlir_module)
-    if supported_only:
-        refuse_unemittable(module, lambda op: source_line(module, op, converter.location))
     InlineCallsPass().apply(_CONTEXT, module)
+    if supported_only:
+        refuse_unemittable(module, lambda op: source_location(op.location).frame)
     return module
 
 
-_FRAME = re.compile(r'"([^"]*)"\("([^"]+)":(\d+):(\d+)')
 _PARTIR_DIRS = tuple(
     str(Path(__file__).resolve().parents[1] / package) + os.sep
     for package in ("partir", "dialects", "lowering", "rewrites")
 )
 
 
-def user_frame(location: str) -> str | None:
-    """`file.py:12:8 (in fn)`: the innermost frame of an MLIR location outside
-    partir itself (JAX places ops it derives, e.g. by `jax.grad`, at the
-    call that lowered the function, which is partir's own)."""
-    for name, path, line, column in _FRAME.findall(location):
-        if not os.path.abspath(path).startswith(_PARTIR_DIRS):
-            return f"{path}:{line}:{column}" + (f" (in {name})" if name else "")
-    return None
-
-
-def source_line(
-    module: ModuleOp, op: Operation, location: Callable[[Operation], str | None]
-) -> str | None:
-    """Where the user's code made `op`. JAX gives ops of a private helper
-    (`jnp.sort`'s @sort) only a name, so the line is that of the first call of
-    the helper, and of its caller's call, and so on."""
-    calls = {
-        call.callee.root_reference.data: call
-        for call in module.walk()
-        if isinstance(call, func.CallOp)
-    }
-    current: Operation | None = op
-    for _ in range(64):  # a call chain is never that deep; guards a recursive one
-        if current is None:
-            return None
-        found = user_frame(location(current) or "")
-        if found:
-            return found
-        function = current.parent_op()
-        while function is not None and not isinstance(function, func.FuncOp):
-            function = function.parent_op()
-        current = calls.get(function.sym_name.data) if function is not None else None
-    return None
+def is_partir_file(path: str) -> bool:
+    """Whether a frame's file is partir's own: JAX places the ops it derives
+    (e.g. by `jax.grad`) at the call that lowered the function, which is
+    partir's importer, not the user's code."""
+    return os.path.abspath(path).startswith(_PARTIR_DIRS)
 
 
 def check_arguments(fn: Callable[..., Any], args: Sequence[Any]) -> None:

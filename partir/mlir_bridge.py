@@ -6,18 +6,37 @@ StableHLO op). Walking the MLIR objects instead, each distinct type or
 attribute is parsed once (`AttributeCache`), so import cost is dominated by
 creating the ops themselves. Attributes still go through xDSL's own parser, one
 text at a time, so the result is exactly what parsing the module would give.
+Each op keeps where the user's code made it: its location, read once per
+distinct location into partir's form (`dialects.locations`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from jaxlib.mlir import ir
 from xdsl.context import Context
-from xdsl.dialects.builtin import IntAttr, ModuleOp, StringAttr, UnregisteredAttr, UnregisteredOp
+from xdsl.dialects.builtin import (
+    UNKNOWN_LOC,
+    ArrayAttr,
+    CallSiteLoc,
+    FileLineColLoc,
+    FusedLoc,
+    IntAttr,
+    LocationAttr,
+    ModuleOp,
+    NameLoc,
+    NoneAttr,
+    StringAttr,
+    UnregisteredAttr,
+    UnregisteredOp,
+)
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import IRDLOperation
 from xdsl.utils.exceptions import ParseError
 
+from dialects.locations import SourceLocation, source_location
 from dialects.parser import PartirParser as Parser
 
 PASS_THROUGH = frozenset({"sdy.sharding_constraint"})
@@ -74,22 +93,62 @@ def _unsafe_attributes(mlir_op: Any) -> bool:
     )
 
 
+def xdsl_location(location: Any, cache: dict[Any, LocationAttr]) -> LocationAttr:
+    """A jaxlib location as the same xDSL builtin location (a file range
+    kept as its start), each distinct sub-location converted once (`cache`:
+    MLIR uniques locations, their attributes hash by identity)."""
+    key = location.attr
+    found = cache.get(key)
+    if found is not None:
+        return found
+    if isinstance(location, ir.NameLoc):
+        child = location.child_loc
+        inner = NoneAttr() if isinstance(child, ir.UnknownLoc) else xdsl_location(child, cache)
+        found = NameLoc(StringAttr(location.name_str), inner)
+    elif isinstance(location, ir.CallSiteLoc):
+        found = CallSiteLoc(
+            xdsl_location(location.callee, cache), xdsl_location(location.caller, cache)
+        )
+    elif isinstance(location, ir.FileLineColLoc):
+        found = FileLineColLoc(
+            StringAttr(location.filename), IntAttr(location.start_line), IntAttr(location.start_col)
+        )
+    elif isinstance(location, ir.FusedLoc):
+        parts = [xdsl_location(part, cache) for part in location.locations]
+        found = FusedLoc(ArrayAttr(parts), NoneAttr()) if parts else UNKNOWN_LOC
+    else:
+        found = UNKNOWN_LOC
+    cache[key] = found
+    return found
+
+
+def _nowhere(path: str) -> bool:
+    return False
+
+
 class MlirToXdsl:
     """Converts a jaxlib `ir.Module` (or any MLIR op) into the same xDSL IR.
 
     Ops whose name the context does not know become `UnregisteredOp`s, so a
     program that uses an op partir cannot yet handle still imports; the stage
-    that needs to understand the op reports it by name.
+    that needs to understand the op reports it by name. Frames in files
+    `internal` names are not the user's (`source_location`).
     """
 
     def __init__(
-        self, ctx: Context, cache: AttributeCache | None = None, *, keep_sources: bool = False
+        self,
+        ctx: Context,
+        cache: AttributeCache | None = None,
+        *,
+        internal: Callable[[str], bool] = _nowhere,
     ):
         self._ctx = ctx
-        self._sources: dict[Operation, Any] | None = {} if keep_sources else None
+        self._internal = internal
         self._cache = cache if cache is not None else AttributeCache(ctx)
         self._values: dict[Any, SSAValue] = {}
         self._op_types: dict[str, tuple[type[Operation], frozenset[str]]] = {}
+        self._locations: dict[Any, LocationAttr] = {}
+        self._converted: dict[Any, LocationAttr] = {}
 
     def convert_module(self, mlir_module: Any) -> ModuleOp:
         module = self.convert_op(mlir_module.operation)
@@ -132,15 +191,23 @@ class MlirToXdsl:
         )
         for mlir_result, result in zip(mlir_op.results, op.results, strict=True):
             self._values[mlir_result] = result
-        if self._sources is not None:
-            self._sources[op] = mlir_op
+        op.location = self._location(mlir_op.location)
         return op
 
-    def location(self, op: Operation) -> str | None:
-        """The MLIR location text of the op `op` was converted from (kept only
-        with `keep_sources`, while the jaxlib module is alive)."""
-        source = self._sources.get(op) if self._sources is not None else None
-        return str(source.location) if source is not None else None
+    def _location(self, location: Any) -> LocationAttr:
+        """`location` in partir's form (`dialects.locations`: the name stack
+        and the innermost frame, unless that frame is in a file `internal`
+        names: JAX places the ops it derives at the call that lowered the
+        function, which may be the importer's own), read once per distinct
+        location (MLIR uniques them: their attributes hash by identity)."""
+        key = location.attr
+        found = self._locations.get(key)
+        if found is None:
+            read = source_location(xdsl_location(location, self._converted))
+            if read.file is not None and self._internal(read.file):
+                read = SourceLocation(read.name_stack)
+            found = self._locations[key] = read.attribute()
+        return found
 
     def _parse_standalone(self, mlir_op: Any) -> Operation:
         """An op with no operands or regions, read from its own generic text
@@ -152,6 +219,7 @@ class MlirToXdsl:
             )
         text = mlir_op.get_asm(print_generic_op_form=True)
         op = Parser(self._ctx, text).parse_op()
+        op.location = self._location(mlir_op.location)
         for mlir_result, result in zip(mlir_op.results, op.results, strict=True):
             self._values[mlir_result] = result
         return op

@@ -9,7 +9,9 @@ closed, CHLO, partir core, SPMD), partir's parser (hex float literals read as
 MLIR does), every pass of `partir.passes.PASSES` next to xDSL's own, and a
 `jax` target: when `partir-emit-jax` ends the pipeline, the output is the
 Python module (and an op the emitter cannot write is refused before the first
-pass, as `partir.jit` refuses it after import). Errors print one clear
+pass, as `partir.jit` refuses it after import). `--print-debuginfo` prints
+each op's location (`dialects.locations`: where the user's code made it),
+which parses back and reaches the emitted program's comments. Errors print one clear
 message and exit with status 1;
 `--traceback` shows the Python traceback instead.
 """
@@ -20,11 +22,13 @@ import argparse
 import sys
 import textwrap
 from collections.abc import Sequence
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import IO, NoReturn
 
+from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
+from xdsl.targets.mlir import MLIRTarget
 from xdsl.universe import Universe
 from xdsl.utils.arg_spec import ParameterListType, parse_pipeline
 from xdsl.utils.exceptions import (
@@ -37,6 +41,7 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 
 from dialects.context import DIALECTS
 from dialects.errors import PartirError, PartirValueError
+from dialects.locations import LocatedPrinter
 from dialects.parser import PartirParser
 from lowering.emittable import refusing_unemittable
 from lowering.to_jax import emit_jax
@@ -70,6 +75,26 @@ def pass_help() -> str:
         lines.append(f"  {name}{_option_text(cls)}")
         lines += textwrap.wrap(doc, 76, initial_indent="      ", subsequent_indent="      ")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class PartirMLIRTarget(MLIRTarget):
+    """xDSL's MLIR output, printing locations as partir can read them back
+    (`LocatedPrinter`: none on block arguments)."""
+
+    def emit(self, ctx: Context, module: ModuleOp, output: IO[str]) -> None:
+        if self.syntax_highlight or not self.print_debuginfo:
+            super().emit(ctx, module, output)
+            return
+        printer = LocatedPrinter(
+            stream=output,
+            print_generic_format=self.print_generic_format,
+            print_properties_as_attributes=self.print_properties_as_attributes,
+            print_debuginfo=True,
+        )
+        printer.print_op(module)
+        printer.print_metadata(ctx.loaded_dialects)
+        print("\n", file=output)
 
 
 class PartirOptMain(xDSLOptMain):
@@ -110,6 +135,7 @@ class PartirOptMain(xDSLOptMain):
             output.write(last.source if isinstance(last, EmitJaxPass) else emit_jax(module))
 
         self.available_targets["jax"] = jax_target
+        self.available_targets["mlir"] = lambda: PartirMLIRTarget
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)

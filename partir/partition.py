@@ -22,6 +22,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
 
 from dialects.functions import entry_function
+from dialects.locations import located_text
 from partir.mesh import Mesh
 from partir.tactics import Plan, ProgramView, Tactic
 from rewrites.conflicts import Conflict, recorded_conflicts
@@ -41,6 +42,12 @@ class Stage:
     @cached_property
     def text(self) -> str:
         return str(self.module)
+
+    @cached_property
+    def located_text(self) -> str:
+        """`text` with each op's location, `loc(...)` after it, as
+        `partir-opt --print-debuginfo` prints it (`dialects.locations`)."""
+        return located_text(self.module)
 
     @staticmethod
     def snapshot(name: str, module: ModuleOp) -> Stage:

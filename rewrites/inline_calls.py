@@ -4,7 +4,9 @@ JAX lowers helpers such as `jax.nn.relu`, `jnp.where` or `log_softmax` to
 private functions reached by `func.call`. Partitioning needs one flat program
 in which every value is visible to propagation, so calls are inlined (callees
 first, so a chain of calls costs one copy each) and private functions nobody
-calls any more are erased.
+calls any more are erased. An inlined op's location continues the call's
+(`dialects.locations.inlined_location`): JAX names the ops of a private
+function relative to it, without the user's line.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import LocationAttr, ModuleOp
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
+
+from dialects.locations import inlined_location
 
 
 def _callees(function: func.FuncOp) -> set[str]:
@@ -30,12 +34,19 @@ def _inline_call(call: func.CallOp, callee: func.FuncOp) -> None:
     mapping: dict[SSAValue, SSAValue] = dict(
         zip(callee.body.block.args, call.arguments, strict=True)
     )
+    locations: dict[int, LocationAttr] = {}
     for op in callee.body.block.ops:
         if isinstance(op, func.ReturnOp):
             for old, new in zip(call.results, op.arguments, strict=True):
                 old.replace_all_uses_with(mapping.get(new, new))
             break
-        block.insert_op_before(op.clone(value_mapper=mapping), call)
+        clone = op.clone(value_mapper=mapping)
+        for inner in clone.walk():
+            key = id(inner.location)  # the callee's ops keep theirs alive
+            if key not in locations:
+                locations[key] = inlined_location(inner.location, call.location)
+            inner.location = locations[key]
+        block.insert_op_before(clone, call)
     block.erase_op(call)
 
 

@@ -50,6 +50,7 @@ from xdsl_jax.dialects.stablehlo.attributes import ComparisonDirection
 
 from dialects.carried import carried_feeds, carried_index, carried_places, fed_index
 from dialects.dtypes import tensor_type
+from dialects.locations import give_location
 from dialects.stablehlo_ext import CompareOp, PadOp, SliceOp
 from rewrites.registry import FactorKind, OpRule, rule_for
 
@@ -275,6 +276,7 @@ class _Rebuild:
             result_types=[tensor_type(ty.element_type, shape)],
             properties=properties,
             attributes=dict(op.attributes),
+            location=op.location,
             regions=[region.clone() for region in op.regions],
         )
         Rewriter.insert_op(new, InsertPoint.before(op))
@@ -371,6 +373,8 @@ def _slice_to(value: SSAValue, limits: list[int]) -> SliceOp:
 
 
 def _insert_after_definition(value: SSAValue, ops: list[Operation]) -> None:
+    """`ops` (a pad, mask or cut of `value`) right after `value`'s definition,
+    where the user's code made it (its location)."""
     if not ops:
         return
     owner = value.owner
@@ -379,6 +383,7 @@ def _insert_after_definition(value: SSAValue, ops: list[Operation]) -> None:
         assert first is not None
         Rewriter.insert_op(ops, InsertPoint.before(first))
     else:
+        give_location(ops, owner.location)
         Rewriter.insert_op(ops, InsertPoint.after(owner))
 
 

@@ -4,7 +4,9 @@
 that runs over the tiled factor, with the factor's halo if it has one;
 operands without it are used whole), with shapes divided by the axis size.
 Propagation and the property tests build loops only through these functions,
-so what is tested is what runs.
+so what is tested is what runs. The part, and the slices made for it, keep
+`op`'s location (`dialects.locations`): the emitted statement and any
+collective a slice needs point at the user's line.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from functools import lru_cache
 
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
+from dialects.locations import give_location
 from dialects.partir import (
     HaloSliceOp,
     LoopOp,
@@ -43,20 +46,26 @@ _SUM = SumAttr()
 def part_op(
     op: Operation, rule: OpRule, factor: int, parts: int, operands: Sequence[SSAValue]
 ) -> Operation:
-    """`op` applied to `operands` (its operands' parts) with part-sized results."""
+    """`op` applied to `operands` (its operands' parts) with part-sized results;
+    the slices made for it that have no location yet take its location."""
     dim = rule.result_dim(factor)
     result = op.results[0].type
     result_type = part_type(result, dim, parts) if dim is not None else result
     properties = dict(op.properties)
     if rule.localize is not None:
         properties.update(rule.localize(op, factor, lambda size: size // parts))
+    give_location([v.owner for v in operands if isinstance(v.owner, _SLICES)], op.location)
     return type(op).create(
         operands=list(operands),
         result_types=[result_type],
         properties=properties,
         attributes=dict(op.attributes),
+        location=op.location,
         regions=[region.clone() for region in op.regions],
     )
+
+
+_SLICES = (SliceOp, HaloSliceOp)
 
 
 def slice_operands(
@@ -104,4 +113,6 @@ def tile_op(
     slices, operands = slice_operands(rule, factor, list(op.operands), block.args[0])
     body = part_op(op, rule, factor, parts, operands)
     block.add_ops([*slices, body, YieldOp(body.results[0])])
-    return LoopOp(axis, loop_action(rule, factor), Region(block), op.results[0].type, attributes)
+    loop = LoopOp(axis, loop_action(rule, factor), Region(block), op.results[0].type, attributes)
+    loop.location = op.location
+    return loop

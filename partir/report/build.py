@@ -13,6 +13,7 @@ from xdsl_jax.dialects import stablehlo as shlo
 from dialects.context import make_context
 from dialects.dtypes import tensor_bytes
 from dialects.functions import entry_function
+from dialects.locations import source_location
 from dialects.mesh import Mesh
 from dialects.names import op_name
 from dialects.parser import PartirParser
@@ -199,6 +200,7 @@ def _collectives(module: ModuleOp, names: dict[SSAValue, str]) -> list[Collectiv
         needed = c.op.attributes.get(NEEDED_BY)
         attr = c.op.attributes.get(ORIGIN)
         origin = attr if isinstance(attr, OriginAttr) else None
+        where = source_location(c.op.location)
         out.append(
             CollectiveInfo(
                 names.get(c.op.results[0], c.op.name),
@@ -212,6 +214,8 @@ def _collectives(module: ModuleOp, names: dict[SSAValue, str]) -> list[Collectiv
                 origin.tactic.data if origin is not None else None,
                 (origin.value.data or None) if origin is not None else None,
                 _enclosing_loop(c.op, names),
+                where.frame,
+                where.name_stack,
             )
         )
     return out

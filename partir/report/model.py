@@ -138,7 +138,7 @@ class Report:
                 "collectives",
                 (
                     "name", "kind", "axes", "operand", "result", "bytes", "needed by",
-                    "caused by", "per iteration of",
+                    "at", "caused by", "per iteration of",
                 ),
                 [
                     (
@@ -149,6 +149,7 @@ class Report:
                         c.result,
                         str(c.bytes_per_device),
                         c.needed_by or "",
+                        c.source or c.name_stack or "",
                         c.cause,
                         c.loop or "",
                     )

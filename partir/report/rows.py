@@ -54,9 +54,11 @@ class ValueInfo:
 
 @dataclass(frozen=True)
 class CollectiveInfo:
-    """One collective: what it moves per device, the op that needed it, the
-    action (tactic and value) that made the value distributed, and the loop
-    whose body runs it once per iteration, if any."""
+    """One collective: what it moves per device, the op that needed it and
+    where the user's code made that op (`source`: `file:line:col (in fn)`,
+    `name_stack`: JAX's, when the stage has locations), the action (tactic
+    and value) that made the value distributed, and the loop whose body runs
+    it once per iteration, if any."""
 
     name: str
     kind: str
@@ -69,6 +71,8 @@ class CollectiveInfo:
     tactic: str | None
     value: str | None
     loop: str | None = None
+    source: str | None = None
+    name_stack: str | None = None
 
     @property
     def cause(self) -> str:
@@ -90,6 +94,8 @@ class CollectiveInfo:
             "tactic": self.tactic,
             "value": self.value,
             "loop": self.loop,
+            "source": self.source,
+            "name_stack": self.name_stack,
         }
 
 
