@@ -19,10 +19,11 @@ emitted JAX program, `partir-inspect` and error messages read it here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from io import StringIO
-from typing import cast
+from typing import Any, cast
 
 from xdsl.dialects.builtin import (
     UNKNOWN_LOC,
@@ -74,53 +75,95 @@ class SourceLocation:
 
     def attribute(self) -> LocationAttr:
         """The location in partir's form (see the module docstring)."""
-        frame: LocationAttr | None = None
-        if self.file is not None:
-            frame = FileLineColLoc(StringAttr(self.file), IntAttr(self.line), IntAttr(self.column))
-            if self.function and self.name_stack is not None:
-                frame = NameLoc(StringAttr(self.function), frame)
-        if self.name_stack is None:
-            return frame if frame is not None else UNKNOWN_LOC
-        return NameLoc(StringAttr(self.name_stack), frame if frame is not None else NoneAttr())
+        return _attribute(self)
 
 
-def source_location(location: Attribute) -> SourceLocation:
-    """Read any MLIR location as JAX writes them: names around a call stack
-    (the innermost name there is the name stack; JAX may put a label such as
-    `debug_print:` around it), read at the innermost frame (a call site's
-    callee), whose name is its function; without a call site, a name directly
-    around the file position is the function when another name is around it.
-    A fused location is read at its first part with a file."""
+@lru_cache(maxsize=4096)
+def _attribute(where: SourceLocation) -> LocationAttr:
+    """Built once per distinct location (attributes are immutable values, and
+    building one costs tens of microseconds; an op's location is one of few)."""
+    frame: LocationAttr | None = None
+    if where.file is not None:
+        frame = FileLineColLoc(StringAttr(where.file), IntAttr(where.line), IntAttr(where.column))
+        if where.function and where.name_stack is not None:
+            frame = NameLoc(StringAttr(where.function), frame)
+    if where.name_stack is None:
+        return frame if frame is not None else UNKNOWN_LOC
+    return NameLoc(StringAttr(where.name_stack), frame if frame is not None else NoneAttr())
+
+
+Name = tuple[str, Any]
+"""A named location: (name, the location it names)."""
+CallSite = tuple[Any]
+"""A call site, by its callee (the innermost frame)."""
+Fused = list[Any]
+"""A fused location's parts."""
+Position = tuple[str, int, int]
+"""A file position: (file, line, column)."""
+
+Step = Name | CallSite | Fused | Position | None
+"""One node of a location, as `read_location` walks it (None: an unknown one)."""
+
+
+def read_location(location: Any, step: Callable[[Any], Step]) -> SourceLocation:
+    """Read a location as JAX writes them, whatever its classes (`step` says
+    what each node is: xDSL's builtin locations here, jaxlib's in the
+    importer): names around a call stack (the innermost name there is the
+    name stack; JAX may put a label such as `debug_print:` around it), read
+    at the innermost frame (a call site's callee), whose name is its
+    function; without a call site, a name directly around the file position
+    is the function when another name is around it. A fused location is read
+    at its first part with a file."""
     names: list[str] = []
     outer: list[str] | None = None  # the names around the first call site
-    current: Attribute = location
+    node = step(location)
     while True:
-        if isinstance(current, NameLoc):
-            names.append(current.desc.data)
-            current = current.location
-        elif isinstance(current, CallSiteLoc):
+        if isinstance(node, list):  # fused
+            parts = [read_location(p, step) for p in node]
+            with_file = [p for p in parts if p.file is not None]
+            if with_file or parts:
+                found = (with_file or parts)[0]
+                if not names and outer is None:
+                    return found
+                node = (found.file, found.line, found.column) if found.file else None
+            else:
+                node = None
+        if node is None or len(node) == 3:
+            break
+        if len(node) == 1:
             if outer is None:
                 outer, names = names, []
-            current = current.callee
-        elif isinstance(current, FusedLoc):
-            parts = list(cast(ArrayAttr[Attribute], current.locations).data)
-            with_file = [p for p in parts if source_location(p).file is not None]
-            if not (with_file or parts):
-                break
-            current = (with_file or parts)[0]
+            node = step(node[0])
         else:
-            break
+            names.append(node[0])
+            node = step(node[1])
     if outer is not None:
         stack, function = (outer[-1] if outer else None), (names[-1] if names else None)
-    elif isinstance(current, FileLineColLoc) and len(names) > 1:
+    elif node is not None and len(names) > 1:
         stack, function = names[-2], names[-1]
     else:
         stack, function = (names[-1] if names else None), None
-    if not isinstance(current, FileLineColLoc):
+    if node is None:
         return SourceLocation(stack)
-    return SourceLocation(
-        stack, current.filename.data, current.line.data, current.column.data, function
-    )
+    file, line, column = node
+    return SourceLocation(stack, file, line, column, function)
+
+
+def _step(location: Any) -> Step:
+    if isinstance(location, NameLoc):
+        return (location.desc.data, location.location)
+    if isinstance(location, CallSiteLoc):
+        return (location.callee,)
+    if isinstance(location, FusedLoc):
+        return list(cast(ArrayAttr[Attribute], location.locations).data)
+    if isinstance(location, FileLineColLoc):
+        return (location.filename.data, location.line.data, location.column.data)
+    return None
+
+
+def source_location(location: Attribute) -> SourceLocation:
+    """What an xDSL location says (`read_location`)."""
+    return read_location(location, _step)
 
 
 def is_unknown(location: Attribute) -> bool:

@@ -18,16 +18,9 @@ from typing import Any
 from jaxlib.mlir import ir
 from xdsl.context import Context
 from xdsl.dialects.builtin import (
-    UNKNOWN_LOC,
-    ArrayAttr,
-    CallSiteLoc,
-    FileLineColLoc,
-    FusedLoc,
     IntAttr,
     LocationAttr,
     ModuleOp,
-    NameLoc,
-    NoneAttr,
     StringAttr,
     UnregisteredAttr,
     UnregisteredOp,
@@ -36,7 +29,7 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import IRDLOperation
 from xdsl.utils.exceptions import ParseError
 
-from dialects.locations import SourceLocation, source_location
+from dialects.locations import SourceLocation, Step, read_location
 from dialects.parser import PartirParser as Parser
 
 PASS_THROUGH = frozenset({"sdy.sharding_constraint"})
@@ -93,33 +86,18 @@ def _unsafe_attributes(mlir_op: Any) -> bool:
     )
 
 
-def xdsl_location(location: Any, cache: dict[Any, LocationAttr]) -> LocationAttr:
-    """A jaxlib location as the same xDSL builtin location (a file range
-    kept as its start), each distinct sub-location converted once (`cache`:
-    MLIR uniques locations, their attributes hash by identity)."""
-    key = location.attr
-    found = cache.get(key)
-    if found is not None:
-        return found
+def jax_step(location: Any) -> Step:
+    """A node of a jaxlib location, for `dialects.locations.read_location`
+    (a file range is read at its start)."""
     if isinstance(location, ir.NameLoc):
-        child = location.child_loc
-        inner = NoneAttr() if isinstance(child, ir.UnknownLoc) else xdsl_location(child, cache)
-        found = NameLoc(StringAttr(location.name_str), inner)
-    elif isinstance(location, ir.CallSiteLoc):
-        found = CallSiteLoc(
-            xdsl_location(location.callee, cache), xdsl_location(location.caller, cache)
-        )
-    elif isinstance(location, ir.FileLineColLoc):
-        found = FileLineColLoc(
-            StringAttr(location.filename), IntAttr(location.start_line), IntAttr(location.start_col)
-        )
-    elif isinstance(location, ir.FusedLoc):
-        parts = [xdsl_location(part, cache) for part in location.locations]
-        found = FusedLoc(ArrayAttr(parts), NoneAttr()) if parts else UNKNOWN_LOC
-    else:
-        found = UNKNOWN_LOC
-    cache[key] = found
-    return found
+        return (location.name_str, location.child_loc)
+    if isinstance(location, ir.CallSiteLoc):
+        return (location.callee,)
+    if isinstance(location, ir.FusedLoc):
+        return list(location.locations)
+    if isinstance(location, ir.FileLineColLoc):
+        return (location.filename, location.start_line, location.start_col)
+    return None
 
 
 def _nowhere(path: str) -> bool:
@@ -148,7 +126,6 @@ class MlirToXdsl:
         self._values: dict[Any, SSAValue] = {}
         self._op_types: dict[str, tuple[type[Operation], frozenset[str]]] = {}
         self._locations: dict[Any, LocationAttr] = {}
-        self._converted: dict[Any, LocationAttr] = {}
 
     def convert_module(self, mlir_module: Any) -> ModuleOp:
         module = self.convert_op(mlir_module.operation)
@@ -203,7 +180,7 @@ class MlirToXdsl:
         key = location.attr
         found = self._locations.get(key)
         if found is None:
-            read = source_location(xdsl_location(location, self._converted))
+            read = read_location(location, jax_step)
             if read.file is not None and self._internal(read.file):
                 read = SourceLocation(read.name_stack)
             found = self._locations[key] = read.attribute()

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -94,3 +95,37 @@ def test_parts_compile_to_the_same_program(case, monkeypatch):
     for i, (got, same, ref) in enumerate(zip(small_outputs, outputs, reference, strict=True)):
         np.testing.assert_array_equal(got, same, err_msg=f"output {i}")
         assert_close(got, np.asarray(ref), what=f"output {i}")
+
+
+def test_layers_named_apart_still_share_a_function(monkeypatch):
+    """Each op's statement is commented with where it came from, but the
+    comments are not part of a part's text: layers whose name stacks differ
+    (`layer0/...`, `layer1/...`) share one function, whose statements name
+    the first layer and count the others."""
+
+    def program(ws, x):
+        for i, w in enumerate(ws):
+            with jax.named_scope(f"layer{i}"):
+                x = jnp.tanh(x @ w) * 0.5 + x
+        return x
+
+    ws = tuple(np.full((16, 16), 0.001 * i, np.float32) for i in range(32))
+    x = np.ones((8, 16), np.float32)
+    lowered = partir.jit(
+        program, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs="x")]
+    ).lower(ws, x)
+    monkeypatch.setattr(jax_parts, "PART_MIN", 4)
+    monkeypatch.setattr(jax_parts, "PART_MAX", 12)
+    source = emit_jax(lowered.module)
+    calls = re.findall(r"= (_part_\d+)\(", source)
+    shared = {c for c in calls if calls.count(c) > 1}
+    assert shared, calls
+    first = re.search(rf"def {min(shared)}\(.*?\n\n\n", source, re.S)
+    assert first is not None
+    noted = [line for line in first.group(0).splitlines() if "lax.tanh(" in line]
+    assert noted and all(
+        re.search(r"  # \S+test_emit_parts\.py:\d+ jit\(program\)/layer\d+/tanh \(and \d+ other places?\)$", line)
+        for line in noted
+    ), noted
+    _, (got,) = _run(source, [*ws, x])
+    assert_close(got, np.asarray(jax.jit(program)(ws, x)), what="output")
