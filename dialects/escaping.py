@@ -22,3 +22,11 @@ def quoted(name: str) -> str:
             out.append(chr(byte))
     out.append('"')
     return "".join(out)
+
+
+def readable(text: str) -> str:
+    """`text` as it is where it is plain printable ASCII without `"` or `\\`,
+    else `quoted(text)`: one line that shows every character, for tables."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return text
+    return quoted(text)

@@ -30,6 +30,7 @@ from xdsl.dialects.builtin import (
     IntAttr,
     IntegerAttr,
     ModuleOp,
+    NoneAttr,
     StringAttr,
     TensorType,
     i64,
@@ -242,6 +243,90 @@ class ConflictAttr(ParametrizedAttribute):
 
 CONFLICTS = "partir.conflicts"
 """The module attribute listing propagation's `ConflictAttr`s, in the order found."""
+
+
+@irdl_attr_definition
+class SelectionAttr(ParametrizedAttribute):
+    """`#partir.selection<tactic = "BatchParallel(batch)", role = "data", dim = 0,
+    axis = "batch", reason = "...", leaves = ["x", "y"]>`: what a tactic
+    decided about some arguments or results, and why: split on `dim` over
+    `axis`, or (`dim = none`, `axis = ""`) left as they are. Leaves that share
+    a decision and its reason share one attribute. The tactic passes record
+    them in the module's `SELECTIONS` list (`partir.selections` reads and
+    writes it), so the report and `partir-inspect` say what each tactic chose
+    from the IR alone. Every name is a string literal, never an identifier."""
+
+    name = "partir.selection"
+    tactic: StringAttr
+    role: StringAttr
+    dim: IntAttr | NoneAttr
+    axis: StringAttr
+    reason: StringAttr
+    leaves: ArrayAttr[StringAttr]
+
+    KEYS: ClassVar[tuple[str, ...]] = ("tactic", "role", "dim", "axis", "reason", "leaves")
+
+    def __init__(
+        self,
+        tactic: str,
+        role: str,
+        dim: int | None,
+        axis: str,
+        reason: str,
+        leaves: Sequence[str],
+    ):
+        super().__init__(
+            StringAttr(tactic),
+            StringAttr(role),
+            NoneAttr() if dim is None else IntAttr(dim),
+            StringAttr(axis),
+            StringAttr(reason),
+            ArrayAttr(StringAttr(leaf) for leaf in leaves),
+        )
+
+    @property
+    def split_dim(self) -> int | None:
+        return self.dim.data if isinstance(self.dim, IntAttr) else None
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        params: list[Attribute] = []
+        with parser.in_angle_brackets():
+            for i, key in enumerate(cls.KEYS):
+                if i:
+                    parser.parse_punctuation(",")
+                parser.parse_keyword(key)
+                parser.parse_punctuation("=")
+                if key == "leaves":
+                    names = parser.parse_comma_separated_list(
+                        parser.Delimiter.SQUARE, parser.parse_str_literal
+                    )
+                    params.append(ArrayAttr(StringAttr(n) for n in names))
+                elif key != "dim":
+                    params.append(StringAttr(parser.parse_str_literal()))
+                elif parser.parse_optional_keyword("none") is not None:
+                    params.append(NoneAttr())
+                else:
+                    dim = parser.parse_integer(allow_boolean=False, allow_negative=False)
+                    params.append(IntAttr(dim))
+        return params
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            for i, (key, param) in enumerate(zip(self.KEYS, self.parameters, strict=True)):
+                printer.print_string(f"{', ' if i else ''}{key} = ")
+                if isinstance(param, StringAttr):
+                    printer.print_string_literal(param.data)
+                elif isinstance(param, ArrayAttr):
+                    with printer.in_square_brackets():
+                        printer.print_list(param, lambda v: printer.print_string_literal(v.data))
+                else:
+                    dim = self.split_dim
+                    printer.print_string("none" if dim is None else str(dim))
+
+
+SELECTIONS = "partir.selections"
+"""The module attribute listing each tactic's `SelectionAttr`s, in schedule order."""
 
 ACTIONS = "partir.actions"
 """The module attribute counting the tiling actions taken so far (an i64
@@ -753,5 +838,5 @@ class HaloSliceOp(_PartOp):
 Partir = Dialect(
     "partir",
     [MeshOp, LoopOp, SliceOp, HaloSliceOp, YieldOp],
-    [RangeType, TileAttr, SumAttr, OriginAttr, ConflictAttr],
+    [RangeType, TileAttr, SumAttr, OriginAttr, ConflictAttr, SelectionAttr],
 )

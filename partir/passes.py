@@ -31,7 +31,9 @@ from dialects.partir import MeshOp, OriginAttr, find_mesh
 from lowering.to_jax import emit_jax
 from lowering.to_spmd import LowerToSpmdPass
 from partir.mesh import Mesh
-from partir.tactics import TACTICS, Plan, PlannedTile, ProgramView, Tactic, TacticError
+from partir.plan import Plan, PlannedTile, ProgramView, TacticError, tactic_label
+from partir.selections import Selection, record_selections
+from partir.tactics import TACTICS, Tactic
 from rewrites.actions import TileAction, apply_tactic_action, take_action_numbers
 from rewrites.conflicts import ConflictLog, record_conflicts
 from rewrites.inline_calls import InlineCallsPass
@@ -76,7 +78,8 @@ def _leaf_value(entry: func.FuncOp, tile: PlannedTile) -> SSAValue:
 
 
 def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
-    """Tile what `plan` names, in order, then propagate; returns the actions."""
+    """Tile what `plan` names, in order, record what it chose and why on the
+    module (`partir.selections`), then propagate; returns the actions."""
     with paused_gc():
         mesh_op = module_mesh(module, plan.tactic)
         entry = entry_function(module)
@@ -90,6 +93,7 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
             )
             apply_tactic_action(action, mesh_op, log)
             actions.append(action)
+        record_selections(module, plan.selections())
         propagate(module, log)
     return actions
 
@@ -208,6 +212,10 @@ class TilePass(ModulePass):
         except ValueError as err:
             raise PassFailedException(f"{self.name}: {err}") from err
         record_conflicts(op, log.conflicts)
+        rank = max(len(leaf.shape), 1)
+        label = tactic_label(self.name, self.axis)
+        chosen = Selection(label, leaf.name, self.dim % rank, self.axis, "named", f"value={value}")
+        record_selections(op, [chosen])
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from xdsl.ir import Attribute
@@ -74,6 +74,9 @@ class Roles:
     state: dict[str, str]
     parameters: tuple[str, ...] = ()
     optimizer: tuple[str, ...] = ()
+    mirrors: dict[str, str] = field(default_factory=dict)
+    """Optimizer root -> the parameters' root whose tree it holds copies of
+    (absent where a root is told apart by its name alone)."""
 
     @staticmethod
     def of(arguments: Sequence[NamedLeaf], results: Sequence[NamedLeaf]) -> Roles:
@@ -102,8 +105,39 @@ class Roles:
                 state[root] = f"returned updated as {display_path(free[0])}"
             elif root in STATE_ROOTS:
                 state[root] = "named as state"
-        parameters, optimizer = _parameters_and_optimizer(list(state), trees)
-        return Roles(state, parameters, optimizer)
+        parameters, optimizer, mirrors = _parameters_and_optimizer(list(state), trees)
+        return Roles(state, parameters, optimizer, mirrors)
+
+    def describe(self, leaf: NamedLeaf, data: Sequence[NamedLeaf]) -> tuple[str, str]:
+        """(role, why) of an argument: "state" (returned updated, or named
+        so), "data" (one of `data`, as `data()` found them) or "scalar"."""
+        root = _root(leaf)
+        if root in self.state:
+            return "state", self.state[root]
+        if not any(d is leaf for d in data):
+            return "scalar", "not returned updated; rank 0, no dim to split"
+        others = [display_path(d.name) for d in data if d is not leaf]
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        lead = f"leading dim {leaf.shape[0]}"
+        return "data", f"not returned updated; {f'shares {lead} with {shown}' if others else lead}"
+
+    def why_optimizer(self, root: str) -> str:
+        """Why the leaves under `root` are optimizer state: the parameters'
+        tree it mirrors, or its name."""
+        mirrored = self.mirrors.get(root)
+        if mirrored is None:
+            return f"under {display_path(root)}, named as optimizer state"
+        return f"under {display_path(root)}, which mirrors the parameters {display_path(mirrored)}"
+
+    def why_parameters(self, root: str) -> str:
+        """Why the leaves under `root` are parameters: the optimizer state
+        that mirrors its tree, or that it is state no other state mirrors."""
+        mirrored_by = [display_path(o) for o, p in self.mirrors.items() if p == root]
+        if mirrored_by:
+            by = ", ".join(mirrored_by)
+            return f"under {display_path(root)}, mirrored by the optimizer state {by}"
+        why = self.state.get(root, "named as state")
+        return f"under {display_path(root)}: {why}, and no optimizer state mirrors it"
 
     def data(self, arguments: Sequence[L]) -> list[L] | str:
         """The data arguments (not state, rank >= 1, one leading dimension),
@@ -140,7 +174,7 @@ class Roles:
 
 def _parameters_and_optimizer(
     state: list[str], trees: dict[str, dict[str, Signature]]
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
+) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
     """Which state roots are parameters and which optimizer state: optimizer
     state holds copies of the parameters' tree (Adam's `m` and `v`, a
     momentum), so a root whose tree recurs inside another root is the
@@ -152,18 +186,21 @@ def _parameters_and_optimizer(
     }
     parameters: list[str] = []
     optimizer: list[str] = []
+    mirrors: dict[str, str] = {}
     for a in state:
         for b in mirrored_in[a]:
             equal = trees[a][a] == trees[b][b]
             if not equal or state.index(a) < state.index(b):
                 parameters += [a] if a not in parameters else []
                 optimizer += [b] if b not in optimizer else []
+                mirrors.setdefault(b, a)
     if not parameters:
         named_optimizer = {"opt_state", "optimizer_state"}
         parameters = [r for r in state if r not in named_optimizer]
         optimizer = [r for r in state if r in named_optimizer]
     parameters = [r for r in parameters if r not in optimizer]
-    return tuple(parameters), tuple(optimizer)
+    mirrors = {b: a for b, a in mirrors.items() if a in parameters}
+    return tuple(parameters), tuple(optimizer), mirrors
 
 
 def _overlap(node: str, other: str) -> bool:

@@ -2,7 +2,9 @@
 
 A tactic looks at the program's named arguments and results (pytree paths,
 see `partir.selectors` for the glob syntax) and plans tiling actions. `plan` is
-pure: it returns a `Plan` and touches neither the IR nor the tactic, so every
+pure: it returns a `Plan` (`partir.plan`: the tiles, and for every leaf the
+tactic looked at, the role it took it for and why, which the passes record
+for the report) and touches neither the IR nor the tactic, so every
 tactic of a schedule is checked (unknown axis, a name that selects nothing, a
 dimension the axis does not divide) before any rewrite happens.
 `partir.partition` then applies the plans in order, each followed by
@@ -15,24 +17,44 @@ meaning; `CLI_NAME` names the pass and `from_options` builds the tactic from the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from xdsl.dialects import func
-from xdsl.dialects.builtin import TensorType
-from xdsl.ir import Attribute
-
-from dialects.errors import PartirTypeError, PartirValueError
+from dialects.errors import PartirTypeError
 from dialects.escaping import quoted
-from dialects.functions import NAME_ATTR
 from partir.mesh import Mesh
+from partir.plan import (
+    Leaf,
+    PassedLeaf,
+    Plan,
+    PlannedTile,
+    ProgramView,
+    TacticError,
+    tactic_label,
+)
 from partir.roles import Roles
-from partir.selectors import POSITIONAL_ROOT, argument_root, display_path, select, slash_path
+from partir.selectors import KEY_SLASH, slash_path
 
-
-class TacticError(PartirValueError):
-    """A tactic that cannot apply to this program on this mesh."""
+__all__ = [
+    "MEGATRON_COLUMN",
+    "MEGATRON_COLUMN_BIAS",
+    "MEGATRON_ROW",
+    "TACTICS",
+    "BatchParallel",
+    "Leaf",
+    "ManualPartition",
+    "Megatron",
+    "PassedLeaf",
+    "Plan",
+    "PlannedTile",
+    "ProgramView",
+    "Tactic",
+    "TacticError",
+    "ZeRO",
+    "check_tactics",
+    "zero_dim",
+]
 
 
 def check_tactics(tactics: object) -> list[Tactic]:
@@ -62,105 +84,6 @@ def check_tactics(tactics: object) -> list[Tactic]:
     return listed
 
 
-@dataclass(frozen=True)
-class Leaf:
-    """One argument or result of the entry function, with its pytree path."""
-
-    kind: str  # "argument" or "result"
-    index: int
-    name: str
-    type: Attribute
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.type.get_shape()) if isinstance(self.type, TensorType) else ()
-
-    @property
-    def root(self) -> str:
-        return argument_root(self.name)
-
-
-@dataclass(frozen=True)
-class ProgramView:
-    """The names a tactic can select: the entry function's leaves."""
-
-    arguments: tuple[Leaf, ...]
-    results: tuple[Leaf, ...]
-
-    @staticmethod
-    def of(entry: func.FuncOp) -> ProgramView:
-        def names(attrs, count: int, default: str) -> list[str]:
-            if attrs is None:
-                return [f"{default}[{i}]" for i in range(count)]
-            out = []
-            for i, d in enumerate(attrs.data):
-                name = d.data.get(NAME_ATTR)
-                out.append(name.data if name is not None else f"{default}[{i}]")
-            return out
-
-        ins, outs = entry.function_type.inputs.data, entry.function_type.outputs.data
-        return ProgramView(
-            tuple(
-                Leaf("argument", i, n, t)
-                for i, (n, t) in enumerate(
-                    zip(names(entry.arg_attrs, len(ins), POSITIONAL_ROOT), ins, strict=True)
-                )
-            ),
-            tuple(
-                Leaf("result", i, n, t)
-                for i, (n, t) in enumerate(
-                    zip(names(entry.res_attrs, len(outs), "result"), outs, strict=True)
-                )
-            ),
-        )
-
-    def find(
-        self,
-        patterns: str | Iterable[str],
-        *,
-        who: str,
-        results: bool = False,
-        required: bool = True,
-    ) -> list[Leaf]:
-        leaves = self.results if results else self.arguments
-        pats = [patterns] if isinstance(patterns, str) else list(patterns)
-        found = [leaves[i] for i in select(pats, [leaf.name for leaf in leaves])]
-        if required and not found:
-            shown = ", ".join(display_path(leaf.name) for leaf in leaves[:12])
-            more = f", ... ({len(leaves)} in all)" if len(leaves) > 12 else ""
-            kind = "result" if results else "argument"
-            raise TacticError(
-                f"{who}: no {kind} matches {', '.join(map(repr, pats))}; "
-                f"the {kind}s are: {shown}{more}"
-            )
-        return found
-
-
-@dataclass(frozen=True)
-class PlannedTile:
-    """Tile `leaf` along `dim` over mesh `axis`."""
-
-    leaf: Leaf
-    dim: int
-    axis: str
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one tactic decided: the tiles to take, in order, and the leaves its
-    default selectors passed over (e.g. ZeRO's scalars, left replicated)."""
-
-    tactic: str
-    tiles: tuple[PlannedTile, ...]
-    skipped: tuple[str, ...] = ()
-
-    def __iter__(self) -> Iterator[PlannedTile]:
-        return iter(self.tiles)
-
-    def __len__(self) -> int:
-        return len(self.tiles)
-
-
 def _axis_size(mesh: Mesh, axis: str, who: str) -> int:
     if not isinstance(axis, str):
         raise PartirTypeError(
@@ -173,7 +96,9 @@ def _axis_size(mesh: Mesh, axis: str, who: str) -> int:
         raise TacticError(str(err)) from None
 
 
-def _plan(leaf: Leaf, dim: int, axis: str, mesh: Mesh, who: str) -> PlannedTile:
+def _plan(
+    leaf: Leaf, dim: int, axis: str, mesh: Mesh, who: str, role: str = "named", reason: str = ""
+) -> PlannedTile:
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise PartirTypeError(
             f"{who}: the dim of {leaf.name} is {dim!r} ({type(dim).__name__}); "
@@ -190,7 +115,7 @@ def _plan(leaf: Leaf, dim: int, axis: str, mesh: Mesh, who: str) -> PlannedTile:
             f'{leaf.shape[dim]}, fewer elements than mesh axis "{axis}" has devices ({parts}); '
             "pick another dim or axis"
         )
-    return PlannedTile(leaf, dim, axis)
+    return PlannedTile(leaf, dim, axis, role, reason)
 
 
 def _check_distinct_axes(tiles: list[PlannedTile], who: str) -> None:
@@ -245,7 +170,7 @@ class ManualPartition(Tactic):
                 f"{self.name} takes {{selector: {{dim: axis}}}}, got {self.spec!r}; "
                 'e.g. ManualPartition({"x": {0: "batch"}})'
             )
-        planned = []
+        planned: list[PlannedTile] = []
         for pattern, dims in self.spec.items():
             if not isinstance(pattern, str) or not isinstance(dims, Mapping):
                 raise PartirTypeError(
@@ -253,11 +178,13 @@ class ManualPartition(Tactic):
                     'e.g. ManualPartition({"x": {0: "batch"}})'
                 )
             on_results = slash_path(pattern).split("/")[0] == "result"
+            why = f"selected by {quoted(pattern)}"
             for leaf in program.find(pattern, who=self.name, results=on_results):
-                tiles = [_plan(leaf, d, a, mesh, self.name) for d, a in dims.items()]
+                tiles = [_plan(leaf, d, a, mesh, self.name, "named", why) for d, a in dims.items()]
                 _check_distinct_axes(tiles, self.name)
                 planned += tiles
-        return Plan(self.name, tuple(planned))
+        axes = dict.fromkeys(tile.axis for tile in planned)
+        return Plan(self.name, tuple(planned), label=tactic_label(self.name, *axes))
 
     @classmethod
     def from_options(cls, **options: Any) -> Tactic:
@@ -293,15 +220,31 @@ class BatchParallel(Tactic):
     CLI_NAME = "partir-batch-parallel"
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
+        """The data split on `dim`; the other arguments passed over, each
+        with its role ("state", "scalar") and why (`Roles.describe`)."""
         if self.inputs is not None:
             leaves = program.find(self.inputs, who=self.name)
+            chosen = {leaf.index for leaf in leaves}
+            given = "selected by inputs="
+            roles = [("data", given) if leaf.index in chosen else ("other", f"not {given}")
+                     for leaf in program.arguments]
         else:
-            found = Roles.of(program.arguments, program.results).data(program.arguments)
-            if isinstance(found, str):
-                raise TacticError(f"{self.name}: {found}")
-            leaves = found
-        tiles = (_plan(leaf, self.dim, self.axis, mesh, self.name) for leaf in leaves)
-        return Plan(self.name, tuple(tiles))
+            found = Roles.of(program.arguments, program.results)
+            data = found.data(program.arguments)
+            if isinstance(data, str):
+                raise TacticError(f"{self.name}: {data}")
+            roles = [found.describe(leaf, data) for leaf in program.arguments]
+        tiles = tuple(
+            _plan(leaf, self.dim, self.axis, mesh, self.name, role, why)
+            for leaf, (role, why) in zip(program.arguments, roles, strict=True)
+            if role == "data"
+        )
+        passed = tuple(
+            PassedLeaf(leaf, role, why)
+            for leaf, (role, why) in zip(program.arguments, roles, strict=True)
+            if role != "data"
+        )
+        return Plan(self.name, tiles, passed, tactic_label(self.name, self.axis))
 
 
 def _named(
@@ -401,18 +344,21 @@ class Megatron(Tactic):
     CLI_NAME = "partir-megatron"
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
-        roots = Roles.of(program.arguments, program.results).parameters or ("*",)
-
-        def find(selectors: Sequence[str], default: Sequence[str]) -> list[Leaf]:
-            if selectors is default:  # the conventions, under the parameters' roots
-                selectors = _under(default, roots)
-            return program.find(selectors, who=self.name, required=False)
-
-        picks = (
-            [(leaf, -1) for leaf in find(self.column, MEGATRON_COLUMN)]
-            + [(leaf, -1) for leaf in find(self.column_bias, MEGATRON_COLUMN_BIAS)]
-            + [(leaf, -2) for leaf in find(self.row, MEGATRON_ROW)]
+        roles = Roles.of(program.arguments, program.results)
+        roots = roles.parameters or ("*",)
+        kinds = (
+            ("column weight", -1, self.column, MEGATRON_COLUMN, "column"),
+            ("column bias", -1, self.column_bias, MEGATRON_COLUMN_BIAS, "column_bias"),
+            ("row weight", -2, self.row, MEGATRON_ROW, "row"),
         )
+        picks = []
+        for role, dim, selectors, default, option in kinds:
+            conventional = selectors is default
+            if conventional:  # the conventions, under the parameters' roots
+                selectors = _under(default, roots)
+            for leaf in program.find(selectors, who=self.name, required=False):
+                why = _megatron_reason(leaf, role, dim, conventional, option)
+                picks.append((leaf, dim, role, why))
         if not picks:
             raise TacticError(
                 f"{self.name}: no parameter is named like a Megatron column or row weight "
@@ -420,11 +366,46 @@ class Megatron(Tactic):
             )
         seen: set[int] = set()
         planned = []
-        for leaf, dim in sorted(picks, key=lambda p: p[0].index):
+        for leaf, dim, role, why in sorted(picks, key=lambda p: p[0].index):
             if leaf.index not in seen:
                 seen.add(leaf.index)
-                planned.append(_plan(leaf, _megatron_dim(leaf, dim), self.axis, mesh, self.name))
-        return Plan(self.name, tuple(planned))
+                planned.append(
+                    _plan(leaf, _megatron_dim(leaf, dim), self.axis, mesh, self.name, role, why)
+                )
+        defaults = all(selectors is default for _, _, selectors, default, _ in kinds)
+        unnamed = "not named like a Megatron weight" if defaults else (
+            "not selected by column=, column_bias= or row="
+        )
+        passed = tuple(
+            PassedLeaf(leaf, "parameter", unnamed)
+            for leaf in program.arguments
+            if leaf.root in roles.parameters and leaf.index not in seen
+        )
+        return Plan(self.name, tuple(planned), passed, tactic_label(self.name, self.axis))
+
+
+_MEGATRON_KINDS = {
+    "column weight": "a q/k/v or MLP-in weight",
+    "column bias": "the bias of a q/k/v or MLP-in weight",
+    "row weight": "an attention-out or MLP-out weight",
+}
+
+
+def _megatron_reason(leaf: Leaf, role: str, dim: int, conventional: bool, option: str) -> str:
+    """Why Megatron splits `leaf` where it does: the name it matched (or the
+    option that selected it) and which of its dims, in its layout."""
+    segments = slash_path(leaf.name).split("/")
+    tail = segments[-2:] if segments[-1] in _LEAF_NAMES else segments[-1:]
+    named = "/".join(tail).replace(KEY_SLASH, "/")
+    why = f"named {named}, {_MEGATRON_KINDS[role]}" if conventional else f"selected by {option}="
+    where = "output" if dim == -1 else "input"
+    if _megatron_dim(leaf, dim) != dim:
+        return f"{why}: split on its {where} dim (stored [out, in])"
+    return f"{why}: split on its {where} dim" if role != "column bias" else f"{why}: split like it"
+
+
+_LEAF_NAMES = ("kernel", "weight", "w", "bias", "b")
+"""Leaf names a layer's weight or bias goes by (the layer is named one level up)."""
 
 
 @dataclass(frozen=True)
@@ -465,47 +446,73 @@ class ZeRO(Tactic):
         given: str | Sequence[str] | None,
         default: Sequence[str],
         results: bool,
-        skipped: list[str],
+        role: str,
+        why: Callable[[Leaf], str],
+        passed: list[PassedLeaf],
     ) -> list[PlannedTile]:
+        """The leaves `given` selects (dim 0), or by default those `default`
+        selects, each on its `zero_dim` (those with none go to `passed`)."""
         parts = _axis_size(mesh, self.axis, self.name)
+        option = "updates" if results else ("opt_state" if role == "optimizer state" else "params")
         if given is not None:
             return [
-                _plan(leaf, 0, self.axis, mesh, self.name)
+                _plan(leaf, 0, self.axis, mesh, self.name, role, f"selected by {option}=")
                 for leaf in program.find(given, who=self.name, results=results)
             ]
         planned = []
         for leaf in program.find(default, who=self.name, results=results, required=False):
             dim = zero_dim(leaf.shape, parts)
-            if dim is not None:
-                planned.append(PlannedTile(leaf, dim, self.axis))
-            else:
-                skipped.append(leaf.name)
+            if dim is None:
+                passed.append(PassedLeaf(leaf, role, f"{why(leaf)}; {_too_short(leaf, parts)}"))
+                continue
+            how = _zero_where(leaf.shape, dim, parts)
+            reason = f"{why(leaf)}; {how}" if how else why(leaf)
+            planned.append(PlannedTile(leaf, dim, self.axis, role, reason))
         return planned
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         if self.stage not in (1, 2, 3):
             raise TacticError(f"{self.name}: stage must be 1, 2 or 3, got {self.stage}")
-        skipped: list[str] = []
+        passed: list[PassedLeaf] = []
         roles = Roles.of(program.arguments, program.results)
         planned = self._leaves(
             program, mesh, self.opt_state, [f"{r}/**" for r in roles.optimizer],
-            results=False, skipped=skipped,
+            results=False, role="optimizer state",
+            why=lambda leaf: roles.why_optimizer(leaf.root), passed=passed,
         )
         if self.stage >= 2:
             planned += self._leaves(
-                program, mesh, self.updates, ["result/**"], results=True, skipped=skipped
+                program, mesh, self.updates, ["result/**"], results=True, role="update",
+                why=lambda leaf: "returned by the step", passed=passed,
             )
         if self.stage >= 3:
             planned += self._leaves(
                 program, mesh, self.params, [f"{r}/**" for r in roles.parameters],
-                results=False, skipped=skipped,
+                results=False, role="parameter",
+                why=lambda leaf: roles.why_parameters(leaf.root), passed=passed,
             )
         if not planned:
             raise TacticError(
                 f"{self.name}: nothing to shard (no optimizer state, updates "
                 "or parameters with a dim 0 of at least one element per device)"
             )
-        return Plan(self.name, tuple(planned), tuple(skipped))
+        label = tactic_label(f"{self.name}-{self.stage}", self.axis)
+        return Plan(self.name, tuple(planned), tuple(passed), label)
+
+
+def _too_short(leaf: Leaf, parts: int) -> str:
+    if not leaf.shape:
+        return "a scalar, left whole"
+    return f"no dim of {leaf.shape} has an element per device ({parts}), left whole"
+
+
+def _zero_where(shape: tuple[int, ...], dim: int, parts: int) -> str:
+    """Why ZeRO splits `dim` of `shape` and how: dim 0 too short, padding."""
+    notes = [f"dim 0 has {shape[0]} elements, fewer than {parts} devices"] if dim else []
+    if shape[dim] % parts:
+        padded = -(-shape[dim] // parts) * parts
+        notes.append(f"dim {dim} padded {shape[dim]} -> {padded}")
+    return ", ".join(notes)
 
 
 def zero_dim(shape: tuple[int, ...], parts: int) -> int | None:

@@ -28,6 +28,7 @@ from partir.report.model import Report
 from partir.report.names import _partir_name, ssa_names
 from partir.report.replicated import replicated_ops
 from partir.report.rows import CollectiveInfo, PaddedValue, ValueInfo
+from partir.selections import recorded_selections
 from rewrites.conflicts import recorded_conflicts
 from rewrites.padding import PADDED
 
@@ -91,6 +92,7 @@ def build_report(
         memory=memory,
         core_available=core is not None or stage == "stablehlo",
         padding=_padding(spmd_entry, names),
+        selections=recorded_selections(module) or (recorded_selections(core) if core else []),
         estimate=predicted,
     )
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from dialects.escaping import readable
 from dialects.mesh import Mesh
 from partir.report.memory import MemoryEstimate, XlaMemory
 from partir.report.render import _conflict_json, _counts, _type_text, render_plain
 from partir.report.rows import CollectiveInfo, PaddedValue, ReplicatedOp, Table, ValueInfo
+from partir.selections import Selection, tactic_summaries
 from rewrites.conflicts import Conflict
 
 if TYPE_CHECKING:
@@ -34,6 +36,13 @@ class Report:
     """Values padded for divisibility (a dim the mesh axis does not divide)."""
     estimate: Estimate | None = field(default=None)
     """A predicted step on some profile (`with_estimate`, `partir-inspect --estimate`)."""
+    selections: list[Selection] = field(default_factory=list)
+    """What each tactic chose for each leaf it looked at, and why (`partir.selections`)."""
+
+    def tactic_lines(self) -> list[str]:
+        """One line per tactic, in schedule order: "BatchParallel(batch): 2 data
+        leaves on dim 0, 12 state leaves not split"."""
+        return [f"{tactic}: {line}" for tactic, line in tactic_summaries(self.selections)]
 
     @property
     def arguments(self) -> list[ValueInfo]:
@@ -66,6 +75,11 @@ class Report:
             "xla_memory": None if self.xla is None else self.xla.to_json(),
             "padding": [p.to_json() for p in self.padding],
             "estimate": None if self.estimate is None else self.estimate.to_json(),
+            "tactics": [
+                {"tactic": tactic, "summary": line}
+                for tactic, line in tactic_summaries(self.selections)
+            ],
+            "selections": [s.to_json() for s in self.selections],
         }
 
     def summary(self) -> list[tuple[str, str]]:
@@ -74,6 +88,7 @@ class Report:
         m = self.memory
         lines = [
             ("stage", f"{self.stage} (mesh {mesh})"),
+            *(("tactic", readable(line)) for line in self.tactic_lines()),
             ("values", f"{len(self.values)} ({unknown} of unknown distribution)"),
             (
                 "collectives",
@@ -133,6 +148,18 @@ class Report:
                 ],
             )
         )
+        if self.selections:
+            out.append(
+                Table(
+                    "what each tactic selected",
+                    ("tactic", "leaf", "role", "split", "why"),
+                    [
+                        (readable(s.tactic), readable(s.leaf), s.role, readable(s.split),
+                         readable(s.reason))
+                        for s in self.selections
+                    ],
+                )
+            )
         out.append(
             Table(
                 "collectives",

@@ -7,7 +7,12 @@
 // propagation carries the tiling through the forward pass; every reduction
 // over the batch (the loss, each weight gradient) becomes a sum loop.
 
-// CHECK:       builtin.module @jit_program attributes {{{.*}}partir.actions = 2 : i64} {
+// What the tactic chose for each argument and why is recorded on the module:
+// the parameters are state (the step returns them updated), x and y data.
+// CHECK:       builtin.module @jit_program attributes {{{.*}}partir.actions = 2 : i64, partir.selections = [
+// CHECK-SAME:    #partir.selection<tactic = "BatchParallel(batch)", role = "state", dim = none, axis = "", reason = "returned updated as result/1", leaves = ["params['b1']", "params['b2']", "params['w1']", "params['w2']"]>,
+// CHECK-SAME:    #partir.selection<tactic = "BatchParallel(batch)", role = "data", dim = 0, axis = "batch", reason = "not returned updated; shares leading dim 16 with y", leaves = ["x"]>,
+// CHECK-SAME:    #partir.selection<tactic = "BatchParallel(batch)", role = "data", dim = 0, axis = "batch", reason = "not returned updated; shares leading dim 16 with x", leaves = ["y"]>]} {
 // CHECK-NEXT:    partir.mesh @mesh ["batch" = 4]
 // CHECK-LABEL:   func.func public @main(%params_b1: tensor<64xf32> {partir.name = "params['b1']"}
 // The first layer, on a quarter of the batch:

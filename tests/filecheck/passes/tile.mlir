@@ -18,7 +18,7 @@ func.func @main(%x: tensor<8x16xf32> {partir.name = "x"}, %w: tensor<16x4xf32> {
   func.return %t : tensor<8x4xf32>
 }
 
-// TILE:      builtin.module attributes {partir.actions = 1 : i64} {
+// TILE:      builtin.module attributes {partir.actions = 1 : i64, partir.selections = [#partir.selection<tactic = "partir-tile(x)", role = "named", dim = 0, axis = "x", reason = "value=0", leaves = ["x"]>]} {
 // TILE-NEXT:   partir.mesh @mesh ["x" = 4, "y" = 2]
 // TILE-LABEL:  func.func @main
 // TILE-NEXT:     %[[XT:.*]] = partir.loop "x" [#partir.tile<0>] (%[[R:.*]]: !partir.range<4>) {

@@ -15,7 +15,8 @@ func.func @main(%w: tensor<8x4xf32> {partir.name = "params['w']"}, %b: tensor<8x
   func.return %w2, %b2, %m2 : tensor<8x4xf32>, tensor<8xf32>, tensor<8x4xf32>
 }
 
-// STAGE1:      builtin.module attributes {partir.actions = 1 : i64} {
+// What ZeRO chose and why is recorded on the module (partir-inspect shows it):
+// STAGE1:      builtin.module attributes {partir.actions = 1 : i64, partir.selections = [#partir.selection<tactic = "ZeRO-1(batch)", role = "optimizer state", dim = 0, axis = "batch", reason = "under opt_state, named as optimizer state", leaves = ["opt_state['m']"]>]} {
 // STAGE1-LABEL:  func.func @main
 // STAGE1-NEXT:     %m2 = partir.loop "batch" [#partir.tile<0>] (%[[R:.*]]: !partir.range<4>) {
 // STAGE1-NEXT:       %[[M:.*]] = partir.slice 0 %m[%[[R]]] : tensor<8x4xf32> -> tensor<2x4xf32>
@@ -32,7 +33,10 @@ func.func @main(%w: tensor<8x4xf32> {partir.name = "params['w']"}, %b: tensor<8x
 // STAGE1-NEXT:     %b2 = stablehlo.subtract %b, %gb : tensor<8xf32>
 // STAGE1-NEXT:     func.return %w2, %b2, %m2
 
-// STAGE3:      builtin.module attributes {partir.actions = 6 : i64} {
+// STAGE3:      builtin.module attributes {partir.actions = 6 : i64, partir.selections = [
+// STAGE3-SAME:   #partir.selection<tactic = "ZeRO-3(batch)", role = "parameter", dim = 0, axis = "batch", reason = "under params: returned updated as result/0, and no optimizer state mirrors it", leaves = ["params['w']", "params['b']"]>,
+// STAGE3-SAME:   #partir.selection<tactic = "ZeRO-3(batch)", role = "optimizer state", dim = 0, axis = "batch", reason = "under opt_state, named as optimizer state", leaves = ["opt_state['m']"]>,
+// STAGE3-SAME:   #partir.selection<tactic = "ZeRO-3(batch)", role = "update", dim = 0, axis = "batch", reason = "returned by the step", leaves = ["result[0]['w']", "result[0]['b']", "result[1]['m']"]>]} {
 // STAGE3-LABEL:  func.func @main
 // STAGE3:          %b2 = partir.loop "batch" [#partir.tile<0>] (%[[R:.*]]: !partir.range<4>) {
 // STAGE3-NEXT:       %[[B:.*]] = partir.slice 0 %b[%[[R]]] : tensor<8xf32> -> tensor<2xf32>

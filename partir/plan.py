@@ -1,0 +1,160 @@
+"""What a tactic sees and decides: the program's named leaves, and its plan.
+
+A tactic (`partir.tactics`) looks at the entry function's arguments and
+results by their pytree paths (`ProgramView`) and returns a `Plan`: the
+tiles to take and the leaves it looked at and left as they are, each with
+the role the tactic took it for and why. The tiles are what `partir.passes`
+applies; the whole plan is what the report shows (`partir.selections`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import Attribute
+
+from dialects.errors import PartirValueError
+from dialects.escaping import readable
+from dialects.functions import NAME_ATTR
+from partir.selections import Selection
+from partir.selectors import POSITIONAL_ROOT, argument_root, display_path, select
+
+
+class TacticError(PartirValueError):
+    """A tactic that cannot apply to this program on this mesh."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One argument or result of the entry function, with its pytree path."""
+
+    kind: str  # "argument" or "result"
+    index: int
+    name: str
+    type: Attribute
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.type.get_shape()) if isinstance(self.type, TensorType) else ()
+
+    @property
+    def root(self) -> str:
+        return argument_root(self.name)
+
+
+@dataclass(frozen=True)
+class ProgramView:
+    """The names a tactic can select: the entry function's leaves."""
+
+    arguments: tuple[Leaf, ...]
+    results: tuple[Leaf, ...]
+
+    @staticmethod
+    def of(entry: func.FuncOp) -> ProgramView:
+        def names(attrs, count: int, default: str) -> list[str]:
+            if attrs is None:
+                return [f"{default}[{i}]" for i in range(count)]
+            out = []
+            for i, d in enumerate(attrs.data):
+                name = d.data.get(NAME_ATTR)
+                out.append(name.data if name is not None else f"{default}[{i}]")
+            return out
+
+        ins, outs = entry.function_type.inputs.data, entry.function_type.outputs.data
+        return ProgramView(
+            tuple(
+                Leaf("argument", i, n, t)
+                for i, (n, t) in enumerate(
+                    zip(names(entry.arg_attrs, len(ins), POSITIONAL_ROOT), ins, strict=True)
+                )
+            ),
+            tuple(
+                Leaf("result", i, n, t)
+                for i, (n, t) in enumerate(
+                    zip(names(entry.res_attrs, len(outs), "result"), outs, strict=True)
+                )
+            ),
+        )
+
+    def find(
+        self,
+        patterns: str | Iterable[str],
+        *,
+        who: str,
+        results: bool = False,
+        required: bool = True,
+    ) -> list[Leaf]:
+        leaves = self.results if results else self.arguments
+        pats = [patterns] if isinstance(patterns, str) else list(patterns)
+        found = [leaves[i] for i in select(pats, [leaf.name for leaf in leaves])]
+        if required and not found:
+            shown = ", ".join(display_path(leaf.name) for leaf in leaves[:12])
+            more = f", ... ({len(leaves)} in all)" if len(leaves) > 12 else ""
+            kind = "result" if results else "argument"
+            raise TacticError(
+                f"{who}: no {kind} matches {', '.join(map(repr, pats))}; "
+                f"the {kind}s are: {shown}{more}"
+            )
+        return found
+
+
+@dataclass(frozen=True)
+class PlannedTile:
+    """Tile `leaf` along `dim` over mesh `axis`; `role` is what the tactic took
+    the leaf for ("data", "column weight", ...) and `reason` why, for the
+    report (`partir.selections`)."""
+
+    leaf: Leaf
+    dim: int
+    axis: str
+    role: str = "named"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PassedLeaf:
+    """A leaf a tactic looked at and leaves as it is (BatchParallel's state,
+    ZeRO's scalars), with its role and why."""
+
+    leaf: Leaf
+    role: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one tactic decided: the tiles to take, in order, and the leaves it
+    looked at and left as they are."""
+
+    tactic: str
+    tiles: tuple[PlannedTile, ...]
+    passed: tuple[PassedLeaf, ...] = ()
+    label: str = ""
+    """The tactic as the report names it ("ZeRO-3(batch)"); `tactic` if empty."""
+
+    def __iter__(self) -> Iterator[PlannedTile]:
+        return iter(self.tiles)
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+    def selections(self) -> list[Selection]:
+        """Every decision, in the leaves' order (arguments, then results)."""
+        label = self.label or self.tactic
+        decided = [
+            (t.leaf, Selection(label, t.leaf.name, t.dim, t.axis, t.role, t.reason))
+            for t in self.tiles
+        ]
+        decided += [
+            (p.leaf, Selection(label, p.leaf.name, None, "", p.role, p.reason)) for p in self.passed
+        ]
+        decided.sort(key=lambda d: (d[0].kind == "result", d[0].index))
+        return [selection for _, selection in decided]
+
+
+def tactic_label(tactic: str, *axes: str) -> str:
+    """`BatchParallel(batch)`: a tactic and its axes, each readable on one line."""
+    return f"{tactic}({', '.join(readable(str(a)) for a in axes)})"
