@@ -181,8 +181,67 @@ ORIGIN = "origin"
 """The loop attribute holding its `OriginAttr`."""
 
 
+class _KeyedParameters:
+    """`<key = value, ...>` syntax for an attribute whose parameters are, in
+    `KEYS` order, string literals, lists of them (`[...]`) or an optional
+    integer (`none` or a number): the conflict and selection records."""
+
+    KEYS: ClassVar[tuple[str, ...]]
+    parameters: tuple[Attribute, ...]
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        kinds = cls._kinds()
+        params: list[Attribute] = []
+        with parser.in_angle_brackets():
+            for i, key in enumerate(cls.KEYS):
+                if i:
+                    parser.parse_punctuation(",")
+                parser.parse_keyword(key)
+                parser.parse_punctuation("=")
+                kind = kinds[key]
+                if kind is ArrayAttr:
+                    names = parser.parse_comma_separated_list(
+                        parser.Delimiter.SQUARE, parser.parse_str_literal
+                    )
+                    params.append(ArrayAttr(StringAttr(n) for n in names))
+                elif kind is StringAttr:
+                    params.append(StringAttr(parser.parse_str_literal()))
+                elif parser.parse_optional_keyword("none") is not None:
+                    params.append(NoneAttr())
+                else:
+                    number = parser.parse_integer(allow_boolean=False, allow_negative=False)
+                    params.append(IntAttr(number))
+        return params
+
+    @classmethod
+    def _kinds(cls) -> dict[str, type]:
+        """Each key's parameter kind, read from the class's annotations."""
+        hints = {k: str(v) for k, v in cls.__annotations__.items()}
+        return {
+            key: ArrayAttr
+            if hints[key].startswith("ArrayAttr")
+            else StringAttr
+            if hints[key] == "StringAttr"
+            else IntAttr
+            for key in cls.KEYS
+        }
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_angle_brackets():
+            for i, (key, param) in enumerate(zip(self.KEYS, self.parameters, strict=True)):
+                printer.print_string(f"{', ' if i else ''}{key} = ")
+                if isinstance(param, StringAttr):
+                    printer.print_string_literal(param.data)
+                elif isinstance(param, ArrayAttr):
+                    with printer.in_square_brackets():
+                        printer.print_list(param, lambda v: printer.print_string_literal(v.data))
+                else:
+                    printer.print_string(str(param.data) if isinstance(param, IntAttr) else "none")
+
+
 @irdl_attr_definition
-class ConflictAttr(ParametrizedAttribute):
+class ConflictAttr(_KeyedParameters, ParametrizedAttribute):
     """`#partir.conflict<op = "stablehlo.add", axis = "batch", values = ["x", "y"],
     winner = "...", loser = "...", detail = "...">`: at `op`, `values` wanted `axis`
     in incompatible ways and the earlier action won. Propagation records each
@@ -211,42 +270,13 @@ class ConflictAttr(ParametrizedAttribute):
             StringAttr(detail),
         )
 
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
-        params: list[Attribute] = []
-        with parser.in_angle_brackets():
-            for i, key in enumerate(cls.KEYS):
-                if i:
-                    parser.parse_punctuation(",")
-                parser.parse_keyword(key)
-                parser.parse_punctuation("=")
-                if key == "values":
-                    names = parser.parse_comma_separated_list(
-                        parser.Delimiter.SQUARE, parser.parse_str_literal
-                    )
-                    params.append(ArrayAttr(StringAttr(n) for n in names))
-                else:
-                    params.append(StringAttr(parser.parse_str_literal()))
-        return params
-
-    def print_parameters(self, printer: Printer) -> None:
-        with printer.in_angle_brackets():
-            for i, (key, param) in enumerate(zip(self.KEYS, self.parameters, strict=True)):
-                printer.print_string(f"{', ' if i else ''}{key} = ")
-                if isinstance(param, ArrayAttr):
-                    with printer.in_square_brackets():
-                        printer.print_list(param, lambda v: printer.print_string_literal(v.data))
-                else:
-                    assert isinstance(param, StringAttr)
-                    printer.print_string_literal(param.data)
-
 
 CONFLICTS = "partir.conflicts"
 """The module attribute listing propagation's `ConflictAttr`s, in the order found."""
 
 
 @irdl_attr_definition
-class SelectionAttr(ParametrizedAttribute):
+class SelectionAttr(_KeyedParameters, ParametrizedAttribute):
     """`#partir.selection<tactic = "BatchParallel(batch)", role = "data", dim = 0,
     axis = "batch", reason = "...", leaves = ["x", "y"]>`: what a tactic
     decided about some arguments or results, and why: split on `dim` over
@@ -287,42 +317,6 @@ class SelectionAttr(ParametrizedAttribute):
     @property
     def split_dim(self) -> int | None:
         return self.dim.data if isinstance(self.dim, IntAttr) else None
-
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
-        params: list[Attribute] = []
-        with parser.in_angle_brackets():
-            for i, key in enumerate(cls.KEYS):
-                if i:
-                    parser.parse_punctuation(",")
-                parser.parse_keyword(key)
-                parser.parse_punctuation("=")
-                if key == "leaves":
-                    names = parser.parse_comma_separated_list(
-                        parser.Delimiter.SQUARE, parser.parse_str_literal
-                    )
-                    params.append(ArrayAttr(StringAttr(n) for n in names))
-                elif key != "dim":
-                    params.append(StringAttr(parser.parse_str_literal()))
-                elif parser.parse_optional_keyword("none") is not None:
-                    params.append(NoneAttr())
-                else:
-                    dim = parser.parse_integer(allow_boolean=False, allow_negative=False)
-                    params.append(IntAttr(dim))
-        return params
-
-    def print_parameters(self, printer: Printer) -> None:
-        with printer.in_angle_brackets():
-            for i, (key, param) in enumerate(zip(self.KEYS, self.parameters, strict=True)):
-                printer.print_string(f"{', ' if i else ''}{key} = ")
-                if isinstance(param, StringAttr):
-                    printer.print_string_literal(param.data)
-                elif isinstance(param, ArrayAttr):
-                    with printer.in_square_brackets():
-                        printer.print_list(param, lambda v: printer.print_string_literal(v.data))
-                else:
-                    dim = self.split_dim
-                    printer.print_string("none" if dim is None else str(dim))
 
 
 SELECTIONS = "partir.selections"
