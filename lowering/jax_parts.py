@@ -4,21 +4,31 @@ JAX records a Python traceback for every op it traces and turns each into a
 source location when lowering, at a cost per op that grows with the length
 of the calling function (the 24-layer training step, 24k statements: 14 s to
 lower from one function, 1.3 s from parts). So the entry function's ops are
-cut into parts of at most `PART_MAX` ops, each emitted as a function
+cut into parts of at most `PartBounds.max` ops, each emitted as a function
 `_part_k(p0, p1, ...)` that takes the values it uses from earlier parts and
 returns the ones later parts use; `_body` calls them in program order (a
 program of one part is emitted in `_body` itself).
 
-The cut points are content-defined (as in rsync's rolling checksum): each
-part ends where a hash of the last `WINDOW` op names is least, so repeated
-layers are cut at the same places. Each part is emitted with its own names
-(`lowering.jax_body`), so parts equal up to renaming have the same text and
-share one function, which returns the union of what its calls need. Shared
-functions are wrapped in `jax.jit(..., inline=True)`: JAX runs their Python
-once per argument types and copies the cached jaxpr into each call, so the
-program JAX lowers is the one a single function would give, bit for bit.
-(Without `inline`, each call stays a call until XLA inlines it; that traces
-and lowers faster, but XLA then rounds a few values differently.)
+The cut points are content-defined (as in rsync or a deduplicating backup):
+each op gets a hash of its name and the `WINDOW - 1` names before it, and a
+part may end at an op whose hash is least within `PartBounds.radius` ops on
+either side. That depends only on the ops nearby, not on where the previous
+part ended, so a run of repeated ops (the layers' forward passes, their
+gradients, their optimizer updates) is cut at the same places in every
+repetition, and at least once in each if it is shorter than the radius. The
+runs between cuts are joined into parts of at least `PartBounds.min` ops (the
+same joins from the second repetition on), and a run longer than
+`PartBounds.max` is cut where its hash is least. On the N-layer training
+step, the parts of 2 layers are all that 3, 6 or 24 layers need.
+
+Each part is emitted with its own names (`lowering.jax_body`), so parts equal
+up to renaming have the same text and share one function, which returns the
+union of what its calls need. Shared functions are wrapped in `jax.jit(...,
+inline=True)`: JAX runs their Python once per argument types and copies the
+cached jaxpr into each call (about a third of the cost of tracing them), so
+the program JAX lowers is the one a single function would give, bit for
+bit. (Without `inline`, each call stays a call until XLA inlines it; that
+traces and lowers faster, but XLA then rounds a few values differently.)
 
 A shared function's statements are commented with where the first call's
 ops came from, and how many other places the other calls' ops came from
@@ -27,6 +37,7 @@ ops came from, and how many other places the other calls' ops came from
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -36,14 +47,27 @@ from xdsl.ir import Operation, SSAValue
 
 from lowering.jax_body import BodyEmitter, ModuleTables, noted
 
-PART_MIN = 64
-"""No cut before a part has this many ops (bounds the number of calls)."""
-
-PART_MAX = 512
-"""A part has at most this many ops (bounds the function length)."""
-
 WINDOW = 16
-"""Op names hashed for a cut point: a cut depends on nothing further back."""
+"""Op names hashed for a cut point: its hash depends on nothing further back."""
+
+
+@dataclass(frozen=True)
+class PartBounds:
+    """How the body is cut: parts of `min`..`max` ops (the last may be
+    shorter), ending where the hash is least within `radius` ops."""
+
+    min: int = 64
+    """No cut before a part has this many ops (bounds the number of calls)."""
+    max: int = 512
+    """A part has at most this many ops (bounds the function length)."""
+    radius: int = 64
+    """Half the width over which a cut's hash is least: parts average about
+    twice this where nothing repeats, and a pattern shorter than it repeats
+    whole in every part."""
+
+    def __post_init__(self) -> None:
+        if not 0 < 2 * self.min <= self.max or self.radius < 1:
+            raise ValueError(f"{self}: need 0 < 2 * min <= max and radius >= 1")
 
 
 def _window_hashes(ops: Sequence[Operation]) -> list[int]:
@@ -61,26 +85,56 @@ def _window_hashes(ops: Sequence[Operation]) -> list[int]:
     return hashes
 
 
-def split_ops(ops: Sequence[Operation]) -> list[list[Operation]]:
-    """`ops` cut into runs of `PART_MIN`..`PART_MAX` ops at content-defined points.
+def _local_minima(hashes: list[int], radius: int) -> list[int]:
+    """The indices whose hash is least within `radius` on either side, in
+    order (a sliding-window minimum: linear in the number of ops)."""
+    minima = []
+    window: deque[int] = deque()  # indices of increasing hashes in [i - radius, i + radius]
+    ahead = 0
+    for i, h in enumerate(hashes):
+        while ahead < len(hashes) and ahead <= i + radius:
+            while window and hashes[window[-1]] > hashes[ahead]:
+                window.pop()
+            window.append(ahead)
+            ahead += 1
+        if window[0] < i - radius:
+            window.popleft()
+        if h <= hashes[window[0]]:
+            minima.append(i)
+    return minima
 
-    Each part ends at the last op of least window hash among its possible
-    ends. In a run of repeated layers (period P) the least hash recurs every
-    P ops, and taking the last one makes every part end at the same place in
-    its layer: the parts repeat with the layers.
-    """
-    hashes = _window_hashes(ops)
-    parts: list[list[Operation]] = []
-    start = 0
-    while len(ops) - start > PART_MAX:
-        candidates = range(start + PART_MIN - 1, start + PART_MAX)
+
+def _cut_long(start: int, end: int, hashes: list[int], bounds: PartBounds) -> list[int]:
+    """Ends of parts of `min`..`max` ops covering [start, end): each at the
+    last op of least hash among its possible ends."""
+    ends = []
+    while end - start > bounds.max:
+        candidates = range(start + bounds.min - 1, min(start + bounds.max, end - bounds.min))
         least = min(hashes[j] for j in candidates)
-        end = max(j for j in candidates if hashes[j] == least) + 1
-        parts.append(list(ops[start:end]))
-        start = end
+        start = max(j for j in candidates if hashes[j] == least) + 1
+        ends.append(start)
+    return [*ends, end]
+
+
+def split_ops(ops: Sequence[Operation], bounds: PartBounds | None = None) -> list[list[Operation]]:
+    """`ops` cut into parts of `bounds.min`..`bounds.max` ops at content-defined points.
+
+    A part ends at a local minimum of the window hash (or at the end); runs
+    between minima are joined until a part has `min` ops, and a part longer
+    than `max` is cut again (`_cut_long`). Where the ops repeat, so do the
+    minima, the joins (after the first repetition) and the parts.
+    """
+    bounds = bounds or PartBounds()
+    hashes = _window_hashes(ops)
+    ends: list[int] = []
+    start = 0
+    for minimum in _local_minima(hashes, bounds.radius):
+        if minimum + 1 - start >= bounds.min:
+            ends += _cut_long(start, minimum + 1, hashes, bounds)
+            start = ends[-1]
     if start < len(ops):
-        parts.append(list(ops[start:]))
-    return parts
+        ends += _cut_long(start, len(ops), hashes, bounds)
+    return [list(ops[a:z]) for a, z in itertools.pairwise([0, *ends])]
 
 
 def _live_after(parts: list[list[Operation]]) -> list[set[SSAValue]]:
@@ -157,14 +211,17 @@ class PartsEmitter:
     the arguments and receives the names of every value a part returns.
     """
 
-    def __init__(self, top: BodyEmitter, tables: ModuleTables) -> None:
+    def __init__(
+        self, top: BodyEmitter, tables: ModuleTables, bounds: PartBounds | None = None
+    ) -> None:
         self.top = top
         self.tables = tables
+        self.bounds = bounds or PartBounds()
         self.functions: dict[tuple[int | str, ...], PartFunction] = {}
         self._calls: list[_Call] = []
 
     def emit(self, ops: Sequence[Operation]) -> None:
-        parts = split_ops(ops)
+        parts = split_ops(ops, self.bounds)
         if len(parts) == 1:  # a short program reads best as one function
             self.top.emit_ops(ops)
             return

@@ -47,9 +47,9 @@ from lowering.jax_body import BodyEmitter, ModuleTables
 from lowering.jax_ir import UnsupportedOpError, element_dtype
 from lowering.jax_literals import comment_text, dtype_literal, partition_spec, tuple_literal
 from lowering.jax_ops import EMITTERS
-from lowering.jax_parts import PartsEmitter
+from lowering.jax_parts import PartBounds, PartsEmitter
 
-__all__ = ["NAME_ATTR", "SUPPORTED_OPS", "UnsupportedOpError", "emit_jax"]
+__all__ = ["NAME_ATTR", "SUPPORTED_OPS", "PartBounds", "UnsupportedOpError", "emit_jax"]
 
 NAME_ATTR = "partir.name"
 """Argument/result attribute with the value's pytree path (see `partir.importer`)."""
@@ -124,7 +124,9 @@ def _input_types(
     return [*lines, ")"]
 
 
-def _emit_body(entry: func.FuncOp, tables: ModuleTables) -> tuple[BodyEmitter, PartsEmitter]:
+def _emit_body(
+    entry: func.FuncOp, tables: ModuleTables, bounds: PartBounds | None
+) -> tuple[BodyEmitter, PartsEmitter]:
     """`_body`'s lines (calls of the parts, the return) and the parts."""
     em = BodyEmitter(tables)
     block = entry.body.block
@@ -133,7 +135,7 @@ def _emit_body(entry: func.FuncOp, tables: ModuleTables) -> tuple[BodyEmitter, P
     *ops, ret = list(block.ops)
     if not isinstance(ret, func.ReturnOp):
         raise UnsupportedOpError(f"@{entry.sym_name.data} does not end in func.return")
-    parts = PartsEmitter(em, tables)
+    parts = PartsEmitter(em, tables, bounds)
     parts.emit(ops)
     em.write(f"return {tuple_literal([em.name(v) for v in ret.operands])}")
     return em, parts
@@ -235,8 +237,11 @@ def build(mesh):
 _WIDE = {np.dtype(t) for t in (np.float64, np.int64, np.uint64, np.complex128)}
 
 
-def emit_jax(module: ModuleOp, *, name: str = "partir_program") -> str:
-    """The source of a Python module running the SPMD `module` with `jax.shard_map`.
+def emit_jax(
+    module: ModuleOp, *, name: str = "partir_program", part_bounds: PartBounds | None = None
+) -> str:
+    """The source of a Python module running the SPMD `module` with `jax.shard_map`,
+    its body cut into functions as `part_bounds` says (default `PartBounds()`).
 
     Raises `UnsupportedOpError` for an op or type with no faithful translation.
     """
@@ -249,7 +254,7 @@ def emit_jax(module: ModuleOp, *, name: str = "partir_program") -> str:
         _dtensor(entry, t, f"result {i}") for i, t in enumerate(entry.function_type.outputs)
     ]
     tables = ModuleTables()
-    body, parts = _emit_body(entry, tables)
+    body, parts = _emit_body(entry, tables, part_bounds)
     element_dtypes = {
         element_dtype(entry, t.global_type) for t in (*arg_types, *res_types)
     } | tables.dtypes
