@@ -6,7 +6,9 @@ becomes one `jax.lax` statement, in program order, in functions of bounded
 size that `_body` calls in turn (`lowering.jax_parts`: JAX traces long
 functions slowly, and repeated layers share one function); the dtensor types
 of the arguments and results become `in_specs`/`out_specs`, and `build(mesh)`
-wraps `_body` in `jax.jit(jax.shard_map(..., check_vma=True))`.
+wraps `_body` in `jax.jit(jax.shard_map(..., check_vma=True))`, traced with
+the objects made before frozen (`_Program`: Python's full collections would
+otherwise rescan the partitioner's IR during the trace).
 
 The generated source is self-contained (constants are inlined, large ones as
 base64 bytes), deterministic (the same module gives byte-identical text) and
@@ -149,6 +151,9 @@ _HEADER = """\
 #     fn = build(mesh)          # jax.jit(jax.shard_map(_body, ...))
 #     outputs = fn(*inputs)     # inputs/outputs are global arrays, in order
 {imports}
+import contextlib
+import gc
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -208,30 +213,58 @@ def output_shardings(mesh):
 
 
 def build(mesh):
-    """The program as one jitted callable on `mesh`: global inputs -> tuple of outputs."""
+    """The program as one jitted callable on `mesh`: global inputs -> tuple of
+    outputs, with jax.jit's `.trace` and `.lower` (`_Program`)."""
     _check_mesh(mesh)
     fn = jax.jit(
         jax.shard_map(
             _body, mesh=mesh, in_specs=IN_SPECS, out_specs=OUT_SPECS, check_vma=True
         )
     )
-    if not USES_64BIT_TYPES or jax.config.jax_enable_x64:
-        return fn
+    return _Program(fn, wide=USES_64BIT_TYPES and not jax.config.jax_enable_x64)
 
-    def with_64bit_types(*args):
-        """JAX lowered this program with 64-bit types inside (e.g. jax.random's
-        counters) although x64 mode is off: trace and run it with them on, as
-        jax.jit ran the original (without, jnp.uint64 would silently be 32 bits)."""
-        with jax.enable_x64(True):
-            return fn(*args)
 
-    def lower(*args):
-        """`fn.lower`, under the same mode (the report reads XLA's memory from it)."""
-        with jax.enable_x64(True):
-            return fn.lower(*args)
+class _Program:
+    """`fn` (jax.jit of the shard_map), called, traced and lowered:
 
-    with_64bit_types.lower = lower
-    return with_64bit_types
+    - with 64-bit types on if `wide`: JAX lowered the program with them inside
+      (e.g. jax.random's counters) although x64 mode is off, and jax.jit ran the
+      original so (without, jnp.uint64 would silently be 32 bits);
+    - when tracing (`.trace`, `.lower`, the first call), with the objects made
+      before left out of Python's garbage collections (unless the caller froze
+      objects itself): the trace makes objects per op, and each full collection
+      would walk every older object too (the partitioner's IR, a model), at 24
+      layers half the trace.
+    """
+
+    def __init__(self, fn, wide):
+        self.fn, self.wide, self.traced = fn, wide, False
+
+    def __call__(self, *args):
+        if self.traced and not self.wide:
+            return self.fn(*args)
+        with self._running(tracing=not self.traced):
+            outputs = self.fn(*args)
+        self.traced = True
+        return outputs
+
+    def trace(self, *args):
+        with self._running(tracing=True):
+            return self.fn.trace(*args)
+
+    def lower(self, *args):
+        with self._running(tracing=True):
+            return self.fn.lower(*args)
+
+    @contextlib.contextmanager
+    def _running(self, tracing):
+        with contextlib.ExitStack() as stack:
+            if self.wide:
+                stack.enter_context(jax.enable_x64(True))
+            if tracing and not gc.get_freeze_count():
+                gc.freeze()
+                stack.callback(gc.unfreeze)
+            yield
 '''
 
 _WIDE = {np.dtype(t) for t in (np.float64, np.int64, np.uint64, np.complex128)}

@@ -8,6 +8,7 @@ against `jax.jit` of the original function.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import io
 import linecache
@@ -593,6 +594,35 @@ def test_traceback_shows_the_generated_line(mesh: jax.sharding.Mesh) -> None:
         fn(ints(16, 48), ints(32, 8))  # divisible, so shard_map alone would accept it
     lines = [f.line for f in generated_frames(caught.value)]
     assert "_check_inputs(a0, a1)" in lines and "raise TypeError(" in lines, lines
+
+
+def test_tracing_leaves_older_objects_out_of_garbage_collections(
+    mesh: jax.sharding.Mesh,
+) -> None:
+    """The body is traced with the objects made before frozen (a full
+    collection would walk them all); the collector is left as it was, and
+    objects the caller froze stay frozen."""
+    program = load(parse(MATMUL))
+    body, frozen_while_tracing = program._body, []
+
+    def watched_body(*args: Any) -> Any:
+        frozen_while_tracing.append(gc.get_freeze_count())
+        return body(*args)
+
+    program._body = watched_body
+    x, w = ints(16, 32), ints(32, 8, seed=1)
+    fn = program.build(mesh)
+    (y,) = fn(x, w)
+    assert frozen_while_tracing[0] > 0 and gc.get_freeze_count() == 0
+    fn(x, w)
+    assert len(frozen_while_tracing) == 1, "later calls do not trace"
+    assert_close(np.asarray(y), x @ w, what="x @ w")
+    gc.freeze()
+    try:
+        program.build(mesh).trace(x, w)
+        assert gc.get_freeze_count() > 0, "the caller's frozen objects were unfrozen"
+    finally:
+        gc.unfreeze()
 
 
 def test_build_checks_the_mesh(mesh: jax.sharding.Mesh) -> None:
