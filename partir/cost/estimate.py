@@ -28,7 +28,7 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp
 from xdsl.ir import Block, Operation
 
 from dialects.functions import entry_function
-from dialects.partir import MeshOp
+from dialects.partir import find_mesh
 from dialects.spmd import CollectiveOp
 from partir.cost.collective_costs import op_seconds
 from partir.cost.op_costs import Kind, kind_of, op_cost
@@ -252,13 +252,6 @@ def _constant(value: Any) -> int | None:
     return int(number) if float(number).is_integer() else None
 
 
-def module_mesh(module: ModuleOp) -> dict[str, int]:
-    for op in module.body.block.ops:
-        if isinstance(op, MeshOp):
-            return dict(op.axes)
-    raise ValueError("the module declares no partir.mesh: estimate an SPMD module")
-
-
 def estimate(module: ModuleOp, profile: Profile, peak_bytes: int | None = None) -> Estimate:
     """The predicted step of the SPMD `module` on `profile` (`peak_bytes`: the
     report's liveness peak, if the caller has it)."""
@@ -268,7 +261,10 @@ def estimate(module: ModuleOp, profile: Profile, peak_bytes: int | None = None) 
         found = build_report(module, profile=profile).estimate
         assert found is not None
         return found
-    mesh = module_mesh(module)
+    mesh_op = find_mesh(module)
+    if mesh_op is None:
+        raise ValueError("the module declares no partir.mesh: estimate an SPMD module")
+    mesh = mesh_op.axes
     walk = _Walk(mesh, profile)
     walk.block(entry_function(module).body.block, 1)
     collectives = [
