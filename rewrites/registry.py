@@ -982,6 +982,8 @@ def rule_for(op: Operation) -> OpRule | None:
     key = _signature(op)
     rule = _RULES_BY_SIGNATURE.get(key, _UNKNOWN)
     if rule is _UNKNOWN:
+        if len(_RULES_BY_SIGNATURE) >= _MAX_SIGNATURES:  # a long-lived process: stay bounded
+            _RULES_BY_SIGNATURE.clear()
         rule = _RULES_BY_SIGNATURE[key] = builder(op)
     return rule  # type: ignore[return-value]
 
@@ -999,6 +1001,8 @@ def _signature(op: Operation) -> tuple[object, ...]:
 
 _UNKNOWN = object()
 _RULES_BY_SIGNATURE: dict[tuple[object, ...], OpRule | None] = {}
+_MAX_SIGNATURES = 1 << 14
+"""Far more than one program's distinct signatures (the 6-layer step has 114)."""
 
 
 def opaque_reason(op: Operation) -> str:
