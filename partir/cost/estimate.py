@@ -18,6 +18,7 @@ calibration question, not a different formula.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from dialects.functions import entry_function
 from dialects.partir import find_mesh
 from dialects.spmd import CollectiveOp
 from partir.cost.collective_costs import op_seconds
-from partir.cost.op_costs import Kind, kind_of, op_cost
+from partir.cost.op_costs import Kind, fused, kind_of, op_cost
 from partir.cost.profile import Profile
 
 
@@ -134,6 +135,7 @@ class _Walk:
         self.by_kind: dict[str, float] = defaultdict(float)
         self.collectives: dict[CollectiveOp, list[float]] = {}
         self.unknown = 0
+        self.fused = functools.cache(fused)
 
     def block(self, block: Block, times: float) -> None:
         for op in block.ops:
@@ -153,7 +155,7 @@ class _Walk:
         if kind is Kind.CONTROL:
             self.control(op, times)
             return
-        cost = op_cost(op)
+        cost = op_cost(op, self.fused)
         device = self.profile.device
         seconds = max(
             cost.flops / device.flops_per_second(cost.element_type),

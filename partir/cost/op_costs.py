@@ -20,6 +20,7 @@ the emitter's op table against it, so a new op cannot go uncosted):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -146,9 +147,11 @@ def fused(op: Operation) -> bool:
     )
 
 
-def op_cost(op: Operation) -> OpCost:
+def op_cost(op: Operation, is_fused: Callable[[Operation], bool] = fused) -> OpCost:
     """The FLOPs and memory traffic of `op` on one device (not CONTROL or
-    COLLECTIVE ops, whose cost is their regions' or their links')."""
+    COLLECTIVE ops, whose cost is their regions' or their links'). A walk
+    over a whole program passes `fused` memoised: a value used by every
+    update (Adam's scalars) is otherwise rechecked per use, O(uses²)."""
     kind = kind_of(op)
     out = sum(elements(r.type) for r in op.results)
     if kind is Kind.FREE:
@@ -159,10 +162,10 @@ def op_cost(op: Operation) -> OpCost:
     read = sum(
         value_bytes(v.type)
         for v in op.operands
-        if not (isinstance(v.owner, Operation) and fused(v.owner))
+        if not (isinstance(v.owner, Operation) and is_fused(v.owner))
     )
-    is_fused = fused(op)
-    written = 0 if is_fused else sum(value_bytes(r.type) for r in op.results)
+    op_fused = is_fused(op)
+    written = 0 if op_fused else sum(value_bytes(r.type) for r in op.results)
     flops: float
     if kind is Kind.MATMUL:
         flops = 2 * out * _contracted(op)
@@ -174,7 +177,7 @@ def op_cost(op: Operation) -> OpCost:
         flops = inputs * max(1, math.ceil(math.log2(max(inputs, 2)))) if sort else inputs
     else:
         flops = 0
-    return OpCost(kind, flops, read + written, element_type_name(op), not is_fused)
+    return OpCost(kind, flops, read + written, element_type_name(op), not op_fused)
 
 
 def _contracted(op: Operation) -> int:

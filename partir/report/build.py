@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -79,7 +80,8 @@ def build_report(
         from partir.cost.estimate import estimate
         from partir.cost.op_costs import fused
 
-        unfused = estimate_memory(spmd_entry, values, names, lambda op: not fused(op))
+        is_fused = functools.cache(fused)
+        unfused = estimate_memory(spmd_entry, values, names, lambda op: not is_fused(op))
         predicted = estimate(spmd, profile, peak_bytes=unfused.peak)
     return Report(
         stage=stage,
