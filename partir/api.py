@@ -33,7 +33,7 @@ from lowering.collectives import Collective, collectives
 from lowering.loader import load_source
 from lowering.to_spmd import LowerToSpmdPass
 from partir.cost import Estimate, Profile, estimate
-from partir.generated_files import write_source
+from partir.generated_files import write_private, write_source
 from partir.importer import check_arguments, import_program
 from partir.keys import KeyBoundary
 from partir.mesh import Mesh
@@ -150,6 +150,24 @@ class Lowered:
         name or a JSON file; see `partir.cost`)."""
         chosen = profile if isinstance(profile, Profile) else Profile.load(profile)
         return estimate(self.module, chosen)
+
+    def to_onnx(self, path: str | Path | None = None) -> Any:
+        """This program as an ONNX model (`onnx.ModelProto`) annotated with the
+        ONNX multi-device proposal's sharding specs, as partir decided them
+        (`partir.onnx_interop.export`); written to `path` (0600) if given.
+        Needs the `onnx` extra (`pip install 'partir[onnx]'`)."""
+        from partir.onnx_interop.export import export_module
+
+        model = export_module(
+            self.imported,
+            self.mesh,
+            lambda module: partition(module, self.mesh, self.tactics) and None,
+            name=self.name,
+            expected_collectives=[(c.kind, c.axes, c.bytes_per_device) for c in self.collectives],
+        )
+        if path is not None:
+            write_private(Path(path), model.SerializeToString())
+        return model
 
     def compile(self) -> Compiled:
         jax_mesh = devices_for(self.mesh, self.jax_mesh)
