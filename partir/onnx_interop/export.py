@@ -106,7 +106,7 @@ def _global(dtensor: DTensorType | None, value: SSAValue) -> Distribution | None
 
 def export_module(
     imported: ModuleOp,
-    mesh: Mesh,
+    mesh: Mesh | None,
     partition: Callable[[ModuleOp], None],
     *,
     name: str = "partir_program",
@@ -115,7 +115,7 @@ def export_module(
 ) -> onnx.ModelProto:
     """The ONNX model of `imported` (a module of the import stage), annotated
     with the distributions `partition` (the schedule, applied in place) and the
-    SPMD lowering give it on `mesh`.
+    SPMD lowering give it on `mesh` (None: the mesh `partition` declares).
 
     `pipeline_stages` (op number -> stage) is the hook for the Pipeline
     tactic: each numbered op's nodes get `pipeline_stage`. Nothing sets it yet.
@@ -128,7 +128,7 @@ def export_module(
         replayed = [(c.kind, c.axes, c.bytes_per_device) for c in collectives(replay)]
         assert replayed == expected_collectives, "the replayed partition differs"
     decided = decided_shardings(replay)
-    return build_model(imported, mesh, decided, name=name, pipeline_stages=pipeline_stages)
+    return build_model(imported, mesh or module_mesh(replay), decided, name=name, pipeline_stages=pipeline_stages)
 
 
 def build_model(
