@@ -166,6 +166,13 @@ def source_location(location: Attribute) -> SourceLocation:
     return read_location(location, _step)
 
 
+def in_scope(op: Operation, scope: str) -> bool:
+    """Whether `op` was made under JAX named scope `scope` (a segment of its
+    name stack, e.g. `attention` in `jit(f)/attention/dot_general`)."""
+    stack = source_location(op.location).name_stack
+    return stack is not None and scope in stack.split("/")
+
+
 def is_unknown(location: Attribute) -> bool:
     return isinstance(location, UnknownLoc)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
@@ -27,11 +27,19 @@ from xdsl.utils.exceptions import PassFailedException
 from dialects.errors import PartirValueError
 from dialects.escaping import quoted
 from dialects.functions import entry_function
+from dialects.locations import in_scope
 from dialects.partir import MeshOp, OriginAttr, find_mesh
 from lowering.to_jax import emit_jax
 from lowering.to_spmd import LowerToSpmdPass
 from partir.mesh import Mesh
-from partir.plan import Plan, PlannedTile, ProgramView, TacticError, tactic_label
+from partir.plan import (
+    Plan,
+    PlannedTile,
+    ProgramView,
+    ScopedValue,
+    TacticError,
+    tactic_label,
+)
 from partir.selections import Selection, record_selections
 from partir.tactics import TACTICS, Tactic
 from rewrites.actions import TileAction, apply_tactic_action, take_action_numbers
@@ -70,11 +78,28 @@ def declare_mesh(module: ModuleOp, mesh: Mesh) -> MeshOp:
 
 
 def _leaf_value(entry: func.FuncOp, tile: PlannedTile) -> SSAValue:
+    if isinstance(tile.leaf, ScopedValue):
+        return scoped_value(entry, tile.leaf)
     if tile.leaf.kind == "argument":
         return entry.body.block.args[tile.leaf.index]
     ret = entry.body.block.last_op
     assert isinstance(ret, func.ReturnOp)
     return ret.arguments[tile.leaf.index]
+
+
+def scoped_value(entry: func.FuncOp, value: ScopedValue) -> SSAValue:
+    """The last result of `value.shape` an op made under `value.scope` computes."""
+    for op in reversed(list(entry.body.block.ops)):
+        if not in_scope(op, value.scope):
+            continue
+        for result in op.results:
+            ty = result.type
+            if isinstance(ty, TensorType) and tuple(ty.get_shape()) == value.shape:
+                return result
+    raise TacticError(
+        f"{value.name}: no value of shape {list(value.shape)} is made under scope "
+        f"{quoted(value.scope)} (the value may be a constant, or already tiled)"
+    )
 
 
 def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
@@ -87,10 +112,9 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
         log = ConflictLog()
         actions = []
         for number, tile in enumerate(plan, start=first):
-            origin = OriginAttr(number, plan.tactic, tile.leaf.name)
-            action = TileAction(
-                _leaf_value(entry, tile), tile.dim, tile.axis, origin, tile.leaf.name
-            )
+            label = tile.label or tile.leaf.name
+            origin = OriginAttr(number, plan.tactic, label)
+            action = TileAction(_leaf_value(entry, tile), tile.dim, tile.axis, origin, label)
             apply_tactic_action(action, mesh_op, log)
             actions.append(action)
         record_selections(module, plan.selections())

@@ -102,16 +102,31 @@ class ProgramView:
 
 
 @dataclass(frozen=True)
+class ScopedValue:
+    """A value inside the program rather than a leaf: the last op result of
+    `shape` made under JAX named scope `scope` (`dialects.locations.in_scope`),
+    found when the tile is taken, before the plan's propagation. How a tactic
+    names an intermediate value: the ONNX import traces each node in a scope
+    of its own."""
+
+    scope: str
+    name: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class PlannedTile:
     """Tile `leaf` along `dim` over mesh `axis`; `role` is what the tactic took
     the leaf for ("data", "column weight", ...) and `reason` why, for the
-    report (`partir.selections`)."""
+    report (`partir.selections`); `label`, if given, is what the action's
+    origin and conflicts call the value (by default the leaf's name)."""
 
-    leaf: Leaf
+    leaf: Leaf | ScopedValue
     dim: int
     axis: str
     role: str = "named"
     reason: str = ""
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -147,11 +162,12 @@ class Plan:
         decided = [
             (t.leaf, Selection(label, t.leaf.name, t.dim, t.axis, t.role, t.reason))
             for t in self.tiles
+            if isinstance(t.leaf, Leaf)
         ]
         decided += [
             (p.leaf, Selection(label, p.leaf.name, None, "", p.role, p.reason)) for p in self.passed
         ]
-        decided.sort(key=lambda d: (d[0].kind == "result", d[0].index))
+        decided.sort(key=lambda d: (d[0].kind == "result", d[0].index))  # type: ignore[union-attr]
         return [selection for _, selection in decided]
 
 

@@ -38,7 +38,15 @@ from dialects.escaping import quoted, readable
 from dialects.mesh import Mesh
 from partir.onnx_interop.from_onnx_ops import OPS, OnnxImportError, Value
 from partir.onnx_interop.sharding import OnnxShardingError, distribution_of, meshes_of
-from partir.plan import Plan, PlannedTile, ProgramView, TacticError, tactic_label
+from partir.plan import (
+    Leaf,
+    Plan,
+    PlannedTile,
+    ProgramView,
+    ScopedValue,
+    TacticError,
+    tactic_label,
+)
 from partir.tactics import Tactic
 
 STATIC_INPUTS: dict[str, set[int]] = {
@@ -66,30 +74,62 @@ def leaf_path(root: str, name: str) -> str:
 
 
 @dataclass(frozen=True)
-class OnnxSharding(Tactic):
-    """The tiles one ONNX node's sharding specs ask of the program's leaves:
-    (leaf path, dim, axis), major axis first per dim."""
+class AnnotatedTile:
+    """One split an annotation asks for: `tensor`'s `dim` over mesh `axis`, as
+    node `node` says; `leaf` is the program's argument holding the tensor, or
+    None for a value a node computes (traced under `node_scope(producer)`)."""
 
     node: str
-    tiles: tuple[tuple[str, int, str], ...]
-    tensors: tuple[str, ...] = ()
-    """Per tile, the ONNX tensor it shards (for the report's reasons)."""
+    tensor: str
+    leaf: str | None
+    scope: str
+    shape: tuple[int, ...]
+    dim: int
+    axis: str
+
+    @property
+    def label(self) -> str:
+        return f"{readable(self.tensor)} at ONNX node {readable(self.node)}"
+
+
+@dataclass(frozen=True)
+class OnnxSharding(Tactic):
+    """The model's sharding annotations as one tactic: every split each node's
+    specs ask for, in graph order, all taken before propagation (on the
+    unpartitioned program, where each tensor is one value); the first to
+    split a value over an axis wins, a later node asking for another dim is a
+    conflict naming it."""
+
+    configuration: str
+    tiles: tuple[AnnotatedTile, ...]
 
     @property
     def name(self) -> str:
-        return f"ONNX node {quoted(self.node)}"
+        return "ONNX"
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         leaves = {leaf.name: leaf for leaf in program.arguments}
         planned = []
-        for (path, dim, axis), tensor in zip(self.tiles, self.tensors, strict=True):
-            leaf = leaves.get(path)
-            if leaf is None:
-                raise TacticError(f"{self.name}: the program has no argument {readable(path)}")
-            reason = f"ONNX node {readable(self.node)} shards {readable(tensor)}"
-            planned.append(PlannedTile(leaf, dim, axis, "annotated", reason))
-        axes = dict.fromkeys(axis for _, _, axis in self.tiles)
+        for tile in self.tiles:
+            target: Leaf | ScopedValue
+            if tile.leaf is None:
+                target = ScopedValue(tile.scope, readable(tile.tensor), tile.shape)
+            elif tile.leaf in leaves:
+                target = leaves[tile.leaf]
+            else:
+                raise TacticError(f"{self.name}: the program has no argument {readable(tile.leaf)}")
+            reason = f"ONNX node {readable(tile.node)} shards {readable(tile.tensor)}"
+            planned.append(
+                PlannedTile(target, tile.dim, tile.axis, "annotated", reason, label=tile.label)
+            )
+        axes = dict.fromkeys(tile.axis for tile in self.tiles)
         return Plan(self.name, tuple(planned), label=tactic_label(self.name, *axes))
+
+
+def node_scope(index: int) -> str:
+    """The JAX named scope node number `index` is traced in (never its name:
+    user names do not become scopes)."""
+    return f"onnx_node{index}"
 
 
 @dataclass
@@ -101,19 +141,30 @@ class OnnxProgram:
     parameters: dict[str, np.ndarray]
     constants: dict[str, np.ndarray]
     mesh: Mesh | None
-    tactics: list[OnnxSharding] = field(default_factory=list)
-    intermediate_specs: dict[tuple[str, str], Distribution] = field(default_factory=dict)
-    """(node, tensor) -> the distribution the node's spec gives a non-leaf value."""
+    annotations: OnnxSharding | None = None
+    """The annotations as a tactic (None: the model has none)."""
+    specs: dict[tuple[str, str], Distribution] = field(default_factory=dict)
+    """(node, tensor) -> the distribution the node's spec gives the tensor."""
+
+    @property
+    def tactics(self) -> list[Tactic]:
+        return [] if self.annotations is None else [self.annotations]
 
     def function(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-        """The graph on `inputs` (by graph input name) and `params` (weights)."""
+        """The graph on `inputs` (by graph input name) and `params` (weights);
+        each node traced under its own named scope (`node_scope`)."""
+        values = self._run(inputs, params)
+        return {out.name: values[out.name] for out in self.model.graph.output}
+
+    def _run(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Value]:
         values: dict[str, Value] = dict(self.constants)
         values.update(inputs)
         values.update(params)
         values[""] = None
-        for node in self.model.graph.node:
-            run_node(node, values)
-        return {out.name: values[out.name] for out in self.model.graph.output}
+        for index, node in enumerate(self.model.graph.node):
+            with jax.named_scope(node_scope(index)):
+                run_node(node, values)
+        return values
 
     def example_inputs(self) -> dict[str, np.ndarray]:
         """Zeros of each graph input's type (for `lower` without data)."""
@@ -209,9 +260,9 @@ def from_onnx(
     parameters, constants = _split_initializers(graph, initializers)
     chosen, config_name = _choose_mesh(model, mesh, configuration)
     program = OnnxProgram(model, input_names, parameters, constants, chosen)
-    shapes = _value_shapes(program)
+    traced = _trace(program)
     if config_name is not None and chosen is not None:
-        _read_annotations(program, shapes, chosen, config_name)
+        _read_annotations(program, traced, chosen, config_name)
     return program
 
 
@@ -272,30 +323,45 @@ def _choose_mesh(
     return chosen, configuration
 
 
-def _value_shapes(program: OnnxProgram) -> dict[str, tuple[int, ...]]:
-    """Every value's shape, by tracing the graph abstractly (which also checks
-    that each node converts)."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    graph = program.model.graph
+@dataclass
+class Traced:
+    """What an abstract trace of the graph says of each value."""
 
-    def traced(inputs: dict[str, Any], params: dict[str, Any]) -> int:
-        values: dict[str, Value] = dict(program.constants)
-        values.update(inputs)
-        values.update(params)
-        values[""] = None
-        for node in graph.node:
-            run_node(node, values)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    static: set[str] = field(default_factory=set)
+    """Values known while tracing (constants, shape arithmetic): nothing to tile."""
+    origin: dict[str, str] = field(default_factory=dict)
+    """Value -> the earlier value it is (an Identity's output is its input)."""
+
+
+def _trace(program: OnnxProgram) -> Traced:
+    """Every value's shape and whether it is static or another value under a
+    new name, by tracing the graph abstractly (which also checks that each
+    node converts)."""
+    traced = Traced()
+
+    def run(inputs: dict[str, Any], params: dict[str, Any]) -> int:
+        values = program._run(inputs, params)
+        first: dict[int, str] = {}
         for name, value in values.items():
-            if name:
-                shapes[name] = tuple(np.shape(value))
+            if not name:
+                continue
+            traced.shapes[name] = tuple(np.shape(value))
+            if isinstance(value, np.ndarray | np.generic):
+                traced.static.add(name)
+            elif id(value) in first:
+                traced.origin[name] = first[id(value)]
+            else:
+                first[id(value)] = name
         return 0
 
+    graph = program.model.graph
     inputs = {
         name: jax.ShapeDtypeStruct(shape, dtype)
         for name, (shape, dtype) in _input_types(graph, program.input_names).items()
     }
-    jax.eval_shape(traced, inputs, program.parameters)
-    return shapes
+    jax.eval_shape(run, inputs, program.parameters)
+    return traced
 
 
 def _input_types(graph: onnx.GraphProto, names: tuple[str, ...]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -307,19 +373,20 @@ def _input_types(graph: onnx.GraphProto, names: tuple[str, ...]) -> dict[str, tu
 
 
 def _read_annotations(
-    program: OnnxProgram, shapes: dict[str, tuple[int, ...]], mesh: Mesh, configuration: str
+    program: OnnxProgram, traced: Traced, mesh: Mesh, configuration: str
 ) -> None:
+    graph = program.model.graph
     known = {c.name for c in program.model.configuration}
-    for node in program.model.graph.node:
-        tiles: list[tuple[str, int, str]] = []
-        tensors: list[str] = []
+    producer = {out: k for k, node in enumerate(graph.node) for out in node.output}
+    tiles: list[AnnotatedTile] = []
+    for node in graph.node:
+        who = f"ONNX node {readable(node.name)}"
         for config in node.device_configurations:
-            who = f"ONNX node {readable(node.name)}"
             if config.configuration_id not in known:
                 raise OnnxShardingError(
                     f"{who}: annotation names device configuration "
                     f"{quoted(config.configuration_id)}, which the model does not define "
-                    f"(it has {', '.join(map(quoted, sorted(known)))})"
+                    f"(it has {', '.join(map(quoted, sorted(known))) or 'none'})"
                 )
             if config.configuration_id != configuration:
                 continue
@@ -327,21 +394,22 @@ def _read_annotations(
                 tensor = spec.tensor_name
                 where = f"{who}: tensor {readable(tensor)}"
                 if tensor not in (*node.input, *node.output):
-                    raise OnnxShardingError(
-                        f"{where} is neither an input nor an output of the node"
-                    )
-                dist = distribution_of(spec, shapes[tensor], mesh, where)
-                path = _leaf_of(program, tensor)
-                if path is None:
-                    if tensor not in program.constants:
-                        program.intermediate_specs[(node.name, tensor)] = dist
-                    continue
+                    raise OnnxShardingError(f"{where} is neither an input nor an output of the node")
+                dist = distribution_of(spec, traced.shapes[tensor], mesh, where)
+                program.specs[(node.name, tensor)] = dist
+                source = traced.origin.get(tensor, tensor)
+                if source in traced.static:
+                    continue  # a constant: each device takes its part locally
+                leaf = _leaf_of(program, source)
+                scope = node_scope(producer.get(source, -1))
                 for dim, axes in enumerate(dist.dims):
                     for axis in axes:
-                        tiles.append((path, dim, axis))
-                        tensors.append(tensor)
-        if tiles:
-            program.tactics.append(OnnxSharding(node.name, tuple(tiles), tuple(tensors)))
+                        tiles.append(
+                            AnnotatedTile(node.name, source, leaf, scope,
+                                          traced.shapes[tensor], dim, axis)
+                        )
+    if tiles:
+        program.annotations = OnnxSharding(configuration, tuple(tiles))
 
 
 def _leaf_of(program: OnnxProgram, tensor: str) -> str | None:
