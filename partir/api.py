@@ -158,10 +158,13 @@ class Lowered:
         Needs the `onnx` extra (`pip install 'partir[onnx]'`)."""
         from partir.onnx_interop.export import export_module
 
+        def replay(module: ModuleOp) -> None:
+            partition(module, self.mesh, self.tactics)
+
         model = export_module(
             self.imported,
             self.mesh,
-            lambda module: partition(module, self.mesh, self.tactics) and None,
+            replay,
             name=self.name,
             expected_collectives=[(c.kind, c.axes, c.bytes_per_device) for c in self.collectives],
         )

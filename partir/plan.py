@@ -167,7 +167,7 @@ class Plan:
         decided += [
             (p.leaf, Selection(label, p.leaf.name, None, "", p.role, p.reason)) for p in self.passed
         ]
-        decided.sort(key=lambda d: (d[0].kind == "result", d[0].index))  # type: ignore[union-attr]
+        decided.sort(key=lambda d: (d[0].kind == "result", d[0].index))
         return [selection for _, selection in decided]
 
 

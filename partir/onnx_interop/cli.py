@@ -1,8 +1,8 @@
 """`partir-export-onnx`: partition a StableHLO file and write it as an annotated ONNX model.
 
-    partir-export-onnx examples/block_forward.mlir \\
-        -p 'partir-declare-mesh{axes="batch=4","model=2"},partir-batch-parallel{axis=batch},partir-megatron{axis=model}' \\
-        -o block.onnx
+    partir-export-onnx examples/block_forward.mlir -o block.onnx -p \\
+        'partir-declare-mesh{axes="batch=4","model=2"},partir-batch-parallel{axis=batch},\\
+         partir-megatron{axis=model}'
 
 The pipeline is `partir-opt`'s (the same passes, options and errors), from
 the mesh declaration through the tactics; the export lowers to SPMD itself
@@ -23,7 +23,9 @@ from xdsl.dialects.builtin import ModuleOp
 from dialects.errors import PartirValueError
 from partir.generated_files import write_private
 
-DESCRIPTION = "partir-export-onnx: partition StableHLO with partir-opt's passes, write annotated ONNX"
+DESCRIPTION = (
+    "partir-export-onnx: partition StableHLO with partir-opt's passes, write annotated ONNX"
+)
 REFUSED = ("partir-lower-spmd", "partir-emit-jax")
 
 

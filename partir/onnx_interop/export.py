@@ -128,7 +128,8 @@ def export_module(
         replayed = [(c.kind, c.axes, c.bytes_per_device) for c in collectives(replay)]
         assert replayed == expected_collectives, "the replayed partition differs"
     decided = decided_shardings(replay)
-    return build_model(imported, mesh or module_mesh(replay), decided, name=name, pipeline_stages=pipeline_stages)
+    chosen = mesh or module_mesh(replay)
+    return build_model(imported, chosen, decided, name=name, pipeline_stages=pipeline_stages)
 
 
 def build_model(

@@ -34,7 +34,8 @@ class OnnxImportError(UnsupportedError):
 
 
 def _xp(*values: Value) -> Any:
-    return np if all(isinstance(v, np.ndarray | np.generic) for v in values if v is not None) else jnp
+    known = all(isinstance(v, np.ndarray | np.generic) for v in values if v is not None)
+    return np if known else jnp
 
 
 def static(value: Value, what: str) -> np.ndarray:
@@ -127,7 +128,8 @@ def _gemm(inputs: list[Value], attrs: dict[str, Any]) -> list[Value]:
         a = a.T
     if attrs.get("transB", 0):
         b = b.T
-    out = attrs.get("alpha", 1.0) * jnp.matmul(a, b) if attrs.get("alpha", 1.0) != 1.0 else jnp.matmul(a, b)
+    alpha = attrs.get("alpha", 1.0)
+    out = jnp.matmul(a, b) if alpha == 1.0 else alpha * jnp.matmul(a, b)
     if c is not None:
         beta = attrs.get("beta", 1.0)
         out = out + (beta * c if beta != 1.0 else c)
@@ -197,7 +199,8 @@ def _slice(inputs: list[Value], attrs: dict[str, Any]) -> list[Value]:
     x = inputs[0]
     starts, ends = _ints(inputs[1], "Slice's starts"), _ints(inputs[2], "Slice's ends")
     axes = _axes({}, inputs, 3) or list(range(len(starts)))
-    steps = _ints(inputs[4], "Slice's steps") if len(inputs) > 4 and inputs[4] is not None else [1] * len(starts)
+    given = len(inputs) > 4 and inputs[4] is not None
+    steps = _ints(inputs[4], "Slice's steps") if given else [1] * len(starts)
     index: list[Any] = [slice(None)] * np.ndim(x)
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         index[axis % np.ndim(x)] = slice(*slice(start, end, step).indices(np.shape(x)[axis]))
@@ -217,8 +220,8 @@ def _constant_of_shape(inputs: list[Value], attrs: dict[str, Any]) -> list[Value
 
 
 def _range(inputs: list[Value], attrs: dict[str, Any]) -> list[Value]:
-    start, limit, delta = (static(v, "Range's bounds") for v in inputs)
-    return [np.arange(start, limit, delta, dtype=np.asarray(start).dtype)]
+    start, limit, delta = (static(v, "Range's bounds").item() for v in inputs)
+    return [np.arange(start, limit, delta, dtype=static(inputs[0], "Range's start").dtype)]
 
 
 def _where(inputs: list[Value], attrs: dict[str, Any]) -> list[Value]:
@@ -237,13 +240,20 @@ def _split(inputs: list[Value], attrs: dict[str, Any]) -> list[Value]:
     return list(_xp(x).split(x, cuts, axis=axis))
 
 
+def _divide(inputs: list[Value], attrs: dict[str, Any]) -> list[Value]:
+    """ONNX's integer Div truncates (as C does); a float Div divides."""
+    a, b = inputs
+    xp = _xp(a, b)
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        return [xp.trunc(xp.true_divide(a, b)).astype(np.result_type(a, b))]
+    return [xp.divide(a, b)]
+
+
 OPS: dict[str, Op] = {
     "Add": _elementwise("add"),
     "Sub": _elementwise("subtract"),
     "Mul": _elementwise("multiply"),
-    "Div": lambda i, a: [
-        (i[0] // i[1]) if np.issubdtype(np.result_type(i[0], i[1]), np.integer) else _xp(*i).divide(*i)
-    ],
+    "Div": _divide,
     "Pow": _elementwise("power"),
     "Max": _variadic("maximum"),
     "Min": _variadic("minimum"),

@@ -168,11 +168,8 @@ class OnnxProgram:
 
     def example_inputs(self) -> dict[str, np.ndarray]:
         """Zeros of each graph input's type (for `lower` without data)."""
-        return {
-            i.name: np.zeros(_shape(i), helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
-            for i in self.model.graph.input
-            if i.name in self.input_names
-        }
+        types = _input_types(self.model.graph, self.input_names)
+        return {name: np.zeros(shape, dtype) for name, (shape, dtype) in types.items()}
 
     def jit(self, *, mesh: Mesh | None = None, tactics: Sequence[Tactic] = ()) -> Any:
         """`partir.jit` of `function` with the annotations' tactics first, then `tactics`."""
@@ -198,8 +195,9 @@ def run_node(node: onnx.NodeProto, values: dict[str, Value]) -> None:
     op = OPS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
     if op is None:
         raise OnnxImportError(
-            f"ONNX node {readable(node.name)}: op {readable(node.domain + '.' if node.domain else '')}"
-            f"{readable(node.op_type)} has no conversion in partir; the ops it converts are "
+            f"ONNX node {readable(node.name)}: op "
+            f"{readable((node.domain + '.' if node.domain else '') + node.op_type)} has no "
+            "conversion in partir; the ops it converts are "
             f"{', '.join(sorted(OPS))}, Constant"
         )
     try:
@@ -309,11 +307,13 @@ def _choose_mesh(
     recorded = meshes_of(model).get(configuration)
     chosen = given or recorded
     if chosen is None:
-        count = configs[configuration].num_devices
-        raise OnnxShardingError(
-            f"device configuration {quoted(configuration)} has {count} devices but no mesh "
-            f"axes: pass mesh=partir.Mesh({{...}}) with {count} devices"
-        )
+        if any(node.device_configurations for node in model.graph.node):
+            count = configs[configuration].num_devices
+            raise OnnxShardingError(
+                f"device configuration {quoted(configuration)} has {count} devices but no "
+                f"mesh axes: pass mesh=partir.Mesh({{...}}) with {count} devices"
+            )
+        return None, None
     if chosen.size != configs[configuration].num_devices:
         raise OnnxShardingError(
             f"device configuration {quoted(configuration)} has "
@@ -364,7 +364,9 @@ def _trace(program: OnnxProgram) -> Traced:
     return traced
 
 
-def _input_types(graph: onnx.GraphProto, names: tuple[str, ...]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+def _input_types(
+    graph: onnx.GraphProto, names: tuple[str, ...]
+) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     return {
         i.name: (_shape(i), helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
         for i in graph.input
@@ -394,7 +396,9 @@ def _read_annotations(
                 tensor = spec.tensor_name
                 where = f"{who}: tensor {readable(tensor)}"
                 if tensor not in (*node.input, *node.output):
-                    raise OnnxShardingError(f"{where} is neither an input nor an output of the node")
+                    raise OnnxShardingError(
+                        f"{where} is neither an input nor an output of the node"
+                    )
                 dist = distribution_of(spec, traced.shapes[tensor], mesh, where)
                 program.specs[(node.name, tensor)] = dist
                 source = traced.origin.get(tensor, tensor)

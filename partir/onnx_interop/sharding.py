@@ -138,7 +138,8 @@ def distribution_of(
             "(or device group) per shard"
         )
     shard_of: dict[int, tuple[int, ...]] = {}
-    for shard, devices in zip(itertools.product(*(range(s) for _, s in dims)), holders):
+    order = itertools.product(*(range(s) for _, s in dims))
+    for shard, devices in zip(order, holders, strict=True):
         for device in devices:
             if not 0 <= device < mesh.size:
                 raise OnnxShardingError(

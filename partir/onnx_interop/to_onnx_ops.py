@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -67,7 +68,7 @@ class GraphBuilder:
     def name(self, value: SSAValue) -> str:
         return self.names[value]
 
-    def node(self, op_type: str, inputs: list[str], **attributes: object) -> str:
+    def node(self, op_type: str, inputs: list[str], **attributes: Any) -> str:
         """Add a node with one output; returns the output's name."""
         output = self.fresh(f"t{len(self.nodes)}")
         node_name = self.fresh(f"{op_type}_{len(self.nodes)}")

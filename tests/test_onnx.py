@@ -1,0 +1,345 @@
+"""ONNX interop (issue 18): export partitioned programs with the multi-device
+proposal's sharding specs, import annotated models as partitioned programs.
+
+The exported models pass `onnx.checker` at IR version 11, onnxruntime runs
+them (ignoring the annotations, as the proposal allows) with `jax.jit`'s
+numbers, and they re-import to the same collectives. Hand-annotated models
+(one built with `onnx.helper`, one exported from JAX by jax2onnx with
+annotations added here) are partitioned as annotated and match onnxruntime.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import jax
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import partir
+from examples import block_forward, mlp_forward
+from partir.onnx_interop.cli import main as export_main
+from partir.onnx_interop.sharding import OnnxShardingError
+
+MESH = partir.Mesh({"batch": 4, "model": 2})
+TACTICS = [partir.BatchParallel("batch"), partir.Megatron("model")]
+ROOT = Path(__file__).resolve().parent.parent
+BATCH_GROUPS = [[0, 1], [2, 3], [4, 5], [6, 7]]  # devices row-major over (batch, model)
+MODEL_GROUPS = [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds)
+
+
+def summary(collectives) -> list[tuple[str, tuple[str, ...], int]]:
+    return [(c.kind, c.axes, c.bytes_per_device) for c in collectives]
+
+
+def spec(tensor: str, shards: dict[int, int], devices: list[list[int]]) -> onnx.ShardingSpecProto:
+    """A ShardingSpecProto written by hand: `shards` per axis, one device list per shard
+    (a list of several is a device group: the shard duplicated on them)."""
+    proto = onnx.ShardingSpecProto(tensor_name=tensor)
+    for axis, count in shards.items():
+        proto.sharded_dim.add(axis=axis).simple_sharding.add(num_shards=count)
+    for group in devices:
+        if len(group) == 1:
+            proto.device.append(group[0])
+        else:
+            key = -1 - len(proto.index_to_device_group_map)
+            proto.device.append(key)
+            proto.index_to_device_group_map.add(key=key, value=group)
+    return proto
+
+
+def annotate(node: onnx.NodeProto, *specs: onnx.ShardingSpecProto, config: str = "mesh8") -> None:
+    node.device_configurations.add(configuration_id=config).sharding_spec.extend(specs)
+
+
+# --- export ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=[mlp_forward, block_forward], ids=["mlp", "block"])
+def exported(request):
+    example = request.param
+    args = example.make_args()
+    lowered = partir.jit(example.program, mesh=MESH, tactics=TACTICS).lower(*args)
+    model = lowered.to_onnx()
+    leaves = jax.tree_util.tree_leaves(args)
+    feeds = dict(zip([i.name for i in model.graph.input], leaves, strict=True))
+    return example, args, lowered, model, feeds
+
+
+def test_the_export_passes_the_checker_at_ir_version_11(exported):
+    _, _, _, model, _ = exported
+    assert model.ir_version == 11
+    onnx.checker.check_model(model, full_check=True)
+    (config,) = model.configuration
+    assert config.num_devices == 8 and list(config.device)[:2] == ["batch=0,model=0", "batch=0,model=1"]
+    annotated = [n for n in model.graph.node if n.device_configurations]
+    assert len(annotated) > len(model.graph.node) // 2
+    assert all(c.configuration_id == config.name for n in annotated for c in n.device_configurations)
+
+
+def test_onnxruntime_runs_the_export_as_jax_jit(exported):
+    example, args, _, model, feeds = exported
+    (got,) = run_onnxruntime(model, feeds)
+    np.testing.assert_allclose(got, jax.jit(example.program)(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_the_specs_are_what_partir_decided():
+    """The MLP under DP+Megatron: the first matmul reads x split over "batch"
+    (dim 0 in 4 shards, each on the 2 devices of a model group) and w1 split over
+    "model" (dim 1 in 2 shards, each on 4 devices); the bias add after the row
+    matmul reads its partial sum summed (the all-reduce the lowering inserted)."""
+    lowered = partir.jit(mlp_forward.program, mesh=MESH, tactics=TACTICS).lower(
+        *mlp_forward.make_args()
+    )
+    model = lowered.to_onnx()
+    first = model.graph.node[0]
+    assert first.op_type == "MatMul"
+    specs = {s.tensor_name: s for s in first.device_configurations[0].sharding_spec}
+    x, w1 = specs["x"], specs["params['w1']"]
+    assert [(d.axis, d.simple_sharding[0].num_shards) for d in x.sharded_dim] == [(0, 4)]
+    groups = {e.key: list(e.value) for e in x.index_to_device_group_map}
+    assert [groups[d] for d in x.device] == BATCH_GROUPS
+    assert [(d.axis, d.simple_sharding[0].num_shards) for d in w1.sharded_dim] == [(1, 2)]
+    groups = {e.key: list(e.value) for e in w1.index_to_device_group_map}
+    assert [groups[d] for d in w1.device] == MODEL_GROUPS
+    out = specs[first.output[0]]
+    assert [(d.axis, d.simple_sharding[0].num_shards) for d in out.sharded_dim] == [(0, 4), (1, 2)]
+    assert list(out.device) == list(range(8))
+    second = [n for n in model.graph.node if n.op_type == "MatMul"][1]
+    row = [s for s in second.device_configurations[0].sharding_spec if s.tensor_name == second.output[0]]
+    assert [(d.axis, d.simple_sharding[0].num_shards) for d in row[0].sharded_dim] == [(0, 4)]
+
+
+def test_the_export_reimports_to_the_same_collectives(exported):
+    _, _, lowered, model, feeds = exported
+    program = partir.from_onnx(model)
+    assert program.mesh == MESH
+    again = program.jit().lower(feeds, {})
+    assert summary(again.collectives) == summary(lowered.collectives)
+    assert again.conflicts == []
+
+
+def test_the_reimported_mlp_runs_partitioned_as_jax_jit():
+    args = mlp_forward.make_args()
+    model = partir.jit(mlp_forward.program, mesh=MESH, tactics=TACTICS).lower(*args).to_onnx()
+    leaves = jax.tree_util.tree_leaves(args)
+    feeds = dict(zip([i.name for i in model.graph.input], leaves, strict=True))
+    (got,) = partir.from_onnx(model).jit()(feeds, {}).values()
+    np.testing.assert_allclose(got, jax.jit(mlp_forward.program)(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_to_onnx_writes_a_private_file(tmp_path):
+    lowered = partir.jit(mlp_forward.program, mesh=MESH, tactics=TACTICS).lower(
+        *mlp_forward.make_args()
+    )
+    path = tmp_path / "mlp.onnx"
+    lowered.to_onnx(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    onnx.checker.check_model(onnx.load(str(path)), full_check=True)
+
+
+def test_partir_export_onnx_writes_the_cli_pipeline(tmp_path, capsys):
+    out = tmp_path / "mlp.onnx"
+    pipeline = (
+        'partir-declare-mesh{axes="batch=4","model=2"},partir-batch-parallel{axis=batch},'
+        "partir-megatron{axis=model}"
+    )
+    assert export_main([str(ROOT / "examples/mlp_train_step.mlir"), "-p", pipeline, "-o", str(out)]) == 0
+    model = onnx.load(str(out))
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    onnx.checker.check_model(model, full_check=True)
+    assert partir.from_onnx(model).mesh == MESH
+    assert export_main([str(ROOT / "examples/mlp_train_step.mlir"), "-p",
+                        pipeline + ",partir-lower-spmd", "-o", str(out)]) == 1
+    assert "drop partir-lower-spmd" in capsys.readouterr().err
+
+
+# --- import of hand-annotated models ---------------------------------------------
+
+
+def hand_built_mlp(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """LayerNorm -> MatMul -> Add -> Gelu -> MatMul -> Add -> Softmax, weights as
+    initializers, Megatron-style annotations over a 4x2 mesh it does not name."""
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((0.3 * rng.standard_normal(shape)).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("LayerNormalization", ["X", "ln_scale", "ln_bias"], ["h0"], name="LayerNorm_0"),
+        helper.make_node("MatMul", ["h0", "W1"], ["h1"], name="MatMul_1"),
+        helper.make_node("Add", ["h1", "B1"], ["h2"], name="Add_2"),
+        helper.make_node("Gelu", ["h2"], ["h3"], name="Gelu_3"),
+        helper.make_node("MatMul", ["h3", "W2"], ["h4"], name="MatMul_4"),
+        helper.make_node("Add", ["h4", "B2"], ["h5"], name="Add_5"),
+        helper.make_node("Softmax", ["h5"], ["Y"], name="Softmax_6", axis=-1),
+    ]
+    initializers = [weight("ln_scale", 16), weight("ln_bias", 16), weight("W1", 16, 32),
+                    weight("B1", 32), weight("W2", 32, 16), weight("B2", 16)]
+    graph = helper.make_graph(
+        nodes, "hand_mlp",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [8, 16])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [8, 16])],
+        initializers,
+    )
+    model = helper.make_model(graph, ir_version=11, opset_imports=[helper.make_opsetid("", 23)])
+    model.configuration.add(name="mesh8", num_devices=8)
+    by_name = {n.name: n for n in model.graph.node}
+    annotate(by_name["MatMul_1"], spec("h0", {0: 4}, BATCH_GROUPS), spec("W1", {1: 2}, MODEL_GROUPS))
+    annotate(by_name["MatMul_4"], spec("W2", {0: 2}, MODEL_GROUPS))
+    onnx.checker.check_model(model, full_check=True)
+    return model, {"X": rng.standard_normal((8, 16)).astype(np.float32)}
+
+
+def test_a_model_built_with_onnx_helper_is_partitioned_as_annotated():
+    model, feeds = hand_built_mlp(np.random.default_rng(0))
+    program = partir.from_onnx(model, mesh=MESH)
+    partitioned = program.jit()
+    lowered = partitioned.lower(feeds, program.parameters)
+    assert summary(lowered.collectives) == [("all_reduce", ("model",), 8 // 4 * 16 * 4)]
+    spmd = lowered.stage("spmd")
+    assert '%params_W1: !spmd.dtensor<16x32xf32, [{}, {"model"}]>' in spmd
+    assert '%params_W2: !spmd.dtensor<32x16xf32, [{"model"}, {}]>' in spmd
+    assert '%inputs_X: !spmd.dtensor<8x16xf32, [{"batch"}, {}]>' in spmd
+    (got,) = partitioned(feeds, program.parameters).values()
+    (want,) = run_onnxruntime(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+JAX2ONNX_MLP = ROOT / "tests" / "data" / "jax2onnx_mlp.onnx"
+"""`jax2onnx_mlp()` as jax2onnx 0.17.1 exported it (its first export loads every
+plugin, ~15 CPU-seconds: the slow test below checks the file is still what it writes)."""
+MLP_SHAPES = [(8, 16), (16, 32), (32,), (32, 8), (8,)]
+
+
+def jax2onnx_mlp_function(x, w1, b1, w2, b2):
+    return jax.nn.softmax(jax.nn.gelu(x @ w1 + b1) @ w2 + b2, axis=-1)
+
+
+def jax2onnx_mlp() -> onnx.ModelProto:
+    from jax2onnx import to_onnx
+
+    return to_onnx(jax2onnx_mlp_function, MLP_SHAPES, return_mode="proto")
+
+
+@pytest.mark.slow
+def test_the_stored_jax2onnx_model_is_what_jax2onnx_exports():
+    stored = onnx.load(str(JAX2ONNX_MLP))
+    assert onnx.printer.to_text(jax2onnx_mlp().graph) == onnx.printer.to_text(stored.graph)
+
+
+def test_a_jax2onnx_model_with_annotations_added_by_a_script():
+    model = onnx.load(str(JAX2ONNX_MLP))
+    # the script: IR 11, a configuration, and Megatron specs on the two matmuls
+    model.ir_version = 11
+    model.configuration.add(name="mesh8", num_devices=8)
+    first, second = [n for n in model.graph.node if n.op_type in ("Gemm", "MatMul")]
+    x, w1 = first.input[:2]
+    annotate(first, spec(x, {0: 4}, BATCH_GROUPS), spec(w1, {1: 2}, MODEL_GROUPS))
+    annotate(second, spec(second.input[1], {0: 2}, MODEL_GROUPS))
+    onnx.checker.check_model(model, full_check=True)
+
+    rng = np.random.default_rng(1)
+    args = [(0.5 * rng.standard_normal(s)).astype(np.float32) for s in MLP_SHAPES]
+    program = partir.from_onnx(model, mesh=MESH)
+    feeds = dict(zip(program.input_names, args, strict=True))
+    partitioned = program.jit()
+    lowered = partitioned.lower(feeds, program.parameters)
+    assert summary(lowered.collectives) == [("all_reduce", ("model",), 2 * 8 * 4)]
+    (got,) = partitioned(feeds, program.parameters).values()
+    (want,) = run_onnxruntime(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, jax.jit(jax2onnx_mlp_function)(*args), rtol=1e-5, atol=1e-6)
+
+
+def test_an_unannotated_model_imports_for_any_tactics():
+    model, feeds = hand_built_mlp(np.random.default_rng(2))
+    for node in model.graph.node:
+        del node.device_configurations[:]
+    program = partir.from_onnx(model)
+    assert program.tactics == [] and program.mesh is None
+    manual = partir.ManualPartition({"inputs/X": {0: "batch"}})
+    got = program.jit(mesh=MESH, tactics=[manual])(feeds, program.parameters)["Y"]
+    np.testing.assert_allclose(got, run_onnxruntime(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_conflicting_annotations_are_reported_naming_the_node():
+    """MatMul_1 splits W1's columns over "model" (so h1's dim 1); Add_2 asks for
+    h1's rows over "model": the earlier wins, and the conflict names Add_2."""
+    model, feeds = hand_built_mlp(np.random.default_rng(3))
+    add = next(n for n in model.graph.node if n.name == "Add_2")
+    annotate(add, spec("h1", {0: 2}, MODEL_GROUPS))
+    program = partir.from_onnx(model, mesh=MESH)
+    lowered = program.jit().lower(feeds, program.parameters)
+    text = " ".join(str(c) for c in lowered.conflicts)
+    assert "ONNX node Add_2" in text, text
+    (got,) = program.jit()(feeds, program.parameters).values()
+    np.testing.assert_allclose(got, run_onnxruntime(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def _with(node_name: str, *specs: onnx.ShardingSpecProto, config: str = "mesh8"):
+    model, _ = hand_built_mlp(np.random.default_rng(4))
+    node = next(n for n in model.graph.node if n.name == node_name)
+    annotate(node, *specs, config=config)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("model", "mesh", "message"),
+    [
+        (lambda: _with("Add_2", spec("h1", {0: 4}, BATCH_GROUPS), config="gpus"), MESH,
+         r'ONNX node Add_2: annotation names device configuration "gpus", which the model does not define'),
+        (lambda: _with("Add_2", spec("h1", {1: 3}, [[0, 1], [2, 3], [4, 5, 6, 7]])), MESH,
+         r"ONNX node Add_2: tensor h1: axis 1 in 3 shards on these devices cannot be realised on the mesh"),
+        (lambda: _with("Softmax_6", spec("Y", {0: 16}, [[d] for d in range(16)])), MESH,
+         r"ONNX node Softmax_6: tensor Y: axis 0 has size 8 but 16 shards"),
+        (lambda: _with("Add_2", spec("h1", {0: 2}, [[0, 1, 4, 5], [2, 3, 6, 7]])), MESH,
+         r"ONNX node Add_2: tensor h1: axis 0 in 2 shards on these devices cannot be realised"),
+        (lambda: _with("Add_2", spec("W1", {0: 2}, MODEL_GROUPS)), MESH,
+         r"ONNX node Add_2: tensor W1 is neither an input nor an output of the node"),
+        (lambda: _with("Add_2", spec("h1", {2: 2}, MODEL_GROUPS)), MESH,
+         r"ONNX node Add_2: tensor h1: sharded axis 2 is out of range for a tensor of shape \[8, 32\]"),
+        (lambda: _with("Add_2", spec("h1", {0: 2}, [[0, 2, 4, 6], [1, 3, 5]])), MESH,
+         r"ONNX node Add_2: tensor h1: devices \[7\] hold no shard"),
+        (lambda: hand_built_mlp(np.random.default_rng(5))[0], None,
+         r'device configuration "mesh8" has 8 devices but no mesh axes: pass mesh='),
+        (lambda: hand_built_mlp(np.random.default_rng(5))[0], {"batch": 2},
+         r'device configuration "mesh8" has 8 devices, the mesh'),
+    ],
+    ids=["unknown-configuration", "unrealisable-shards", "more-shards-than-elements",
+         "wrong-device-order", "not-on-the-node", "axis-out-of-range", "device-missing",
+         "no-mesh", "mesh-size"],
+)
+def test_bad_annotations_are_clear_errors(model, mesh, message):
+    with pytest.raises(OnnxShardingError, match=message):
+        partir.from_onnx(model(), mesh=mesh)
+
+
+def test_user_names_are_escaped_in_errors():
+    model, _ = hand_built_mlp(np.random.default_rng(6))
+    node = next(n for n in model.graph.node if n.name == "Add_2")
+    node.name = 'Add "2"\nnext'
+    annotate(node, spec("h1", {0: 4}, BATCH_GROUPS), config="gpus")
+    with pytest.raises(OnnxShardingError) as caught:
+        partir.from_onnx(model, mesh=MESH)
+    assert 'ONNX node "Add \\222\\22\\0Anext"' in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_an_op_without_a_conversion_names_the_node():
+    model, _ = hand_built_mlp(np.random.default_rng(7))
+    model.graph.node[3].op_type = "Mish"
+    with pytest.raises(partir.UnsupportedError, match=r"ONNX node Gelu_3: op Mish has no conversion"):
+        partir.from_onnx(model, mesh=MESH)
