@@ -19,3 +19,43 @@ def test_the_python_example_runs(capsys):
     out = capsys.readouterr().out
     assert "partir.loop" in out and "spmd.all_reduce" in out and "jax.shard_map" not in out
     assert namespace["lowered"].source_path.exists()  # type: ignore[attr-defined]
+
+
+def section(title: str) -> str:
+    match = re.search(rf"^## {title}\n(.*?)(?=^## )", README.read_text(), flags=re.M | re.S)
+    assert match, f'README.md has no "## {title}" section'
+    return match.group(1)
+
+
+def test_the_onnx_section_runs_both_ways(tmp_path, monkeypatch):
+    """Export (checker, onnxruntime against jax.jit, re-import to the same
+    collectives) in Python, then the CLI command, each as written."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    import onnx
+
+    text = section("ONNX")
+    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {"__name__": "readme_onnx"}
+    exec(compile(block, str(README), "exec"), namespace)
+    onnx.checker.check_model(onnx.load("block.onnx"), full_check=True)
+    assert namespace["again"].collectives  # type: ignore[attr-defined]
+
+    (commands,) = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
+    (command,) = [c for c in commands.splitlines() if c.strip() and not c.startswith("#")]
+    (tmp_path / "examples").mkdir()
+    root = README.parent
+    (tmp_path / "examples" / "block_forward.mlir").write_text(
+        (root / "examples" / "block_forward.mlir").read_text()
+    )
+    os.remove("block.onnx")
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable),
+                                                 os.environ.get("PATH", "")]))
+    proc = subprocess.run(shlex.split(command), cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    onnx.checker.check_model(onnx.load("block.onnx"), full_check=True)
