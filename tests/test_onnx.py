@@ -343,3 +343,26 @@ def test_an_op_without_a_conversion_names_the_node():
     model.graph.node[3].op_type = "Mish"
     with pytest.raises(partir.UnsupportedError, match=r"ONNX node Gelu_3: op Mish has no conversion"):
         partir.from_onnx(model, mesh=MESH)
+
+
+@pytest.mark.parametrize("axes", [{"batch": 4, "model": 2}, {"a": 2, "b": 2, "c": 2}, {"x": 8}])
+def test_every_distribution_reads_back_from_its_spec(axes):
+    """`sharding_spec` and `distribution_of` are inverse on every layout of a
+    rank-2 value over the mesh (each axis on dim 0, dim 1 or neither, in
+    every order): the proposal's formalism says what partir's distribution says."""
+    import itertools
+
+    from dialects.distribution import Distribution
+    from partir.onnx_interop.sharding import distribution_of, sharding_spec
+
+    mesh = partir.Mesh(axes)
+    names = list(axes)
+    seen = 0
+    for places in itertools.product((0, 1, None), repeat=len(names)):
+        for order in itertools.permutations(names):
+            dims = tuple(tuple(a for a in order if places[names.index(a)] == d) for d in (0, 1))
+            dist = Distribution(dims)
+            proto = sharding_spec("t", dist, mesh, (8, 16))
+            assert distribution_of(proto, (8, 16), mesh, "test") == dist
+            seen += 1
+    assert seen == 3 ** len(names) * len(list(itertools.permutations(names)))

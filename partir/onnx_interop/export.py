@@ -21,8 +21,10 @@ the lowering keep), as `Lowered.stages` replays it; the replay's collectives
 are checked to be the emitted program's. Where the SPMD program records no
 global distribution for a value (the lowering leaves a value unannotated when
 its relation to a loop is unknown, e.g. between attention's head reshapes),
-the spec is left out, which the formalism allows: a backend infers it from the
-producer.
+it is projected from the op's operands through the op's rule and kept only
+if it gives the local type the SPMD op holds (`global_distributions`); where
+that fails too (a constant broadcast into a split shape), the spec is left
+out, which the formalism allows: a backend infers it from the producer.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import helper
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType, i64
-from xdsl.ir import BlockArgument, Operation, OpResult, SSAValue
+from xdsl.ir import Attribute, BlockArgument, Operation, OpResult, SSAValue
 from xdsl.passes import PassPipeline
 
 from dialects.context import make_context
@@ -52,6 +54,8 @@ from partir.onnx_interop.sharding import (
     sharding_spec,
 )
 from partir.onnx_interop.to_onnx_ops import GraphBuilder, export_op, onnx_type, shape_of
+from rewrites.projection import project, result_distribution
+from rewrites.registry import rule_for
 
 NODE_NUMBER = "partir.onnx_node"
 """The discardable attribute numbering the import's ops for the export's replay."""
@@ -62,10 +66,14 @@ CONFIGURATION = "partir_mesh"
 @dataclass
 class DecidedSharding:
     """What the SPMD program says of one imported op: per operand and for the
-    result, the distributed type it was read or made in (None: not recorded)."""
+    result, the distributed type it was read or made in (None: not recorded);
+    per operand, the numbered op whose SPMD result it reads directly (None:
+    a collective or an argument); the result's local type (what a device holds)."""
 
     operands: list[DTensorType | None] = field(default_factory=list)
     result: DTensorType | None = None
+    producers: list[int | None] = field(default_factory=list)
+    local: Attribute | None = None
 
 
 def number_ops(module: ModuleOp) -> list[Operation]:
@@ -92,9 +100,69 @@ def decided_shardings(spmd: ModuleOp) -> dict[int, DecidedSharding]:
             continue
         results = result_dtensors(op) if op.results else [None]
         decided[number.value.data] = DecidedSharding(
-            [_dtensor_of(v) for v in op.operands], results[0]
+            [_dtensor_of(v) for v in op.operands],
+            results[0],
+            [_number_of(v) for v in op.operands],
+            op.results[0].type if op.results else None,
         )
     return decided
+
+
+def _number_of(value: SSAValue) -> int | None:
+    if isinstance(value, OpResult):
+        number = value.owner.attributes.get(NODE_NUMBER)
+        if isinstance(number, IntegerAttr):
+            return number.value.data
+    return None
+
+
+def global_distributions(
+    ops: list[Operation], decided: Mapping[int, DecidedSharding], mesh: Mesh
+) -> dict[int, tuple[list[Distribution | None], Distribution | None]]:
+    """Per numbered op, the global distributions of its operands and result.
+
+    The SPMD program's record where it describes the import's value (its
+    global type); where it does not (a value whose relation to a loop the
+    lowering left unknown), the result's is projected from the operands' known
+    ones through the op's rule (`rewrites.projection`, as the lowering projects
+    them) and kept only if it gives exactly the local type the SPMD op holds."""
+    found: dict[int, tuple[list[Distribution | None], Distribution | None]] = {}
+    for number, op in enumerate(ops):
+        sharding = decided.get(number)
+        if sharding is None or not op.results:
+            continue
+        operands: list[Distribution | None] = []
+        for k, (value, dtensor) in enumerate(zip(op.operands, sharding.operands, strict=True)):
+            dist = _global(dtensor, value)
+            producer = sharding.producers[k]
+            if dist is None and producer is not None and producer in found:
+                dist = found[producer][1]
+            operands.append(dist)
+        result = _global(sharding.result, op.results[0])
+        if result is None:
+            result = _projected(op, operands, sharding.local, mesh)
+        found[number] = (operands, result)
+    return found
+
+
+def _projected(
+    op: Operation, operands: list[Distribution | None], local: Attribute | None, mesh: Mesh
+) -> Distribution | None:
+    rule = rule_for(op)
+    known = [d for d in operands if d is not None]
+    if rule is None or not isinstance(local, TensorType) or not known:
+        return None
+    if any(d.partial for d in known):
+        return None
+    dist, lost = result_distribution(rule, project(rule, operands))
+    if lost:
+        return None
+    shape = shape_of(op.results[0])
+    parts = dist.parts(mesh)
+    if any(n % k for n, k in zip(shape, parts, strict=True)):
+        return None
+    expected = tuple(n // k for n, k in zip(shape, parts, strict=True))
+    return dist if expected == tuple(local.get_shape()) else None
 
 
 def _global(dtensor: DTensorType | None, value: SSAValue) -> Distribution | None:
@@ -129,17 +197,26 @@ def export_module(
         assert replayed == expected_collectives, "the replayed partition differs"
     decided = decided_shardings(replay)
     chosen = mesh or module_mesh(replay)
-    return build_model(imported, chosen, decided, name=name, pipeline_stages=pipeline_stages)
+    results = [
+        t.distribution if isinstance(t, DTensorType) else None
+        for t in entry_function(replay).function_type.outputs.data
+    ]
+    return build_model(
+        imported, chosen, decided, results, name=name, pipeline_stages=pipeline_stages
+    )
 
 
 def build_model(
     imported: ModuleOp,
     mesh: Mesh,
     decided: Mapping[int, DecidedSharding],
+    results: list[Distribution | None],
     *,
     name: str = "partir_program",
     pipeline_stages: Mapping[int, int] | None = None,
 ) -> onnx.ModelProto:
+    """The ONNX model of `imported` with the specs `decided` gives its ops and
+    `results` (the SPMD function's result types) its outputs."""
     entry = entry_function(imported)
     builder = GraphBuilder()
     inputs = []
@@ -159,12 +236,16 @@ def build_model(
     for i, value in enumerate(returned):
         label = builder.fresh(_attr_name(entry.res_attrs, i) or f"result{i}")
         builder.op_number = -1
-        builder.nodes.append(
-            helper.make_node("Identity", [builder.name(value)], [label], name=f"output_{i}")
-        )
+        node = helper.make_node("Identity", [builder.name(value)], [label], name=f"output_{i}")
+        dist = results[i]
+        if dist is not None:
+            node.device_configurations.add(configuration_id=CONFIGURATION).sharding_spec.extend(
+                sharding_spec(t, dist, mesh, shape_of(value)) for t in (*node.input, label)
+            )
+        builder.nodes.append(node)
         builder.node_ops.append(-1)
         outputs.append(_value_info(label, value))
-    _annotate(builder, ops, decided, mesh, pipeline_stages or {})
+    _annotate(builder, ops, global_distributions(ops, decided, mesh), mesh, pipeline_stages or {})
     used = {name for node in builder.nodes for name in node.input}
     initializers = [t for t in builder.initializers if t.name in used]
     graph = helper.make_graph(builder.nodes, name, inputs, outputs, initializers)
@@ -183,7 +264,7 @@ def build_model(
 def _annotate(
     builder: GraphBuilder,
     ops: list[Operation],
-    decided: Mapping[int, DecidedSharding],
+    layouts: Mapping[int, tuple[list[Distribution | None], Distribution | None]],
     mesh: Mesh,
     stages: Mapping[int, int],
 ) -> None:
@@ -193,17 +274,15 @@ def _annotate(
         if number < 0:
             continue
         op = ops[number]
-        sharding = decided.get(number)
         known: dict[str, tuple[Distribution, SSAValue]] = {}
-        if sharding is not None:
-            for value, dtensor in zip(op.operands, sharding.operands, strict=True):
-                dist = _global(dtensor, value)
+        if number in layouts:
+            operands, result_dist = layouts[number]
+            for value, dist in zip(op.operands, operands, strict=True):
                 if dist is not None:
                     known.setdefault(builder.name(value), (_summed(dist), value))
             result = op.results[0]
-            dist = _global(sharding.result, result)
-            if dist is not None and builder.names.get(result) == node.output[0]:
-                known[node.output[0]] = (_summed(dist), result)
+            if result_dist is not None and builder.names.get(result) == node.output[0]:
+                known[node.output[0]] = (_summed(result_dist), result)
         specs = [
             sharding_spec(tensor, dist, mesh, shape_of(value))
             for tensor in (*node.input, *node.output)
