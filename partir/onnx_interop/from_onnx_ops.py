@@ -1,7 +1,9 @@
 """ONNX -> JAX: each ONNX op of MLPs and transformer blocks as a JAX function.
 
-partir's own converter (the ONNX-to-JAX packages on the registry target older
-JAX or run models eagerly, not as a traceable function partir can import).
+partir's own converter: the registry's ONNX-to-JAX runtime, jaxonnxruntime
+0.3.0 (2023), has no LayerNormalization, Gelu, Greater or GreaterOrEqual
+(checked on a hand-built MLP with current JAX: "LayerNormalization is not
+implemented"), and jax2onnx converts the other way only.
 An op takes its inputs (None for an omitted optional one) and the node's
 attributes, and returns its outputs. Inputs that ONNX passes as tensors but
 that are static in JAX (a Reshape's shape, a reduction's axes, a Slice's

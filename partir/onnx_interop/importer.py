@@ -6,19 +6,19 @@ initializers (`parameters`, so tactics can split them), returning a dict of
 its outputs; each keyed by its ONNX name, so the program's leaves are
 `inputs['x']`, `params['W1']`, `result['y']`.
 
-The proposal's annotations become tactics: one `OnnxSharding` per annotated
-node, in graph order (the first node to shard a value decides, as the first
-tactic does; a later node that wants it otherwise is a conflict naming both),
-each tiling what the node's specs say of the program's leaves: per sharded
-dim, the mesh axes whose device blocks the spec's shards are
-(`sharding.distribution_of`). The mesh is the one a partir-exported model
-records for its configuration, or the one given. An annotation naming an
-unknown configuration or a tensor the node does not use, shard counts the
-mesh cannot realise and more shards than a dimension has elements are
-`OnnxShardingError`s naming the node. Specs of intermediate values are read
-and checked the same way; as the formalism says, they follow from the
-leaves' (partir's propagation decides them), and they are kept in
-`OnnxProgram.intermediate_specs` for comparison, not applied.
+The proposal's annotations become one tactic, `OnnxSharding` ("ONNX"): per
+spec, per sharded dim, a tile over each of the mesh axes whose device blocks
+the spec's shards are (`sharding.distribution_of`), on the graph input or
+weight it names, or on the value a node computes (each node is traced under
+a JAX named scope of its own, `node_scope`, which `plan.ScopedValue` finds).
+The tiles are taken in graph order on the unpartitioned program, then
+propagated: the first node to split a value over an axis decides, and a
+later one that wants it otherwise is a conflict naming that node, as with
+any tactic. The mesh is the one a partir-exported model records for its
+configuration, or the one given. An annotation naming an unknown
+configuration or a tensor the node does not use, an axis out of range, shard
+counts and devices the mesh cannot realise and more shards than a dimension
+has elements are `OnnxShardingError`s naming the node and the tensor.
 """
 
 from __future__ import annotations
