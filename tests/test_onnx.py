@@ -366,3 +366,24 @@ def test_every_distribution_reads_back_from_its_spec(axes):
             assert distribution_of(proto, (8, 16), mesh, "test") == dist
             seen += 1
     assert seen == 3 ** len(names) * len(list(itertools.permutations(names)))
+
+
+def test_pipeline_stages_are_a_hook_on_the_nodes():
+    """No tactic assigns pipeline stages yet; export_module writes the ones it
+    is given (op number -> stage) on every node of the op."""
+    from partir.onnx_interop.export import export_module
+    from partir.partition import partition
+
+    lowered = partir.jit(mlp_forward.program, mesh=MESH, tactics=TACTICS).lower(
+        *mlp_forward.make_args()
+    )
+    model = export_module(
+        lowered.imported, MESH, lambda m: partition(m, MESH, TACTICS) and None,
+        pipeline_stages={0: 1, 1: 2},
+    )
+    onnx.checker.check_model(model, full_check=True)
+    stages = [
+        c.pipeline_stage for n in model.graph.node for c in n.device_configurations
+        if c.HasField("pipeline_stage")
+    ]
+    assert stages[:2] == [1, 2] and len(stages) == 2
