@@ -42,8 +42,7 @@ from dialects.context import make_context
 from dialects.distribution import Distribution
 from dialects.functions import NAME_ATTR, entry_function
 from dialects.mesh import Mesh
-from dialects.partir import find_mesh
-from dialects.spmd import DTensorType, result_dtensors
+from dialects.spmd import DTensorType, mesh_of, result_dtensors
 from lowering.collectives import collectives
 from lowering.to_spmd import LowerToSpmdPass
 from partir.onnx_interop.sharding import (
@@ -196,7 +195,7 @@ def export_module(
         replayed = [(c.kind, c.axes, c.bytes_per_device) for c in collectives(replay)]
         assert replayed == expected_collectives, "the replayed partition differs"
     decided = decided_shardings(replay)
-    chosen = mesh or module_mesh(replay)
+    chosen = mesh or mesh_of(replay)
     results = [
         t.distribution if isinstance(t, DTensorType) else None
         for t in entry_function(replay).function_type.outputs.data
@@ -314,9 +313,3 @@ def _attr_name(attrs: object, index: int) -> str | None:
 def _value_info(name: str, value: SSAValue) -> onnx.ValueInfoProto:
     assert isinstance(value.type, TensorType)
     return helper.make_tensor_value_info(name, onnx_type(value), list(shape_of(value)))
-
-
-def module_mesh(module: ModuleOp) -> Mesh:
-    mesh = find_mesh(module)
-    assert mesh is not None
-    return mesh.mesh
