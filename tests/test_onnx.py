@@ -236,6 +236,9 @@ def jax2onnx_mlp() -> onnx.ModelProto:
 
 @pytest.mark.slow
 def test_the_stored_jax2onnx_model_is_what_jax2onnx_exports():
+    """Long profile (jax2onnx's first export costs ~15 CPU-seconds); in CI,
+    `test_a_jax2onnx_model_with_annotations_added_by_a_script` imports the
+    stored model this checks."""
     stored = onnx.load(str(JAX2ONNX_MLP))
     assert onnx.printer.to_text(jax2onnx_mlp().graph) == onnx.printer.to_text(stored.graph)
 
