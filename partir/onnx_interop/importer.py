@@ -12,9 +12,8 @@ the spec's shards are (`sharding.distribution_of`), on the graph input or
 weight it names, or on the value a node computes (each node is traced under
 a JAX named scope of its own, `node_scope`, which `plan.ScopedValue` finds).
 The tiles are taken in graph order on the unpartitioned program, then
-propagated: the first node to split a value over an axis decides, and a
-later one that wants it otherwise is a conflict naming that node, as with
-any tactic. The mesh is the one a partir-exported model records for its
+propagated: annotations that disagree are conflicts like any other, the
+earlier action winning, each named by its tensor and node. The mesh is the one a partir-exported model records for its
 configuration, or the one given. An annotation naming an unknown
 configuration or a tensor the node does not use, an axis out of range, shard
 counts and devices the mesh cannot realise and more shards than a dimension
@@ -96,9 +95,8 @@ class AnnotatedTile:
 class OnnxSharding(Tactic):
     """The model's sharding annotations as one tactic: every split each node's
     specs ask for, in graph order, all taken before propagation (on the
-    unpartitioned program, where each tensor is one value); the first to
-    split a value over an axis wins, a later node asking for another dim is a
-    conflict naming it."""
+    unpartitioned program, where each tensor is one value); where they
+    disagree, the earlier action wins and the conflict names both."""
 
     configuration: str
     tiles: tuple[AnnotatedTile, ...]
