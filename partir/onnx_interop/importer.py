@@ -13,11 +13,12 @@ weight it names, or on the value a node computes (each node is traced under
 a JAX named scope of its own, `node_scope`, which `plan.ScopedValue` finds).
 The tiles are taken in graph order on the unpartitioned program, then
 propagated: annotations that disagree are conflicts like any other, the
-earlier action winning, each named by its tensor and node. The mesh is the one a partir-exported model records for its
-configuration, or the one given. An annotation naming an unknown
-configuration or a tensor the node does not use, an axis out of range, shard
-counts and devices the mesh cannot realise and more shards than a dimension
-has elements are `OnnxShardingError`s naming the node and the tensor.
+earlier action winning, each named by its tensor and node. The mesh is the
+one a partir-exported model records for its configuration, or the one given.
+An annotation naming an unknown configuration or a tensor the node does not
+use, an axis out of range, shard counts and devices the mesh cannot realise
+and more shards than a dimension has elements are `OnnxShardingError`s
+naming the node and the tensor.
 """
 
 from __future__ import annotations
