@@ -205,3 +205,19 @@ def test_the_estimate_is_per_device_and_sums_its_parts():
     assert device.flops_per_second("bf16") == 1e12  # unlisted types run at f32's rate
     with pytest.raises(partir.PartirValueError, match="no peak FLOP/s"):
         Device({}, 1e11, 1e9).flops_per_second("f32")
+
+
+def test_a_steps_results_are_in_memory_and_written():
+    """The updated parameters and optimizer state are the step's results: XLA
+    writes each to its own buffer, so the predicted peak holds them all (an
+    elementwise Adam update feeding only `spmd.from_local` is not fused away),
+    and it is XLA's figure on this data-parallel step (no temporaries beyond
+    them at this size)."""
+    fn, args = block_train_step.program, block_train_step.make_args()
+    lowered = partir.jit(fn, mesh=MESH, tactics=[partir.BatchParallel("batch")]).lower(*args)
+    report = lowered.report(profile="h100-8")
+    assert report.estimate is not None
+    results = sum(r.bytes_per_device for r in report.results)
+    assert report.estimate.peak_bytes >= report.memory.arguments + results
+    xla = partir.report.XlaMemory.of(lowered.compile(), args)
+    assert report.estimate.peak_bytes == pytest.approx(xla.total, rel=0.10)

@@ -95,6 +95,9 @@ KINDS: dict[str, Kind] = {
 """Op name -> how it is costed (see the module docstring)."""
 
 _FUSIBLE = frozenset({Kind.ELEMENTWISE, Kind.FREE})
+_MATERIALISING = frozenset({"spmd.from_local", "stablehlo.optimization_barrier"})
+"""Free ops whose operands are in memory all the same: a program's result is
+written to its own buffer, and a barrier is where XLA stops fusing."""
 
 
 @dataclass(frozen=True)
@@ -137,11 +140,14 @@ def element_type_name(op: Operation) -> str:
 
 def fused(op: Operation) -> bool:
     """Whether XLA would fuse `op` into its users: it is fusible, and so is
-    every user (its result then stays in registers)."""
+    every user (its result then stays in registers), none of which needs it
+    in memory (`_MATERIALISING`: a program's result, a barrier)."""
     if KINDS.get(op.name) not in _FUSIBLE or not op.results:
         return False
     return all(
-        KINDS.get(use.operation.name) in _FUSIBLE and use.operation.parent is op.parent
+        KINDS.get(use.operation.name) in _FUSIBLE
+        and use.operation.name not in _MATERIALISING
+        and use.operation.parent is op.parent
         for result in op.results
         for use in result.uses
     )
