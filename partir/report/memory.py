@@ -118,11 +118,13 @@ def estimate_memory(
     materialised: Callable[[Operation], bool] | None = None,
 ) -> MemoryEstimate:
     """See `MemoryEstimate`: liveness over the flat SPMD body. With
-    `materialised`, an op it rejects holds no buffer (the cost model's view
-    of XLA's fusion: `partir.cost.op_costs.fused`)."""
+    `materialised`, an op it rejects holds no buffer and its operands stay
+    live until its users run (the cost model's view of XLA's fusion:
+    `partir.cost.op_costs.fused`)."""
     ops = list(entry.body.block.ops)
     end = len(ops)
     position = {op: i for i, op in enumerate(ops)}
+    read_at = _Reads(position, end, materialised)
     arguments = sum(infos[a].bytes_per_device for a in entry.body.block.args if a in infos)
     delta = [0] * (end + 1)
     for i, op in enumerate(ops):
@@ -134,7 +136,7 @@ def estimate_memory(
             info = infos.get(r)
             if info is None:
                 continue
-            last = max((_last_use(u.operation, position, end) for u in r.uses), default=i)
+            last = max((read_at(u.operation) for u in r.uses), default=i)
             delta[i] += info.bytes_per_device
             delta[last + 1] -= info.bytes_per_device
     live, peak, peak_at = 0, 0, "no intermediates"
@@ -143,6 +145,33 @@ def estimate_memory(
         if live > peak:
             peak, peak_at = live, _op_label(op, names)
     return MemoryEstimate(arguments, peak, peak_at)
+
+
+class _Reads:
+    """Where an op reads its operands. A fused op (one `materialised`
+    rejects) runs inside its users' kernels, so it reads its operands where
+    they run: a value feeding an elementwise chain that the backward pass
+    recomputes stays live until then."""
+
+    def __init__(
+        self,
+        position: dict[Operation, int],
+        end: int,
+        materialised: Callable[[Operation], bool] | None,
+    ) -> None:
+        self.position, self.end, self.materialised = position, end, materialised
+        self.fused_reads: dict[Operation, int] = {}
+
+    def __call__(self, user: Operation) -> int:
+        if self.materialised is None or user not in self.position or self.materialised(user):
+            return _last_use(user, self.position, self.end)
+        found = self.fused_reads.get(user)
+        if found is None:
+            found = self.fused_reads[user] = max(
+                (self(use.operation) for r in user.results for use in r.uses),
+                default=self.position[user],
+            )
+        return found
 
 
 def _last_use(user: Operation, position: dict[Operation, int], end: int) -> int:
