@@ -13,7 +13,15 @@ from typing import Any
 from dialects.errors import PartirError, PartirTypeError, PartirValueError, UnsupportedError
 from partir.mesh import Mesh
 from partir.partition import Partitioned, partition
-from partir.tactics import BatchParallel, ManualPartition, Megatron, Tactic, TacticError, ZeRO
+from partir.tactics import (
+    Automatic,
+    BatchParallel,
+    ManualPartition,
+    Megatron,
+    Tactic,
+    TacticError,
+    ZeRO,
+)
 
 _LAZY = {
     "import_jax": "partir.importer",
@@ -31,6 +39,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "Automatic",
     "BatchParallel",
     "Compiled",
     "Estimate",

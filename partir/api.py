@@ -40,6 +40,7 @@ from partir.mesh import Mesh
 from partir.partition import Stage, find_stage, partition
 from partir.passes import EmitJaxPass
 from partir.report import Report, build_report
+from partir.search import SearchResult
 from partir.tactics import Tactic, check_tactics
 from rewrites.conflicts import Conflict, recorded_conflicts
 
@@ -96,6 +97,7 @@ class Lowered:
     imported: ModuleOp
     """The program as imported, before any tactic (a private copy)."""
     tactics: Sequence[Tactic]
+    """The schedule, each `Automatic` holding what its search chose."""
     module: ModuleOp
     source: str
     conflicts: list[Conflict]
@@ -105,6 +107,10 @@ class Lowered:
     name: str = "partir_program"
     keys: KeyBoundary = field(default_factory=KeyBoundary)
     """Which arguments and results are typed PRNG keys (run as their data)."""
+    searches: list[SearchResult] = field(default_factory=list)
+    """What each `Automatic` searched and chose: `searches[0].schedule_source`
+    is the schedule to paste in its place, `.table()` the top candidates. An
+    `Automatic` in `tactics` holds its choice, so `stages` replays it."""
     _source_path: Path | None = field(default=None, repr=False)
     _stages: list[Stage] | None = field(default=None, repr=False)
 
@@ -194,14 +200,14 @@ def lower(
     imported = import_program(fn, *args, supported_only=True)
     module = imported.module
     original = Stage.snapshot("import", module).module
-    partition(module, mesh, tactics)
+    partitioned = partition(module, mesh, tactics)
     label = name or getattr(fn, "__name__", None) or "program"
     label = "".join(c if c.isalnum() else "_" for c in label) or "program"
     emit = EmitJaxPass(program=label)
     PassPipeline((LowerToSpmdPass(), emit)).apply(_CONTEXT, module)
     return Lowered(
         original,
-        tuple(tactics),
+        tuple(partitioned.decided),
         module,
         emit.source,
         recorded_conflicts(module),
@@ -210,6 +216,7 @@ def lower(
         jax_mesh,
         label,
         keys,
+        searches=partitioned.searches,
     )
 
 

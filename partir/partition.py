@@ -24,10 +24,11 @@ from xdsl.passes import ModulePass, PassPipeline
 from dialects.functions import entry_function
 from dialects.locations import located_text
 from partir.mesh import Mesh
-from partir.tactics import Plan, ProgramView, Tactic
+from partir.tactics import Automatic, Plan, ProgramView, Tactic
 from rewrites.conflicts import Conflict, recorded_conflicts
 
 if TYPE_CHECKING:
+    from partir.search import SearchResult
     from rewrites.actions import TileAction
 
 
@@ -88,6 +89,11 @@ class Partitioned:
     conflicts: list[Conflict] = field(default_factory=list)
     stages: list[Stage] = field(default_factory=list)
     actions: list[TileAction] = field(default_factory=list)
+    searches: list[SearchResult] = field(default_factory=list)
+    """What each `Automatic` of the schedule searched and chose (`partir.search`)."""
+    decided: list[Tactic] = field(default_factory=list)
+    """The schedule with each `Automatic` holding what it chose: replaying it
+    applies the same tactics without searching again."""
 
     def stage(self, key: str | int) -> str:
         """The IR text of a stage, by name or index (see `find_stage`)."""
@@ -115,26 +121,40 @@ def partition(
     `stage_names`); with `verify`, the dialect verifier runs after each tactic.
     """
     from dialects.context import make_context
-    from partir.passes import ApplyPlanPass, declare_mesh  # on use: `import partir` stays light
+    from partir.passes import (  # on use: `import partir` stays light
+        ApplyPlanPass,
+        AutomaticPass,
+        declare_mesh,
+    )
+    from partir.search import decided
 
     plans = plan_schedule(module, mesh, tactics)
     declare_mesh(module, mesh)
     result = Partitioned(module, plans)
-    passes = tuple(ApplyPlanPass(plan) for plan in plans)
+    passes: list[ModulePass] = [
+        AutomaticPass(tactic) if isinstance(tactic, Automatic) else ApplyPlanPass(plan)
+        for tactic, plan in zip(tactics, plans, strict=True)
+    ]
     names = iter(stage_names(tactics))  # the pipeline runs the passes in order
+    schedule = iter(tactics)
 
     def after(done: ModulePass | None, module: ModuleOp, _next: ModulePass | None) -> None:
         if done is None:
             if keep_stages:
                 result.stages.append(Stage.snapshot("import", module))
             return
-        assert isinstance(done, ApplyPlanPass)
+        assert isinstance(done, ApplyPlanPass | AutomaticPass)
         result.actions += done.actions
+        tactic = next(schedule)
+        if isinstance(done, AutomaticPass) and isinstance(tactic, Automatic) and done.results:
+            result.searches += done.results
+            tactic = decided(tactic, done.results[0])
+        result.decided.append(tactic)
         if verify:
             module.verify()
         if keep_stages:
             result.stages.append(Stage.snapshot(next(names), module))
 
-    PassPipeline(passes, after).apply(make_context(), module)
+    PassPipeline(tuple(passes), after).apply(make_context(), module)
     result.conflicts = recorded_conflicts(module)
     return result

@@ -41,7 +41,7 @@ from partir.plan import (
     tactic_label,
 )
 from partir.selections import Selection, record_selections
-from partir.tactics import TACTICS, Tactic
+from partir.tactics import TACTICS, Automatic, Tactic
 from rewrites.actions import TileAction, apply_tactic_action, take_action_numbers
 from rewrites.conflicts import ConflictLog, record_conflicts
 from rewrites.inline_calls import InlineCallsPass
@@ -138,6 +138,34 @@ class ApplyPlanPass(ModulePass):
 
 
 @dataclass(frozen=True)
+class AutomaticPass(ModulePass):
+    """Run `Automatic`'s search on the module as the tactics before it left
+    it, then apply the schedule it chose (or, for a decided `Automatic`, the
+    schedule it chose before: no search). Not a CLI pass: `partir-auto` is."""
+
+    name = "partir-apply-automatic"
+    tactic: Automatic | None = None
+    actions: list[TileAction] = field(default_factory=list, init=False, compare=False)
+    results: list[Any] = field(default_factory=list, init=False, compare=False)
+    """The `partir.search.SearchResult`, once `apply` has searched."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        from partir.search import search
+
+        assert self.tactic is not None
+        mesh = Mesh(module_mesh(op, self.tactic.name).axes)
+        chosen = self.tactic.chosen
+        if chosen is None:
+            result = search(op, mesh, self.tactic)
+            self.results[:] = [result]
+            chosen = result.chosen.schedule
+        view = ProgramView.of(entry_function(op))
+        self.actions.clear()
+        for tactic in chosen:
+            self.actions.extend(apply_plan(op, tactic.plan(view, mesh)))
+
+
+@dataclass(frozen=True)
 class TacticPass(ModulePass):
     """Base of the generated tactic passes: plan the tactic, apply the plan."""
 
@@ -149,8 +177,12 @@ class TacticPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         mesh = Mesh(module_mesh(op, self.TACTIC.__name__).axes)
+        tactic = self.tactic()
         try:
-            plan = self.tactic().plan(ProgramView.of(entry_function(op)), mesh)
+            plan = tactic.plan(ProgramView.of(entry_function(op)), mesh)
+            if isinstance(tactic, Automatic):  # searches the module as it is
+                AutomaticPass(tactic).apply(ctx, op)
+                return
         except TacticError as err:
             raise PassFailedException(str(err)) from err
         ApplyPlanPass(plan).apply(ctx, op)
@@ -160,12 +192,19 @@ _SCALARS = (str, int, bool, float)
 
 
 def _option(tactic_field: dataclasses.Field[Any], hint: Any) -> tuple[str, Any, Any]:
-    """A tactic field as a pass option: scalars keep their type and default;
-    selectors and specs become `tuple[str, ...]` (unset: the tactic's default)."""
+    """A tactic field as a pass option: scalars keep their type and default
+    (an optional scalar, such as a memory limit, stays optional; a float
+    option takes ints too); selectors and specs become `tuple[str, ...]`
+    (unset: the tactic's default)."""
     has_default = tactic_field.default is not dataclasses.MISSING
     if hint in _SCALARS:
         default = tactic_field.default if has_default else dataclasses.MISSING
         return tactic_field.name, hint, field(default=default)
+    members = typing.get_args(hint)
+    scalars = [m for m in members if m in _SCALARS]
+    listed = any(typing.get_origin(m) is not None for m in members)  # Sequence[str]
+    if tactic_field.default is None and len(scalars) == 1 and not listed:
+        return tactic_field.name, scalars[0] | None, field(default=None)
     if has_default:
         return tactic_field.name, tuple[str, ...] | None, field(default=None)
     return tactic_field.name, tuple[str, ...], field()
@@ -174,8 +213,14 @@ def _option(tactic_field: dataclasses.Field[Any], hint: Any) -> tuple[str, Any, 
 def tactic_pass(tactic: type[Tactic]) -> type[TacticPass]:
     """The `partir-opt` pass of `tactic`: one option per dataclass field."""
     assert dataclasses.is_dataclass(tactic)  # every tactic is a dataclass; Tactic is not
-    hints = typing.get_type_hints(tactic)
-    options = [_option(f, hints[f.name]) for f in dataclasses.fields(tactic)]
+    from partir.cost.profile import Profile  # named in Automatic's hints
+
+    hints = typing.get_type_hints(tactic, localns={"Profile": Profile})
+    options = [
+        _option(f, hints[f.name])
+        for f in dataclasses.fields(tactic)
+        if f.metadata.get("pass_option", True)
+    ]
     doc = (tactic.__doc__ or tactic.__name__).strip().splitlines()[0]
     return dataclasses.make_dataclass(
         f"{tactic.__name__}Pass",

@@ -80,6 +80,17 @@ def display_path(path: str) -> str:
     return path if KEY_SLASH in slashed else slashed
 
 
+def exact_selector(path: str) -> str:
+    """A selector that selects the value named `path` and nothing else: its
+    path form where that has a quoted key (matched exactly), else its slash
+    form with each wildcard character bracketed (`args/0`, `a[*]b`)."""
+    if "[" in path and ("'" in path or '"' in path):
+        return path
+    return "/".join(
+        re.sub(r"([*?\[])", r"[\1]", segment) for segment in slash_path(path).split("/")
+    )
+
+
 def _segment_regex(segment: str) -> str:
     """One path segment's wildcard pattern as a regex that never crosses a `/`."""
     out, i = [], 0

@@ -18,8 +18,8 @@ meaning; `CLI_NAME` names the pass and `from_options` builds the tactic from the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dialects.errors import PartirTypeError
 from dialects.escaping import quoted
@@ -36,11 +36,15 @@ from partir.plan import (
 from partir.roles import Roles
 from partir.selectors import KEY_SLASH, slash_path
 
+if TYPE_CHECKING:
+    from partir.cost.profile import Profile
+
 __all__ = [
     "MEGATRON_COLUMN",
     "MEGATRON_COLUMN_BIAS",
     "MEGATRON_ROW",
     "TACTICS",
+    "Automatic",
     "BatchParallel",
     "Leaf",
     "ManualPartition",
@@ -529,5 +533,69 @@ def zero_dim(shape: tuple[int, ...], parts: int) -> int | None:
     return next(iter(divided or enough), None)
 
 
-TACTICS: tuple[type[Tactic], ...] = (BatchParallel, Megatron, ZeRO, ManualPartition)
+@dataclass(frozen=True)
+class Automatic(Tactic):
+    """Search the rest of the schedule: partitioning actions on `axes`,
+    evaluated by propagation, lowering and the cost model (`partir.search`).
+
+    It comes after the manual tactics (PartIR's order: they fix what you
+    decided, it decides the rest) and searches, by default, the mesh axes no
+    earlier tactic uses. Candidates whose predicted peak memory per device
+    exceeds `memory_limit_bytes` are rejected; the search stops after
+    `time_budget_s` with the best candidate so far. `profile` names the
+    machine it predicts for (a shipped profile's name or a JSON file; by
+    default this machine's calibrated profile, `partir.cost.calibrate`).
+    Deterministic for a `seed` when the search ends before the budget.
+    What it chose is `chosen`, a schedule of tactics you can paste in its
+    place (`lowered.searches`, `partir.search.SearchResult.schedule_source`).
+    """
+
+    axes: str | Sequence[str] | None = None
+    time_budget_s: float = 60.0
+    memory_limit_bytes: int | None = None
+    profile: str | Profile | None = None
+    seed: int = 0
+    top_k: int = 5
+    progress: bool = True
+    """A progress bar on stderr while it searches."""
+    chosen: tuple[Tactic, ...] | None = field(default=None, metadata={"pass_option": False})
+    """The schedule a search chose (set on the copy `partir.partition`
+    records, so replaying a partition applies it instead of searching again)."""
+
+    CLI_NAME = "partir-auto"
+
+    def search_axes(self, mesh: Mesh, used: set[str]) -> tuple[str, ...]:
+        """The axes to search: those given, or the mesh's axes not in `used`
+        (those the tactics before it split something over, as the module's
+        selections record them); a `TacticError` if none is left."""
+        if self.axes is not None:
+            given = (self.axes,) if isinstance(self.axes, str) else tuple(self.axes)
+            for axis in given:
+                _axis_size(mesh, axis, self.name)
+            return given
+        free = tuple(a for a in mesh.axes if a not in used and mesh.axes[a] > 1)
+        if not free:
+            raise TacticError(
+                f"{self.name}: the tactics before it use every mesh axis "
+                f"({', '.join(quoted(a) for a in mesh.axes)}); pass axes= to search some of "
+                "them again, or drop it"
+            )
+        return free
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
+        """No tiles of its own: the search (`partir.search`) runs on the
+        program the earlier tactics left; this checks the options."""
+        if self.axes is not None:
+            given = (self.axes,) if isinstance(self.axes, str) else tuple(self.axes)
+            for axis in given:
+                _axis_size(mesh, axis, self.name)
+        if not self.time_budget_s > 0:
+            raise TacticError(f"{self.name}: time_budget_s must be > 0, got {self.time_budget_s}")
+        limit = self.memory_limit_bytes
+        if limit is not None and not limit > 0:
+            raise TacticError(f"{self.name}: memory_limit_bytes must be > 0, got {limit}")
+        return Plan(self.name, (), label=self.name)
+
+
+TACTICS: tuple[type[Tactic], ...] = (BatchParallel, Megatron, ZeRO, ManualPartition, Automatic)
 """Every tactic; each is also a `partir-opt` pass (`partir.passes.tactic_pass`)."""

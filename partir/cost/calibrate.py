@@ -11,6 +11,7 @@ size, so the fit answers "what α and β make the model match this machine".
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -218,7 +219,7 @@ def calibrate(
                 bar.step(f"{kind} over {axis}, {nbytes >> 10} KiB")
     platform = devices[0].platform
     capacity = _memory_capacity(devices[0])
-    label = name or f"calibrated-{platform}-{len(devices)}"
+    label = name or default_label(devices)
     profile = Profile(
         name=label,
         device=Device({"f32": flops}, bandwidth, capacity, overhead),
@@ -237,8 +238,6 @@ def _memory_capacity(device: Any) -> float:
     stats = getattr(device, "memory_stats", lambda: None)()
     if stats and stats.get("bytes_limit"):
         return float(stats["bytes_limit"])
-    import os
-
     try:  # a CPU device shares the host's memory
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError):
@@ -251,5 +250,39 @@ def _default_path(label: str) -> Path:
     folder = private_directory(cache_directory() / "profiles")
     if folder is None:
         raise OSError(f"cannot make a private profiles directory under {cache_directory()}")
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
-    return folder / f"{safe}.json"
+    return folder / _file_name(label)
+
+
+def default_label(devices: Any) -> str:
+    """The name `calibrate` gives this machine's profile ("calibrated-cpu-8")."""
+    return f"calibrated-{devices[0].platform}-{len(devices)}"
+
+
+def _file_name(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in label) + ".json"
+
+
+SHIPPED_FALLBACK = "cpu-host-8"
+"""The shipped profile `machine_profile` falls back to: this project's 2-core
+host with 8 virtual CPU devices, measured by `calibrate`."""
+
+
+def machine_profile() -> tuple[Profile, str]:
+    """This machine's profile as `calibrate()` saved it (mesh default, in the
+    private cache), and a note saying which profile it is; where none is
+    saved, the shipped `SHIPPED_FALLBACK`, and a note saying how to measure
+    this machine instead (calibrating takes about a minute, so it is never
+    done behind the caller's back)."""
+    import jax
+
+    from partir.generated_files import cache_directory
+
+    path = cache_directory() / "profiles" / _file_name(default_label(jax.devices()))
+    if path.is_file() and not path.is_symlink() and path.stat().st_uid == os.getuid():
+        return Profile.load(path), f"this machine's calibrated profile ({path})"
+    note = (
+        f"no calibrated profile of this machine in {path.parent}; using the shipped "
+        f"{SHIPPED_FALLBACK!r} (run partir.calibrate() once, about a minute, to measure "
+        "this one)"
+    )
+    return Profile.load(SHIPPED_FALLBACK), note

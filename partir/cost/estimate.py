@@ -258,11 +258,14 @@ def estimate(module: ModuleOp, profile: Profile, peak_bytes: int | None = None) 
     """The predicted step of the SPMD `module` on `profile` (`peak_bytes`: the
     report's liveness peak, if the caller has it)."""
     if peak_bytes is None:  # the report's liveness, with fused ops holding no buffer
-        from partir.report import build_report
+        from partir.report.build import build_report, fused_peak_bytes, is_spmd
 
-        found = build_report(module, profile=profile).estimate
-        assert found is not None
-        return found
+        if is_spmd(entry_function(module)):
+            peak_bytes = fused_peak_bytes(module)
+        else:
+            found = build_report(module, profile=profile).estimate
+            assert found is not None
+            return found
     mesh_op = find_mesh(module)
     if mesh_op is None:
         raise ValueError("the module declares no partir.mesh: estimate an SPMD module")

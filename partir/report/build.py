@@ -78,11 +78,8 @@ def build_report(
     predicted = None
     if profile is not None:
         from partir.cost.estimate import estimate
-        from partir.cost.op_costs import fused
 
-        is_fused = functools.cache(fused)
-        unfused = estimate_memory(spmd_entry, values, names, lambda op: not is_fused(op))
-        predicted = estimate(spmd, profile, peak_bytes=unfused.peak)
+        predicted = estimate(spmd, profile, peak_bytes=_fused_peak(spmd_entry, values, names))
     return Report(
         stage=stage,
         mesh=mesh,
@@ -97,6 +94,28 @@ def build_report(
         selections=recorded_selections(module) or (recorded_selections(core) if core else []),
         estimate=predicted,
     )
+
+
+def fused_peak_bytes(module: ModuleOp) -> int:
+    """The cost model's liveness peak of the SPMD `module` (fused ops hold no
+    buffer), as `build_report(module, profile=...)` computes it, without
+    naming the values: printing the module for its names costs more than the
+    rest of an estimate (`partir.search` estimates many candidates)."""
+    entry = entry_function(module)
+    mesh_op = find_mesh(entry)
+    mesh = mesh_op.mesh if mesh_op is not None else Mesh.single_device()
+    return _fused_peak(entry, _values(entry, {}, mesh), {})
+
+
+def _fused_peak(
+    entry: func.FuncOp, values: dict[SSAValue, ValueInfo], names: dict[SSAValue, str]
+) -> int:
+    """The liveness peak with XLA's fusion as the cost model sees it: a
+    fused op holds no buffer (`partir.cost.op_costs.fused`)."""
+    from partir.cost.op_costs import fused
+
+    is_fused = functools.cache(fused)
+    return estimate_memory(entry, values, names, lambda op: not is_fused(op)).peak
 
 
 def report_text(text: str, filename: str = "<string>") -> Report:

@@ -16,6 +16,8 @@
 // CHECK:        partir-zero{axis=required stage=3 params=none opt-state=none updates=none}
 // CHECK:        partir-manual-partition{spec=required}
 // CHECK-NEXT:       Tile exactly what you name, selector:dim=axis
+// CHECK:        partir-auto{axes=none time-budget-s=60.0 memory-limit-bytes=none profile=none seed=0 top-k=5 progress=True}
+// CHECK-NEXT:       Search the rest of the schedule: partitioning actions on `axes`,
 // CHECK:        partir-propagate
 // CHECK:        partir-lower-spmd
 // CHECK:        partir-emit-jax{program=partir_program}
