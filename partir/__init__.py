@@ -13,6 +13,7 @@ from typing import Any
 from dialects.errors import PartirError, PartirTypeError, PartirValueError, UnsupportedError
 from partir.mesh import Mesh
 from partir.partition import Partitioned, partition
+from partir.pipeline.tactic import Pipeline
 from partir.tactics import (
     Automatic,
     BatchParallel,
@@ -52,6 +53,7 @@ __all__ = [
     "PartirValueError",
     "Partitioned",
     "PartitionedFunction",
+    "Pipeline",
     "Profile",
     "Tactic",
     "TacticError",

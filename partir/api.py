@@ -39,6 +39,7 @@ from partir.keys import KeyBoundary
 from partir.mesh import Mesh
 from partir.partition import Stage, find_stage, partition
 from partir.passes import EmitJaxPass
+from partir.pipeline.tactic import Pipeline
 from partir.report import Report, build_report
 from partir.search import SearchResult
 from partir.tactics import Tactic, check_tactics
@@ -255,7 +256,7 @@ class PartitionedFunction:
         self.jax_mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else None
         self.mesh = Mesh(mesh) if not isinstance(mesh, Mesh) else mesh
         self.tactics = check_tactics(tactics)
-        self._compiled: dict[tuple[Any, ...], Compiled] = {}
+        self._compiled: dict[tuple[Any, ...], Any] = {}
         functools.update_wrapper(self, fn)
 
     def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -272,9 +273,20 @@ class PartitionedFunction:
             )
         return tuple(bound.args)
 
-    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """A `Lowered`; with a `Pipeline` among the tactics, a
+        `partir.pipeline.lowered.PipelinedLowered` (built from the step's jaxpr)."""
         args = self._positional(args, kwargs)
+        if self._pipelined:
+            from partir.pipeline.lowered import lower_pipeline
+
+            jax_mesh = devices_for(self.mesh, self.jax_mesh)
+            return lower_pipeline(self.fn, args, self.mesh, self.tactics, jax_mesh)
         return lower(self.fn, args, self.mesh, self.tactics, jax_mesh=self.jax_mesh)
+
+    @property
+    def _pipelined(self) -> bool:
+        return any(isinstance(t, Pipeline) for t in self.tactics)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = self._positional(args, kwargs)
@@ -282,6 +294,13 @@ class PartitionedFunction:
         check_arguments(self.fn, raw)
         key = _signature(raw)
         compiled = self._compiled.get(key)
+        if compiled is None and self._pipelined:
+            if self.check:
+                raise PartirValueError(
+                    "partir.jit(check=True) validates IR stages, which a Pipeline step "
+                    "does not have; compare it with jax.jit instead"
+                )
+            compiled = self._compiled[key] = self.lower(*args).compile()
         if compiled is None:
             lowered = self.lower(*args)
             compiled = self._compiled[key] = lowered.compile()

@@ -1,0 +1,382 @@
+"""The pipelined step: one SPMD program that runs a schedule inside `shard_map`.
+
+Every device runs the same code; its stage is `axis_index(axis)`. The step's
+segments (`partir.pipeline.structure`) run as follows:
+
+- pre, and the head's ops that do not read the layer loop, on every device,
+  on the whole batch (they are what the step computes before its loops);
+- then one unrolled block per time step of the schedule: the stage looks
+  up its action in the table (a constant indexed by its stage) and, under
+  `lax.cond`, runs the forward loop on its layers for one microbatch (the
+  microbatch trace's own `scan`) or the backward loop; then the step's
+  activations go to the next stage and gradients to the previous one, each
+  by one `lax.ppermute` whose pairs are exactly the stages that sent
+  something at that step (so a run moves 2 x (stages - 1) x microbatches
+  microbatch tensors on the stage axis, none in the bubble);
+- a stage keeps each microbatch it holds in slot `m % slots` of its
+  buffers (received activation, the forward's residuals, received
+  gradient): `Schedule.slots` is every microbatch under GPipe, about
+  `stages` under 1F1B, which is where 1F1B saves memory;
+- the last stage turns a microbatch's output into the backward's input
+  with the head run on its rows (the head treats examples apart, as
+  microbatching itself assumes: the gradient of rows depends on those
+  rows alone), and at the end runs the head once on the whole output,
+  for the loss and the gradients of the parameters after the loop; the
+  values the update reads from it go to every stage;
+- the backward's gradients of stacked leaves add up over microbatches on
+  each stage (and over data-parallel shards); the update then runs on
+  each stage's own layers.
+
+With a data-parallel axis each shard runs the loops on its rows of every
+microbatch; pre, head and update run on the whole batch, gathered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import DropVar, JaxprEqn, Literal, Var
+
+from dialects.errors import UnsupportedError
+from partir.pipeline.schedule import Schedule
+from partir.pipeline.structure import StepStructure
+
+Env = dict[Any, Any]
+IDLE, FORWARD, BACKWARD = 0, 1, 2
+
+
+def _read(env: Env, v: Any) -> Any:
+    return v.val if isinstance(v, Literal) else env[v]
+
+
+def run_eqn(eqn: JaxprEqn, operands: list[Any]) -> list[Any]:
+    """One jaxpr equation on `operands`, as `jax.core.eval_jaxpr` runs it."""
+    out = eqn.primitive.bind(*operands, **eqn.primitive.get_bind_params(eqn.params))
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def run_eqns(eqns: list[JaxprEqn], env: Env) -> None:
+    for eqn in eqns:
+        outs = run_eqn(eqn, [_read(env, v) for v in eqn.invars])
+        for var, value in zip(eqn.outvars, outs, strict=True):
+            if not isinstance(var, DropVar):
+                env[var] = value
+
+
+def _needed(eqns: list[JaxprEqn], targets: set[Any]) -> list[JaxprEqn]:
+    """The equations `targets` depend on, in order."""
+    wanted, chosen = set(targets), []
+    for eqn in reversed(eqns):
+        if wanted & set(eqn.outvars):
+            chosen.append(eqn)
+            wanted |= {v for v in eqn.invars if isinstance(v, Var)}
+    return chosen[::-1]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which operand of the backward loop comes from where."""
+
+    source: dict[int, tuple[str, int]]
+    """operand index -> ("residual", forward result index) | ("gradient", flowing index)
+    | ("env", -1)."""
+    flowing: tuple[int, ...]
+    """Carry positions (0-based among the carries) of the gradient passed between stages."""
+    late: tuple[JaxprEqn, ...]
+    """The head's ops that read the forward loop's results."""
+    early: tuple[JaxprEqn, ...]
+
+
+def backward_layout(s: StepStructure) -> Layout:
+    """Sort the backward loop's operands, or refuse a step whose head feeds the
+    backward anything but the gradient of the loop's output."""
+    jaxpr = s.local.jaxpr
+    fwd, bwd = s.forward_eqn, s.backward_eqn
+    tainted = set(fwd.outvars)
+    late, early = [], []
+    for eqn in jaxpr.eqns[s.forward + 1 : s.backward]:
+        if tainted & {v for v in eqn.invars if isinstance(v, Var)}:
+            late.append(eqn)
+            tainted |= set(eqn.outvars)
+        else:
+            early.append(eqn)
+    results = {v: i for i, v in enumerate(fwd.outvars)}
+    carries = s.carries(bwd)
+    source: dict[int, tuple[str, int]] = {}
+    flowing: list[int] = []
+    for k, var in enumerate(bwd.invars):
+        if isinstance(var, Var) and var in results:
+            source[k] = ("residual", results[var])
+        elif isinstance(var, Var) and var in tainted:
+            if k not in carries or (s.backward, k) not in s.operand_batch_dim:
+                raise UnsupportedError(
+                    "Pipeline: the backward layer loop reads a value of the head "
+                    f"(shape {tuple(var.aval.shape)}) other than the gradient of the loop's "
+                    "output; Pipeline needs the head to read only the loop's final carry"
+                )
+            source[k] = ("gradient", len(flowing))
+            flowing.append(k - carries.start)
+        else:
+            if k in carries and (s.backward, k) in s.operand_batch_dim:
+                raise UnsupportedError(
+                    "Pipeline: the backward layer loop carries a per-example value that "
+                    "does not come from the head; Pipeline supports loops whose only "
+                    "per-example carry is the activation"
+                )
+            source[k] = ("env", -1)
+    used_later = _used_after(s)
+    for i, var in enumerate(fwd.outvars[fwd.params["num_carry"] :]):
+        if var in used_later:
+            raise UnsupportedError(
+                "Pipeline: the step reads the layer loop's per-layer outputs (scan ys) "
+                "outside the backward loop; return only the carry from the scan"
+            )
+    return Layout(source, tuple(flowing), tuple(late), tuple(early))
+
+
+def _used_after(s: StepStructure) -> set[Any]:
+    jaxpr = s.local.jaxpr
+    used = {v for v in jaxpr.outvars if isinstance(v, Var)}
+    for eqn in jaxpr.eqns[s.backward + 1 :]:
+        used |= {v for v in eqn.invars if isinstance(v, Var)}
+    return used
+
+
+@dataclass(frozen=True)
+class PipelineProgram:
+    """What the shard_map body needs: the step's structure, the schedule, the axes."""
+
+    structure: StepStructure
+    schedule: Schedule
+    axis: str
+    data_axis: str | None
+    data_parts: int
+
+    def body(self) -> Callable[..., list[Any]]:
+        return _Body(self, backward_layout(self.structure)).run
+
+
+class _Body:
+    def __init__(self, program: PipelineProgram, layout: Layout):
+        self.p, self.s, self.layout = program, program.structure, layout
+        self.sched = program.schedule
+        self.fwd, self.bwd = self.s.forward_eqn, self.s.backward_eqn
+        self.mfwd, self.mbwd = self.s.micro_forward, self.s.micro_backward
+        self.fwd_carries = list(self.s.carries(self.fwd))
+        self.n_fcarry = self.fwd.params["num_carry"]
+        self.n_bcarry = self.bwd.params["num_carry"]
+        self.local_rows = self.s.batch // program.data_parts
+        self.used_later = _used_after(self.s)
+
+    # --- rows -----------------------------------------------------------------
+    def rows(self, value: Any, dim: int, m: Any) -> Any:
+        start = self.shard * self.local_rows + m * self.s.micro_rows
+        return lax.dynamic_slice_in_dim(value, start, self.s.micro_rows, dim)
+
+    def local_buffer(self, var: Any, dim: int) -> Any:
+        shape = list(var.aval.shape)
+        shape[dim] = self.local_rows
+        return jnp.zeros(shape, var.aval.dtype)
+
+    def gather(self, value: Any, dim: int) -> Any:
+        if self.p.data_axis is None:
+            return value
+        return lax.all_gather(value, self.p.data_axis, axis=dim, tiled=True)
+
+    def from_stage(self, value: Any, stage: int) -> Any:
+        """`value` as stage `stage` holds it, on every stage."""
+        kept = jnp.where(self.stage == stage, value, jnp.zeros_like(value))
+        return lax.psum(kept, self.p.axis)
+
+    # --- the step ---------------------------------------------------------------
+    def run(self, *leaves: Any) -> list[Any]:
+        jaxpr = self.s.local.jaxpr
+        self.stage = lax.axis_index(self.p.axis)
+        self.shard = lax.axis_index(self.p.data_axis) if self.p.data_axis else 0
+        env: Env = dict(zip(jaxpr.constvars, self.s.local.consts, strict=True))
+        env.update(zip(jaxpr.invars, leaves, strict=True))
+        run_eqns(jaxpr.eqns[: self.s.forward], env)
+        run_eqns(list(self.layout.early), env)
+        self.env = env
+        state = self.initial_state()
+        for t in range(self.sched.steps):
+            state = self.time_step(t, state)
+        self.finish(state, env)
+        run_eqns(jaxpr.eqns[self.s.backward + 1 :], env)
+        return [_read(env, v) for v in jaxpr.outvars]
+
+    def initial_state(self) -> dict[str, list[Any]]:
+        slots = self.sched.slots
+
+        def ring(var: Any) -> Any:
+            return jnp.zeros((slots, *var.aval.shape), var.aval.dtype)
+
+        fwd_dims = [self.s.result_batch_dim[(self.s.forward, j)] for j in range(self.n_fcarry)]
+        return {
+            "act": [ring(self.mfwd.invars[k]) for k in self.fwd_carries],
+            "res": [ring(v) for v in self.mfwd.outvars],
+            "grad": [ring(self.mbwd.invars[self.bwd.params["num_consts"] + j])
+                     for j in self.layout.flowing],
+            "out": [self.local_buffer(self.fwd.outvars[j], fwd_dims[j])
+                    for j in range(self.n_fcarry)],
+            "first": [self.local_buffer(self.bwd.outvars[j], self._bwd_dim(j))
+                      for j in self.layout.flowing],
+            "acc": [jnp.zeros(v.aval.shape, v.aval.dtype) for v in self.mbwd.outvars],
+        }
+
+    def _bwd_dim(self, j: int) -> int:
+        return self.s.result_batch_dim[(self.s.backward, j)]
+
+    def time_step(self, t: int, state: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        row = self.sched.table[t]
+        kinds = np.array([IDLE if a is None else FORWARD if a.phase == "F" else BACKWARD
+                          for a in row], np.int32)
+        micro = np.array([a.microbatch if a else 0 for a in row], np.int32)
+        kind, m = jnp.asarray(kinds)[self.stage], jnp.asarray(micro)[self.stage]
+        sent_f: list[Any] = []
+        sent_b: list[Any] = []
+        if (kinds == FORWARD).any():
+            state, sent_f = lax.cond(kind == FORWARD, self.forward, self.skip_forward, state, m)
+        if (kinds == BACKWARD).any():
+            state, sent_b = lax.cond(kind == BACKWARD, self.backward, self.skip_backward, state, m)
+        state = self.deliver(state, sent_f, self.sched.forward_sends(t), "act")
+        return self.deliver(state, sent_b, self.sched.backward_sends(t), "grad")
+
+    def deliver(self, state: dict[str, list[Any]], sent: list[Any],
+                sends: list[tuple[int, int, int]], buffer: str) -> dict[str, list[Any]]:
+        """ppermute what each sender sent; each receiver keeps it in its slot."""
+        if not sends:
+            return state
+        perm = [(a, b) for a, b, _ in sends]
+        received = [lax.ppermute(x, self.p.axis, perm) for x in sent]
+        of = np.full(self.sched.stages, -1, np.int32)
+        for _, b, m in sends:
+            of[b] = m
+        m = jnp.asarray(of)[self.stage]
+
+        def keep(state: dict[str, list[Any]], m: Any) -> dict[str, list[Any]]:
+            slot = m % self.sched.slots
+            ring = [lax.dynamic_update_index_in_dim(r, x, slot, 0)
+                    for r, x in zip(state[buffer], received, strict=True)]
+            return {**state, buffer: ring}
+
+        return lax.cond(m >= 0, keep, lambda state, m: state, state, m)
+
+    # --- actions --------------------------------------------------------------------
+    def forward(self, state: dict[str, list[Any]], m: Any) -> tuple[dict[str, list[Any]], list[Any]]:
+        slot = m % self.sched.slots
+        operands = []
+        for k, var in enumerate(self.fwd.invars):
+            dim = self.s.operand_batch_dim.get((self.s.forward, k))
+            if k in self.fwd_carries:
+                first = self.rows(_read(self.env, var), dim, m)
+                held = state["act"][self.fwd_carries.index(k)][slot]
+                operands.append(jnp.where(self.stage == 0, first, held))
+            elif dim is not None:
+                operands.append(self.rows(_read(self.env, var), dim, m))
+            else:
+                operands.append(_read(self.env, var))
+        outs = run_eqn(self.mfwd, operands)
+        res = [lax.dynamic_update_index_in_dim(r, x, slot, 0)
+               for r, x in zip(state["res"], outs, strict=True)]
+        last = self.stage == self.sched.stages - 1
+        out = []
+        for j, buf in enumerate(state["out"]):
+            dim = self.s.result_batch_dim[(self.s.forward, j)]
+            put = lax.dynamic_update_slice_in_dim(buf, outs[j], m * self.s.micro_rows, dim)
+            out.append(jnp.where(last, put, buf))
+        return {**state, "res": res, "out": out}, outs[: self.n_fcarry]
+
+    def skip_forward(self, state: dict[str, list[Any]], m: Any) -> tuple[dict[str, list[Any]], list[Any]]:
+        del m
+        return state, [jnp.zeros(v.aval.shape, v.aval.dtype) for v in self.mfwd.outvars[: self.n_fcarry]]
+
+    def head_gradient(self, state: dict[str, list[Any]], m: Any) -> list[Any]:
+        """The gradient of the loop's output on microbatch `m`'s rows: the head run on
+        the output so far, this shard's rows in place (the others zero)."""
+        env = dict(self.env)
+        for j, buf in enumerate(state["out"]):
+            var = self.fwd.outvars[j]
+            dim = self.s.result_batch_dim[(self.s.forward, j)]
+            whole = jnp.zeros(var.aval.shape, var.aval.dtype)
+            env[var] = lax.dynamic_update_slice_in_dim(whole, buf, self.shard * self.local_rows, dim)
+        wanted = [k for k, (kind, _) in self.layout.source.items() if kind == "gradient"]
+        targets = {self.bwd.invars[k] for k in wanted}
+        run_eqns(_needed(list(self.layout.late), targets), env)
+        return [self.rows(env[self.bwd.invars[k]], self.s.operand_batch_dim[(self.s.backward, k)], m)
+                for k in wanted]
+
+    def backward(self, state: dict[str, list[Any]], m: Any) -> tuple[dict[str, list[Any]], list[Any]]:
+        slot = m % self.sched.slots
+        last = self.stage == self.sched.stages - 1
+        held = [g[slot] for g in state["grad"]]
+        incoming = lax.cond(last, self.head_gradient, lambda state, m: held, state, m)
+        operands = []
+        for k, var in enumerate(self.bwd.invars):
+            kind, index = self.layout.source[k]
+            if kind == "residual":
+                operands.append(state["res"][index][slot])
+            elif kind == "gradient":
+                operands.append(incoming[index])
+            else:
+                dim = self.s.operand_batch_dim.get((self.s.backward, k))
+                value = _read(self.env, var)
+                operands.append(value if dim is None else self.rows(value, dim, m))
+        outs = run_eqn(self.mbwd, operands)
+        consts = self.bwd.params["num_consts"]
+        acc = list(state["acc"])
+        for j, value in enumerate(outs):
+            if j in self.layout.flowing:
+                continue
+            if j < self.n_bcarry:
+                value = value - operands[consts + j]
+            acc[j] = acc[j] + value
+        first = []
+        for i, j in enumerate(self.layout.flowing):
+            put = lax.dynamic_update_slice_in_dim(
+                state["first"][i], outs[j], m * self.s.micro_rows, self._bwd_dim(j))
+            first.append(jnp.where(self.stage == 0, put, state["first"][i]))
+        return {**state, "acc": acc, "first": first}, [outs[j] for j in self.layout.flowing]
+
+    def skip_backward(self, state: dict[str, list[Any]], m: Any) -> tuple[dict[str, list[Any]], list[Any]]:
+        del m
+        return state, [jnp.zeros(self.mbwd.outvars[j].aval.shape, self.mbwd.outvars[j].aval.dtype)
+                       for j in self.layout.flowing]
+
+    # --- after the schedule ------------------------------------------------------------
+    def finish(self, state: dict[str, list[Any]], env: Env) -> None:
+        last = self.sched.stages - 1
+        for j, buf in enumerate(state["out"]):
+            env[self.fwd.outvars[j]] = self.gather(buf, self.s.result_batch_dim[(self.s.forward, j)])
+        run_eqns(list(self.layout.late), env)
+        head_made = {v for eqn in self.layout.late for v in eqn.outvars}
+        head_made |= set(self.fwd.outvars[: self.n_fcarry])
+        for var in head_made & self.used_later:
+            env[var] = self.from_stage(env[var], last)
+        consts = self.bwd.params["num_consts"]
+        for j, var in enumerate(self.bwd.outvars):
+            if isinstance(var, DropVar) or var not in self.used_later:
+                continue
+            if j in self.layout.flowing:
+                i = self.layout.flowing.index(j)
+                env[var] = self.from_stage(self.gather(state["first"][i], self._bwd_dim(j)), 0)
+                continue
+            if (self.s.backward, j) in self.s.result_batch_dim:
+                raise UnsupportedError(
+                    "Pipeline: the step reads a per-example gradient of the layer loop's "
+                    "per-layer inputs; Pipeline supports per-layer inputs without a batch dim"
+                )
+            total = state["acc"][j]
+            if self.p.data_axis is not None:
+                total = lax.psum(total, self.p.data_axis)
+            if j < self.n_bcarry:
+                # a gradient of a value every layer reads: each stage's layers add to it
+                init = _read(env, self.bwd.invars[consts + j])
+                total = lax.psum(total, self.p.axis) + init
+            env[var] = total

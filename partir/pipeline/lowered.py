@@ -1,0 +1,123 @@
+"""A pipelined step, lowered: its structure, schedule, program and report.
+
+What `partir.jit(...).lower(*args)` returns when the tactics hold a
+`Pipeline`: the same questions as `partir.api.Lowered` (compile it, report
+it, estimate it), answered for a program built from the step's jaxpr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from dialects.errors import PartirValueError
+from partir.cost.pipeline import PipelineEstimate, estimate_pipeline
+from partir.cost.profile import Profile
+from partir.mesh import Mesh
+from partir.pipeline.engine import PipelineProgram
+from partir.report.pipeline import PipelineReport
+from partir.pipeline.schedule import Schedule, make_schedule
+from partir.pipeline.structure import StepStructure, find_structure
+from partir.pipeline.tactic import Pipeline
+from partir.tactics import Tactic
+
+
+@dataclass
+class PipelinedCompiled:
+    """The pipelined step, jitted for one argument signature."""
+
+    run: Callable[..., Any]
+    out_tree: Any
+    in_shardings: list[NamedSharding]
+
+    def __call__(self, *args: Any) -> Any:
+        leaves = [jax.device_put(x, s) for x, s in
+                  zip(jax.tree_util.tree_leaves(tuple(args)), self.in_shardings, strict=True)]
+        return jax.tree_util.tree_unflatten(self.out_tree, list(self.run(*leaves)))
+
+
+@dataclass
+class PipelinedLowered:
+    """Every part of one pipelined step, without running it."""
+
+    tactic: Pipeline
+    mesh: Mesh
+    jax_mesh: jax.sharding.Mesh
+    structure: StepStructure
+    schedule: Schedule
+    program: PipelineProgram
+    out_tree: Any
+    _compiled: PipelinedCompiled | None = field(default=None, repr=False)
+
+    @property
+    def in_specs(self) -> list[P]:
+        return [P(self.tactic.axis) if i in self.structure.stacked else P()
+                for i in range(len(self.structure.arg_names))]
+
+    @property
+    def out_specs(self) -> list[P]:
+        count = len(self.structure.local.jaxpr.outvars)
+        return [P(self.tactic.axis) if i in self.structure.stacked_results else P()
+                for i in range(count)]
+
+    def function(self) -> Callable[..., Any]:
+        """The jitted SPMD program on the flat argument leaves."""
+        body = jax.shard_map(
+            self.program.body(), mesh=self.jax_mesh, in_specs=tuple(self.in_specs),
+            out_specs=self.out_specs, check_vma=False,
+        )
+        return jax.jit(body)
+
+    def compile(self) -> PipelinedCompiled:
+        if self._compiled is None:
+            shardings = [NamedSharding(self.jax_mesh, spec) for spec in self.in_specs]
+            self._compiled = PipelinedCompiled(self.function(), self.out_tree, shardings)
+        return self._compiled
+
+    def compiled_text(self, *args: Any) -> str:
+        """XLA's optimized HLO of the step at `args` (for its collectives)."""
+        leaves = jax.tree_util.tree_leaves(tuple(args))
+        shardings = [NamedSharding(self.jax_mesh, spec) for spec in self.in_specs]
+        placed = [jax.device_put(x, s) for x, s in zip(leaves, shardings, strict=True)]
+        return self.function().lower(*placed).compile().as_text()
+
+    def report(self, profile: Profile | str | None = None) -> PipelineReport:
+        """The schedule's timeline, the transfers on the stage axis, the buffers
+        per stage; with `profile`, the predicted step (`estimate`)."""
+        chosen = Profile.load(profile) if isinstance(profile, str) else profile
+        return PipelineReport(self.tactic, self.schedule, self.structure,
+                              self.estimate(chosen) if chosen is not None else None)
+
+    def estimate(self, profile: Profile | str) -> PipelineEstimate:
+        chosen = profile if isinstance(profile, Profile) else Profile.load(profile)
+        return estimate_pipeline(self.structure, self.schedule, self.tactic.axis,
+                                 self.program.data_axis, self.mesh, chosen)
+
+
+def lower_pipeline(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    mesh: Mesh,
+    tactics: Sequence[Tactic],
+    jax_mesh: jax.sharding.Mesh,
+) -> PipelinedLowered:
+    """Split `fn`'s step over the `Pipeline` tactic's axis (see `partir.pipeline`)."""
+    pipelines = [t for t in tactics if isinstance(t, Pipeline)]
+    tactic = pipelines[0]
+    stages, data_axis, parts = tactic.check(mesh, [t for t in tactics if t is not tactic])
+    if any(not hasattr(x, "shape") and not isinstance(x, int | float)
+           for x in jax.tree_util.tree_leaves(tuple(args))):
+        raise PartirValueError("Pipeline: every argument leaf must be an array")
+    structure = find_structure(
+        fn, args, stages=stages, microbatches=tactic.microbatches, data_parts=parts,
+        stacked=tactic.stacked, axis=tactic.axis,
+    )
+    schedule = make_schedule(tactic.schedule, stages, tactic.microbatches)
+    program = PipelineProgram(structure, schedule, tactic.axis, data_axis, parts)
+    out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
+    return PipelinedLowered(tactic, mesh, jax_mesh, structure, schedule, program, out_tree)

@@ -1,0 +1,328 @@
+"""A training step's pipeline structure, read from its jaxpr.
+
+A step that differentiates a loss through a `lax.scan` over stacked layers
+traces (`jax.make_jaxpr`) to five segments:
+
+    pre      the ops before the layer loop (embedding; whatever makes its carry)
+    forward  the scan over the layers (its carry: the activation; its outputs
+             beyond the carry: the residuals the backward reads)
+    head     the ops between the loops (the loss, and its gradient, the
+             backward's carry on entry)
+    backward the reverse scan JAX's transpose made (its outputs: the gradient
+             of the carry and of each stacked leaf)
+    update   the ops after it (the optimizer)
+
+The step is traced three times: as given; with every stacked leaf (the
+loop's parameters and the optimizer state that mirrors them) cut to one
+stage's layers; and with that and the data cut to one microbatch of one
+data-parallel shard. The traces align op for op, so comparing them says
+which dim of each loop operand is the batch (it shrinks with the
+microbatch), which results are stacked (they shrink with the layers), and
+whether an op outside the loops mixes layers (its operand shrinks, its
+result does not: a stage would then see only its own layers' part).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import ClosedJaxpr, JaxprEqn, Literal, Var
+from xdsl.dialects.builtin import StringAttr
+
+from dialects.errors import PartirValueError, UnsupportedError
+from dialects.escaping import quoted
+from partir.importer import argument_paths, result_paths
+from partir.roles import Roles
+from partir.selectors import display_path, select, slash_path
+
+
+class PipelineError(PartirValueError):
+    """A step `Pipeline` cannot split into stages, with what to change."""
+
+
+def _name(path: str) -> str:
+    return quoted(display_path(path))
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    """An argument or result for `partir.roles` (its `NamedLeaf`)."""
+
+    name: str
+    type: StringAttr
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StepStructure:
+    """Where a step's layer loops are, and how each value splits."""
+
+    local: ClosedJaxpr
+    """The step with each stacked leaf cut to one stage's layers, at the full batch."""
+    micro: ClosedJaxpr
+    """The same, on one microbatch of one data-parallel shard."""
+    forward: int
+    backward: int
+    """Indices of the two loops in `local.jaxpr.eqns` (and `micro`'s)."""
+    layers: int
+    stacked: tuple[int, ...]
+    """Argument leaves split over the stage axis on dim 0 (the loop's parameters, and
+    the optimizer state mirroring them)."""
+    stacked_results: tuple[int, ...]
+    batch: int
+    """The global batch; `micro` runs `batch // (microbatches * data_parts)` rows of it."""
+    micro_rows: int
+    operand_batch_dim: dict[tuple[int, int], int]
+    """(loop eqn index, operand index) -> its batch dim, for operands that have one."""
+    result_batch_dim: dict[tuple[int, int], int]
+    arg_names: tuple[str, ...]
+
+    @property
+    def forward_eqn(self) -> JaxprEqn:
+        return self.local.jaxpr.eqns[self.forward]
+
+    @property
+    def backward_eqn(self) -> JaxprEqn:
+        return self.local.jaxpr.eqns[self.backward]
+
+    @property
+    def micro_forward(self) -> JaxprEqn:
+        return self.micro.jaxpr.eqns[self.forward]
+
+    @property
+    def micro_backward(self) -> JaxprEqn:
+        return self.micro.jaxpr.eqns[self.backward]
+
+    def carries(self, eqn: JaxprEqn) -> range:
+        consts = eqn.params["num_consts"]
+        return range(consts, consts + eqn.params["num_carry"])
+
+
+def _flat(fn: Callable[..., Any], tree: Any) -> Callable[..., Any]:
+    def flat(*leaves: Any) -> Any:
+        return jax.tree_util.tree_leaves(fn(*jax.tree_util.tree_unflatten(tree, list(leaves))))
+
+    return flat
+
+
+def _trace(fn: Callable[..., Any], shapes: Sequence[jax.ShapeDtypeStruct]) -> ClosedJaxpr:
+    return jax.make_jaxpr(fn)(*shapes)
+
+
+def _is_scan(eqn: JaxprEqn) -> bool:
+    return eqn.primitive.name == "scan"
+
+
+def find_structure(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    stages: int,
+    microbatches: int,
+    data_parts: int,
+    stacked: str | Sequence[str] | None,
+    axis: str,
+) -> StepStructure:
+    """Trace `fn` at `args` and split it as the module docstring says, or raise
+    a `PipelineError` naming what does not fit and what to do."""
+    leaves, tree = jax.tree_util.tree_flatten(tuple(args))
+    names = argument_paths(fn, args)
+    flat = _flat(fn, tree)
+    shapes = [jax.ShapeDtypeStruct(np.shape(x), jax.dtypes.canonicalize_dtype(np.result_type(x)))
+              for x in leaves]
+    full = _trace(flat, shapes)
+    invar_index = {v: i for i, v in enumerate(full.jaxpr.invars)}
+    forward = _find_forward(full, invar_index, names, stacked)
+    eqn = full.jaxpr.eqns[forward]
+    layers = eqn.params["length"]
+    if layers % stages:
+        raise PipelineError(
+            f"Pipeline({quoted(axis)}): {layers} layers do not split over {stages} stages; "
+            f"use an axis of a size dividing {layers}, or a stack of a multiple of {stages} layers"
+        )
+    params = _stacked_params(full, forward, invar_index, names, stacked, layers)
+    mirrored = _with_mirrors(params, names, shapes)
+    out_info = jax.eval_shape(fn, *args)
+    result_leaves = [
+        _Leaf(n, StringAttr(str(a.dtype)), tuple(a.shape))
+        for n, a in zip(result_paths(out_info), jax.tree_util.tree_leaves(out_info), strict=True)
+    ]
+    arg_leaves = [_Leaf(n, StringAttr(str(s.dtype)), tuple(s.shape)) for n, s in zip(names, shapes)]
+    data = Roles.of(arg_leaves, result_leaves).data(
+        [leaf for i, leaf in enumerate(arg_leaves) if i not in mirrored]
+    )
+    if isinstance(data, str):
+        raise PipelineError(f"Pipeline({quoted(axis)}): {data}")
+    batch = data[0].shape[0]
+    parts = microbatches * data_parts
+    if microbatches < 1 or batch % parts:
+        split = f"{microbatches} microbatches" + (
+            f" x {data_parts} data-parallel shards" if data_parts > 1 else ""
+        )
+        raise PipelineError(
+            f"Pipeline({quoted(axis)}): the batch of {batch} ({_name(data[0].name)}) does not "
+            f"split into {split}; choose microbatches dividing {batch // data_parts}"
+            if batch % data_parts == 0 else
+            f"Pipeline({quoted(axis)}): the batch of {batch} does not split over "
+            f"{data_parts} data-parallel shards"
+        )
+    data_index = {names.index(leaf.name) for leaf in data}
+    per_stage = layers // stages
+    local_shapes = [
+        jax.ShapeDtypeStruct((per_stage, *s.shape[1:]), s.dtype) if i in mirrored else s
+        for i, s in enumerate(shapes)
+    ]
+    micro_shapes = [
+        jax.ShapeDtypeStruct((batch // parts, *s.shape[1:]), s.dtype) if i in data_index else s
+        for i, s in enumerate(local_shapes)
+    ]
+    local, micro = _trace(flat, local_shapes), _trace(flat, micro_shapes)
+    _check_aligned(full, local, micro)
+    backward = _find_backward(local, forward)
+    _check_layerwise(full, local, forward, backward)
+    operand_dims, result_dims = {}, {}
+    for index in (forward, backward):
+        big, small = local.jaxpr.eqns[index], micro.jaxpr.eqns[index]
+        for k, (a, b) in enumerate(zip(big.invars, small.invars, strict=True)):
+            dim = _batch_dim(a.aval.shape, b.aval.shape)
+            if dim is not None:
+                operand_dims[(index, k)] = dim
+        for k, (a, b) in enumerate(zip(big.outvars, small.outvars, strict=True)):
+            dim = _batch_dim(a.aval.shape, b.aval.shape)
+            if dim is not None:
+                result_dims[(index, k)] = dim
+    stacked_results = tuple(
+        i for i, (a, b) in enumerate(zip(full.jaxpr.outvars, local.jaxpr.outvars, strict=True))
+        if a.aval.shape != b.aval.shape
+    )
+    structure = StepStructure(
+        local, micro, forward, backward, layers, tuple(sorted(mirrored)), stacked_results,
+        batch, batch // parts, operand_dims, result_dims, tuple(names),
+    )
+    _check_carries(structure, axis)
+    return structure
+
+
+def _find_forward(
+    full: ClosedJaxpr, invar_index: dict[Any, int], names: list[str],
+    stacked: str | Sequence[str] | None,
+) -> int:
+    chosen = set(select(stacked, names)) if stacked is not None else None
+    if chosen is not None and not chosen:
+        raise PipelineError(
+            f"Pipeline: stacked={stacked!r} selects no argument; the arguments are "
+            + ", ".join(_name(n) for n in names[:8]) + (" ..." if len(names) > 8 else "")
+        )
+    for i, eqn in enumerate(full.jaxpr.eqns):
+        if not _is_scan(eqn) or eqn.params["reverse"]:
+            continue
+        xs = eqn.invars[eqn.params["num_consts"] + eqn.params["num_carry"]:]
+        read = {invar_index[v] for v in xs if isinstance(v, Var) and v in invar_index}
+        if read and (chosen is None or read & chosen):
+            return i
+    what = "the selected leaves" if chosen else "stacked arguments"
+    raise PipelineError(
+        f"Pipeline: found no loop over {what} in the step: Pipeline splits a `lax.scan` "
+        "whose xs are parameters stacked on a leading layer dim (as `examples.scanned_stack` "
+        "writes them); write the layers as such a scan, or name them with stacked="
+    )
+
+
+def _stacked_params(
+    full: ClosedJaxpr, forward: int, invar_index: dict[Any, int], names: list[str],
+    stacked: str | Sequence[str] | None, layers: int,
+) -> set[int]:
+    eqn = full.jaxpr.eqns[forward]
+    xs = eqn.invars[eqn.params["num_consts"] + eqn.params["num_carry"]:]
+    found = {invar_index[v] for v in xs if isinstance(v, Var) and v in invar_index}
+    if stacked is not None:
+        found = set(select(stacked, names))
+    for i in sorted(found):
+        shape = full.jaxpr.invars[i].aval.shape
+        if not shape or shape[0] != layers:
+            raise PipelineError(
+                f"Pipeline: {_name(names[i])} (shape {tuple(shape)}) is not stacked on a "
+                f"leading layer dim of {layers}, the loop's length; select only the loop's "
+                "stacked parameters with stacked="
+            )
+    return found
+
+
+def _with_mirrors(
+    params: set[int], names: list[str], shapes: Sequence[jax.ShapeDtypeStruct]
+) -> set[int]:
+    """The stacked parameters and every leaf of the same shape whose path ends with
+    one's path below its root (the optimizer's copies, `opt_state/m/blocks/w`)."""
+    tails = {(tuple(slash_path(names[i]).split("/")[1:]), shapes[i].shape) for i in params}
+    chosen = set(params)
+    for i, name in enumerate(names):
+        segments = tuple(slash_path(name).split("/")[1:])
+        for tail, shape in tails:
+            if tail and shapes[i].shape == shape and segments[-len(tail):] == tail:
+                chosen.add(i)
+    return chosen
+
+
+def _find_backward(local: ClosedJaxpr, forward: int) -> int:
+    made = set(local.jaxpr.eqns[forward].outvars)
+    for i, eqn in enumerate(local.jaxpr.eqns[forward + 1:], forward + 1):
+        if _is_scan(eqn) and eqn.params["reverse"] and made & set(eqn.invars):
+            return i
+    raise PipelineError(
+        "Pipeline: the step has no backward loop over the layers: Pipeline partitions a "
+        "training step (jax.grad or jax.value_and_grad of a loss through the stacked "
+        "loop); a forward pass alone needs no pipeline schedule"
+    )
+
+
+def _check_aligned(*traces: ClosedJaxpr) -> None:
+    kinds = [[e.primitive.name for e in t.jaxpr.eqns] for t in traces]
+    if any(k != kinds[0] for k in kinds):
+        raise UnsupportedError(
+            "Pipeline: the step traces to different programs for one stage's layers or "
+            "one microbatch (its Python code branches on a shape); Pipeline needs one program"
+        )
+
+
+def _batch_dim(big: tuple[int, ...], small: tuple[int, ...]) -> int | None:
+    dims = [d for d, (a, b) in enumerate(zip(big, small, strict=True)) if a != b]
+    if len(dims) > 1:
+        raise UnsupportedError(
+            f"Pipeline: a value of the layer loop of shape {big} shrinks on dims {dims} "
+            "with the microbatch; Pipeline needs one batch dim"
+        )
+    return dims[0] if dims else None
+
+
+def _check_layerwise(full: ClosedJaxpr, local: ClosedJaxpr, forward: int, backward: int) -> None:
+    """Outside the loops, an op reading a stacked value must keep its layers apart
+    (its result shrinks with the layers too): each stage runs it on its own."""
+    for i, (a, b) in enumerate(zip(full.jaxpr.eqns, local.jaxpr.eqns, strict=True)):
+        if i in (forward, backward):
+            continue
+        shrinks = any(
+            not isinstance(x, Literal) and x.aval.shape != y.aval.shape
+            for x, y in zip(a.invars, b.invars, strict=True)
+        )
+        kept = [x for x, y in zip(a.outvars, b.outvars, strict=True) if x.aval.shape == y.aval.shape]
+        if shrinks and kept:
+            raise UnsupportedError(
+                f"Pipeline: `{a.primitive.name}` outside the layer loop combines the layers of "
+                "a stacked value (a norm over all gradients, for one); each stage holds only "
+                "its own layers, so compute it per layer or inside the loop"
+            )
+
+
+def _check_carries(s: StepStructure, axis: str) -> None:
+    eqn = s.forward_eqn
+    for k in s.carries(eqn):
+        if (s.forward, k) not in s.operand_batch_dim:
+            raise UnsupportedError(
+                f"Pipeline({quoted(axis)}): the layer loop carries a value of shape "
+                f"{tuple(eqn.invars[k].aval.shape)} without a batch dim besides its "
+                "activation; carry per-example values only"
+            )

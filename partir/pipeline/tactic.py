@@ -1,0 +1,86 @@
+"""`partir.Pipeline`: pipeline parallelism over a mesh axis.
+
+The layer loop's stacked parameters are split over `axis` on their layer
+dim (each stage owns `layers / |axis|` consecutive layers), the batch into
+`microbatches`, and the step runs `schedule` ("gpipe" or "1f1b",
+`partir.pipeline.schedule.ORDERS`) as one SPMD program: microbatches move
+between neighbouring stages by `lax.ppermute`, so the result needs nothing
+beyond JAX (`partir.pipeline.engine`).
+
+Unlike the tiling tactics it restructures the whole step (one loop over
+time steps holding both the forward and the backward loop), so
+`partir.jit` runs it on the step's jaxpr rather than as a partitioning of
+the imported IR; a `BatchParallel` on another axis splits each
+microbatch's rows over that axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from dialects.errors import PartirTypeError
+from dialects.escaping import quoted
+from partir.mesh import Mesh
+from partir.pipeline.schedule import ORDERS
+from partir.plan import Plan, ProgramView, TacticError
+from partir.tactics import BatchParallel, Tactic
+
+
+@dataclass(frozen=True)
+class Pipeline(Tactic):
+    """Pipeline the layer loop over `axis` with `microbatches` under `schedule`.
+
+    `stacked` selects the loop's stacked parameters (by default, the leaves the
+    step's first `lax.scan` over arguments reads as xs)."""
+
+    axis: str
+    microbatches: int
+    schedule: str = "1f1b"
+    stacked: str | Sequence[str] | None = None
+
+    CLI_NAME: ClassVar[str] = "partir-pipeline"
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
+        raise TacticError(
+            f"Pipeline({quoted(self.axis)}) restructures the whole training step, which "
+            "partir.jit does on the step's jaxpr; it is not a tiling of imported IR "
+            "(partir.partition / partir-opt): call the step through partir.jit"
+        )
+
+    def check(self, mesh: Mesh, others: Sequence[Tactic]) -> tuple[int, str | None, int]:
+        """(stages, data-parallel axis or None, its size), or a clear error."""
+        if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int):
+            raise PartirTypeError(
+                f"Pipeline: microbatches is a number, got {self.microbatches!r}; "
+                "e.g. Pipeline(\"stage\", microbatches=8)"
+            )
+        if self.microbatches < 1:
+            raise TacticError(f"Pipeline: microbatches must be at least 1, got {self.microbatches}")
+        if self.schedule not in ORDERS:
+            raise TacticError(
+                f"Pipeline: unknown schedule {self.schedule!r}; the schedules are "
+                + ", ".join(repr(n) for n in ORDERS)
+            )
+        stages = mesh.check_axis(self.axis, "Pipeline")
+        data_axis, parts = None, 1
+        for other in others:
+            if isinstance(other, Pipeline):
+                raise TacticError("Pipeline: one Pipeline per step; the tactics list two")
+            if not isinstance(other, BatchParallel) or other.inputs is not None or other.dim != 0:
+                raise TacticError(
+                    f"Pipeline composes with BatchParallel(axis) on another axis; {other!r} "
+                    "on the pipelined step is not supported yet (Megatron and ZeRO inside "
+                    "a stage are future work): drop it, or partition without Pipeline"
+                )
+            if data_axis is not None:
+                raise TacticError("Pipeline: at most one BatchParallel beside it")
+            parts = mesh.check_axis(other.axis, other.name)
+            if other.axis == self.axis:
+                raise TacticError(
+                    f"Pipeline and BatchParallel both name the axis {quoted(self.axis)}; "
+                    "give the data-parallel split another axis of the mesh"
+                )
+            data_axis = other.axis
+        return stages, data_axis, parts
