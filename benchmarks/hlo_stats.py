@@ -12,6 +12,7 @@ written.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 
 DTYPE_BYTES = {
@@ -136,3 +137,47 @@ def describe(stats: dict[str, dict[str, int]]) -> str:
     }
     parts = [f"{short[k]}×{v['count']}" for k, v in sorted(stats.items()) if k != "total"]
     return " ".join(parts) or "none"
+
+
+_GROUPS = re.compile(
+    r"(?:replica_groups|source_target_pairs)=\{(?P<groups>\{[\d,]*\}(?:,\{[\d,]*\})*)\}"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class HloCollective:
+    """One collective of a compiled program: its kind, per-device bytes, how
+    often a run executes it, and its device groups (a collective permute's
+    (source, target) pairs)."""
+
+    kind: str
+    bytes: int
+    times: int
+    groups: tuple[tuple[int, ...], ...]
+
+
+def collective_ops(hlo_text: str) -> list[HloCollective]:
+    """Every collective of `hlo_text` with its explicit device groups (per run,
+    as `collective_stats` counts them)."""
+    runs = runs_per_step(hlo_text)
+    found = []
+    times = 1
+    for line in hlo_text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            times = runs.get(header.group("name"), 1)
+            continue
+        m = _LINE.search(line)
+        if not m or "-done" in line.split("=")[0]:
+            continue
+        result = m.group("result")
+        if m.group("start") and result.startswith("("):
+            shapes = _SHAPE.findall(result)
+            result = " ".join(f"{d}[{s}]" for d, s in shapes[len(shapes) // 2 :])
+        groups = _GROUPS.search(line)
+        parsed = tuple(
+            tuple(int(d) for d in g.split(",") if d)
+            for g in re.findall(r"\{([\d,]*)\}", groups.group("groups"))
+        ) if groups else ()
+        found.append(HloCollective(m.group("kind"), _bytes(result), times, parsed))
+    return found

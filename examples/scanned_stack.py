@@ -5,7 +5,8 @@
   by `lax.scan`, as flax `nn.scan`, MaxText and equinox write them; the
   training step is `value_and_grad` + Adam, as in `examples.stack_train_step`.
 - `mlp_program`: a plain `lax.scan` over a stacked residual MLP
-  (`layers["w_in"]` is `[N, D, H]`, `layers["w_out"]` is `[N, H, D]`).
+  (`layers["w_in"]` is `[N, D, H]`, `layers["w_out"]` is `[N, H, D]`);
+  `mlp_train_step` trains it (the pipelined MLP stack of `tests/test_pipeline.py`).
 - `fori_program`: a `fori_loop` carrying an activation through one shared
   MLP layer (`layer(layers, 0)`) a fixed number of times.
 - `until_program`: a `while_loop` through that layer whose trip count the
@@ -110,6 +111,25 @@ def mlp_args(seed: int = 0, layers_: int = 4, batch: int = 16, width: int = 32, 
         "w_out": layers.normal(rng, layers_, hidden, width),
     }
     return stacked, layers.normal(rng, batch, width, scale=1.0)
+
+
+def mlp_loss(params: layers.Params, x, y):
+    return layers.mse(mlp_program(params, x), y)
+
+
+def mlp_train_step(params: layers.Params, opt_state: layers.Params, x, y):
+    """`mlp_program`'s training step (`value_and_grad` + Adam): the pipelined MLP stack."""
+    return adam_step(mlp_loss, params, opt_state, x, y)
+
+
+def mlp_train_args(
+    seed: int = 0, layers_: int = 8, batch: int = 16, width: int = 32, hidden: int = 64
+):
+    """(params, opt_state, x, y) for `mlp_train_step`."""
+    params, x = mlp_args(seed, layers_, batch, width, hidden)
+    rng = np.random.default_rng(seed + 1)
+    opt_state = layers.adam_state_in_training(params, rng)
+    return params, opt_state, x, layers.normal(rng, *x.shape)
 
 
 def layer(stacked: layers.Params, i: int) -> layers.Params:

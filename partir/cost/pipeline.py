@@ -109,6 +109,10 @@ def _nbytes(avals: Any) -> int:
     return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals)
 
 
+ONE_DEVICE = {"device": 1}
+"""The mesh a stage's own work is estimated on: it runs on one device."""
+
+
 def _loop_seconds(eqn: Any, profile: Profile) -> float:
     """The estimate of one `scan` equation alone, on one device."""
     import jax
@@ -116,7 +120,9 @@ def _loop_seconds(eqn: Any, profile: Profile) -> float:
     from partir.pipeline.engine import run_eqn
 
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
-    return simulate(lambda *xs: run_eqn(eqn, list(xs)), avals, {}, [], profile).compute_seconds
+    return simulate(
+        lambda *xs: run_eqn(eqn, list(xs)), avals, ONE_DEVICE, [], profile
+    ).compute_seconds
 
 
 def estimate_pipeline(
@@ -132,7 +138,7 @@ def estimate_pipeline(
 
     micro = structure.micro
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in micro.jaxpr.invars]
-    whole = simulate(jaxpr_as_fun(micro), avals, {}, [], profile).compute_seconds
+    whole = simulate(jaxpr_as_fun(micro), avals, ONE_DEVICE, [], profile).compute_seconds
     forward = _loop_seconds(structure.micro_forward, profile)
     backward = _loop_seconds(structure.micro_backward, profile)
     axes = dict(mesh.axes)
@@ -142,18 +148,29 @@ def estimate_pipeline(
     grad = act
     permutes = sum(
         bool(schedule.forward_sends(t)) * collective_seconds("collective_permute", act, stage_link)
-        + bool(schedule.backward_sends(t)) * collective_seconds("collective_permute", grad, stage_link)
+        + bool(schedule.backward_sends(t))
+        * collective_seconds("collective_permute", grad, stage_link)
         for t in range(schedule.steps)
     )
     data = 0.0
     if data_axis is not None:
         ys = bwd.outvars[bwd.params["num_carry"] :]
-        data = collective_seconds("all_reduce", _nbytes(v.aval for v in ys),
-                                  profile.axis_levels(axes, (data_axis,)))
+        data = collective_seconds(
+            "all_reduce", _nbytes(v.aval for v in ys), profile.axis_levels(axes, (data_axis,))
+        )
     per_microbatch = act + _nbytes(v.aval for v in fwd.outvars) + grad
     stacked = _nbytes(structure.local.jaxpr.invars[i].aval for i in structure.stacked)
     return PipelineEstimate(
-        profile.name, schedule.name, schedule.stages, schedule.microbatches, schedule.steps,
-        forward, backward, max(0.0, whole - forward - backward), permutes, data,
-        schedule.slots * per_microbatch, stacked,
+        profile.name,
+        schedule.name,
+        schedule.stages,
+        schedule.microbatches,
+        schedule.steps,
+        forward,
+        backward,
+        max(0.0, whole - forward - backward),
+        permutes,
+        data,
+        schedule.slots * per_microbatch,
+        stacked,
     )

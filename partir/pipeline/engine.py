@@ -37,7 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -49,6 +48,12 @@ from partir.pipeline.structure import StepStructure
 
 Env = dict[Any, Any]
 IDLE, FORWARD, BACKWARD = 0, 1, 2
+
+
+def zeros_of(var: Any) -> Any:
+    """Zeros shaped like a jaxpr variable."""
+    aval: Any = var.aval
+    return jnp.zeros(aval.shape, aval.dtype)
 
 
 def _read(env: Env, v: Any) -> Any:
@@ -115,9 +120,10 @@ def backward_layout(s: StepStructure) -> Layout:
             source[k] = ("residual", results[var])
         elif isinstance(var, Var) and var in tainted:
             if k not in carries or (s.backward, k) not in s.operand_batch_dim:
+                aval: Any = var.aval
                 raise UnsupportedError(
                     "Pipeline: the backward layer loop reads a value of the head "
-                    f"(shape {tuple(var.aval.shape)}) other than the gradient of the loop's "
+                    f"(shape {tuple(aval.shape)}) other than the gradient of the loop's "
                     "output; Pipeline needs the head to read only the loop's final carry"
                 )
             source[k] = ("gradient", len(flowing))
@@ -131,7 +137,7 @@ def backward_layout(s: StepStructure) -> Layout:
                 )
             source[k] = ("env", -1)
     used_later = _used_after(s)
-    for i, var in enumerate(fwd.outvars[fwd.params["num_carry"] :]):
+    for _i, var in enumerate(fwd.outvars[fwd.params["num_carry"] :]):
         if var in used_later:
             raise UnsupportedError(
                 "Pipeline: the step reads the layer loop's per-layer outputs (scan ys) "
@@ -146,6 +152,14 @@ def _used_after(s: StepStructure) -> set[Any]:
     for eqn in jaxpr.eqns[s.backward + 1 :]:
         used |= {v for v in eqn.invars if isinstance(v, Var)}
     return used
+
+
+def handed_to_update(s: StepStructure) -> set[Any]:
+    """The head's values the update (or the step's results) reads: the last stage
+    computes them, and every stage gets them (one all-reduce on the stage axis)."""
+    made = {v for eqn in s.local.jaxpr.eqns[s.forward + 1 : s.backward] for v in eqn.outvars}
+    made |= set(s.forward_eqn.outvars[: s.forward_eqn.params["num_carry"]])
+    return made & _used_after(s)
 
 
 @dataclass(frozen=True)
@@ -221,13 +235,18 @@ class _Body:
         return {
             "act": [ring(self.mfwd.invars[k]) for k in self.fwd_carries],
             "res": [ring(v) for v in self.mfwd.outvars],
-            "grad": [ring(self.mbwd.invars[self.bwd.params["num_consts"] + j])
-                     for j in self.layout.flowing],
-            "out": [self.local_buffer(self.fwd.outvars[j], fwd_dims[j])
-                    for j in range(self.n_fcarry)],
-            "first": [self.local_buffer(self.bwd.outvars[j], self._bwd_dim(j))
-                      for j in self.layout.flowing],
-            "acc": [jnp.zeros(v.aval.shape, v.aval.dtype) for v in self.mbwd.outvars],
+            "grad": [
+                ring(self.mbwd.invars[self.bwd.params["num_consts"] + j])
+                for j in self.layout.flowing
+            ],
+            "out": [
+                self.local_buffer(self.fwd.outvars[j], fwd_dims[j]) for j in range(self.n_fcarry)
+            ],
+            "first": [
+                self.local_buffer(self.bwd.outvars[j], self._bwd_dim(j))
+                for j in self.layout.flowing
+            ],
+            "acc": [zeros_of(v) for v in self.mbwd.outvars],
         }
 
     def _bwd_dim(self, j: int) -> int:
@@ -235,8 +254,9 @@ class _Body:
 
     def time_step(self, t: int, state: dict[str, list[Any]]) -> dict[str, list[Any]]:
         row = self.sched.table[t]
-        kinds = np.array([IDLE if a is None else FORWARD if a.phase == "F" else BACKWARD
-                          for a in row], np.int32)
+        kinds = np.array(
+            [IDLE if a is None else FORWARD if a.phase == "F" else BACKWARD for a in row], np.int32
+        )
         micro = np.array([a.microbatch if a else 0 for a in row], np.int32)
         kind, m = jnp.asarray(kinds)[self.stage], jnp.asarray(micro)[self.stage]
         sent_f: list[Any] = []
@@ -248,8 +268,13 @@ class _Body:
         state = self.deliver(state, sent_f, self.sched.forward_sends(t), "act")
         return self.deliver(state, sent_b, self.sched.backward_sends(t), "grad")
 
-    def deliver(self, state: dict[str, list[Any]], sent: list[Any],
-                sends: list[tuple[int, int, int]], buffer: str) -> dict[str, list[Any]]:
+    def deliver(
+        self,
+        state: dict[str, list[Any]],
+        sent: list[Any],
+        sends: list[tuple[int, int, int]],
+        buffer: str,
+    ) -> dict[str, list[Any]]:
         """ppermute what each sender sent; each receiver keeps it in its slot."""
         if not sends:
             return state
@@ -258,23 +283,28 @@ class _Body:
         of = np.full(self.sched.stages, -1, np.int32)
         for _, b, m in sends:
             of[b] = m
-        m = jnp.asarray(of)[self.stage]
+        receiver_m = jnp.asarray(of)[self.stage]
 
         def keep(state: dict[str, list[Any]], m: Any) -> dict[str, list[Any]]:
             slot = m % self.sched.slots
-            ring = [lax.dynamic_update_index_in_dim(r, x, slot, 0)
-                    for r, x in zip(state[buffer], received, strict=True)]
+            ring = [
+                lax.dynamic_update_index_in_dim(r, x, slot, 0)
+                for r, x in zip(state[buffer], received, strict=True)
+            ]
             return {**state, buffer: ring}
 
-        return lax.cond(m >= 0, keep, lambda state, m: state, state, m)
+        return lax.cond(receiver_m >= 0, keep, lambda state, m: state, state, receiver_m)
 
     # --- actions --------------------------------------------------------------------
-    def forward(self, state: dict[str, list[Any]], m: Any) -> tuple[dict[str, list[Any]], list[Any]]:
+    def forward(
+        self, state: dict[str, list[Any]], m: Any
+    ) -> tuple[dict[str, list[Any]], list[Any]]:
         slot = m % self.sched.slots
         operands = []
         for k, var in enumerate(self.fwd.invars):
             dim = self.s.operand_batch_dim.get((self.s.forward, k))
             if k in self.fwd_carries:
+                assert dim is not None  # `find_structure` checked every carry has one
                 first = self.rows(_read(self.env, var), dim, m)
                 held = state["act"][self.fwd_carries.index(k)][slot]
                 operands.append(jnp.where(self.stage == 0, first, held))
@@ -283,8 +313,10 @@ class _Body:
             else:
                 operands.append(_read(self.env, var))
         outs = run_eqn(self.mfwd, operands)
-        res = [lax.dynamic_update_index_in_dim(r, x, slot, 0)
-               for r, x in zip(state["res"], outs, strict=True)]
+        res = [
+            lax.dynamic_update_index_in_dim(r, x, slot, 0)
+            for r, x in zip(state["res"], outs, strict=True)
+        ]
         last = self.stage == self.sched.stages - 1
         out = []
         for j, buf in enumerate(state["out"]):
@@ -293,9 +325,11 @@ class _Body:
             out.append(jnp.where(last, put, buf))
         return {**state, "res": res, "out": out}, outs[: self.n_fcarry]
 
-    def skip_forward(self, state: dict[str, list[Any]], m: Any) -> tuple[dict[str, list[Any]], list[Any]]:
+    def skip_forward(
+        self, state: dict[str, list[Any]], m: Any
+    ) -> tuple[dict[str, list[Any]], list[Any]]:
         del m
-        return state, [jnp.zeros(v.aval.shape, v.aval.dtype) for v in self.mfwd.outvars[: self.n_fcarry]]
+        return state, [zeros_of(v) for v in self.mfwd.outvars[: self.n_fcarry]]
 
     def head_gradient(self, state: dict[str, list[Any]], m: Any) -> list[Any]:
         """The gradient of the loop's output on microbatch `m`'s rows: the head run on
@@ -304,15 +338,21 @@ class _Body:
         for j, buf in enumerate(state["out"]):
             var = self.fwd.outvars[j]
             dim = self.s.result_batch_dim[(self.s.forward, j)]
-            whole = jnp.zeros(var.aval.shape, var.aval.dtype)
-            env[var] = lax.dynamic_update_slice_in_dim(whole, buf, self.shard * self.local_rows, dim)
+            whole = zeros_of(var)
+            env[var] = lax.dynamic_update_slice_in_dim(
+                whole, buf, self.shard * self.local_rows, dim
+            )
         wanted = [k for k, (kind, _) in self.layout.source.items() if kind == "gradient"]
         targets = {self.bwd.invars[k] for k in wanted}
         run_eqns(_needed(list(self.layout.late), targets), env)
-        return [self.rows(env[self.bwd.invars[k]], self.s.operand_batch_dim[(self.s.backward, k)], m)
-                for k in wanted]
+        return [
+            self.rows(env[self.bwd.invars[k]], self.s.operand_batch_dim[(self.s.backward, k)], m)
+            for k in wanted
+        ]
 
-    def backward(self, state: dict[str, list[Any]], m: Any) -> tuple[dict[str, list[Any]], list[Any]]:
+    def backward(
+        self, state: dict[str, list[Any]], m: Any
+    ) -> tuple[dict[str, list[Any]], list[Any]]:
         slot = m % self.sched.slots
         last = self.stage == self.sched.stages - 1
         held = [g[slot] for g in state["grad"]]
@@ -340,24 +380,26 @@ class _Body:
         first = []
         for i, j in enumerate(self.layout.flowing):
             put = lax.dynamic_update_slice_in_dim(
-                state["first"][i], outs[j], m * self.s.micro_rows, self._bwd_dim(j))
+                state["first"][i], outs[j], m * self.s.micro_rows, self._bwd_dim(j)
+            )
             first.append(jnp.where(self.stage == 0, put, state["first"][i]))
         return {**state, "acc": acc, "first": first}, [outs[j] for j in self.layout.flowing]
 
-    def skip_backward(self, state: dict[str, list[Any]], m: Any) -> tuple[dict[str, list[Any]], list[Any]]:
+    def skip_backward(
+        self, state: dict[str, list[Any]], m: Any
+    ) -> tuple[dict[str, list[Any]], list[Any]]:
         del m
-        return state, [jnp.zeros(self.mbwd.outvars[j].aval.shape, self.mbwd.outvars[j].aval.dtype)
-                       for j in self.layout.flowing]
+        return state, [zeros_of(self.mbwd.outvars[j]) for j in self.layout.flowing]
 
     # --- after the schedule ------------------------------------------------------------
     def finish(self, state: dict[str, list[Any]], env: Env) -> None:
         last = self.sched.stages - 1
         for j, buf in enumerate(state["out"]):
-            env[self.fwd.outvars[j]] = self.gather(buf, self.s.result_batch_dim[(self.s.forward, j)])
+            env[self.fwd.outvars[j]] = self.gather(
+                buf, self.s.result_batch_dim[(self.s.forward, j)]
+            )
         run_eqns(list(self.layout.late), env)
-        head_made = {v for eqn in self.layout.late for v in eqn.outvars}
-        head_made |= set(self.fwd.outvars[: self.n_fcarry])
-        for var in head_made & self.used_later:
+        for var in handed_to_update(self.s):
             env[var] = self.from_stage(env[var], last)
         consts = self.bwd.params["num_consts"]
         for j, var in enumerate(self.bwd.outvars):

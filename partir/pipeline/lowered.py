@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -20,10 +21,10 @@ from partir.cost.pipeline import PipelineEstimate, estimate_pipeline
 from partir.cost.profile import Profile
 from partir.mesh import Mesh
 from partir.pipeline.engine import PipelineProgram
-from partir.report.pipeline import PipelineReport
 from partir.pipeline.schedule import Schedule, make_schedule
 from partir.pipeline.structure import StepStructure, find_structure
 from partir.pipeline.tactic import Pipeline
+from partir.report.pipeline import PipelineReport
 from partir.tactics import Tactic
 
 
@@ -36,9 +37,21 @@ class PipelinedCompiled:
     in_shardings: list[NamedSharding]
 
     def __call__(self, *args: Any) -> Any:
-        leaves = [jax.device_put(x, s) for x, s in
-                  zip(jax.tree_util.tree_leaves(tuple(args)), self.in_shardings, strict=True)]
+        leaves = place(jax.tree_util.tree_leaves(tuple(args)), self.in_shardings)
         return jax.tree_util.tree_unflatten(self.out_tree, list(self.run(*leaves)))
+
+
+def place(leaves: Sequence[Any], shardings: Sequence[NamedSharding]) -> list[Any]:
+    """Host values as global arrays: each process supplies its devices' parts of
+    the same values (one process, or several under `jax.distributed`)."""
+    placed = []
+    for x, sharding in zip(leaves, shardings, strict=True):
+        if isinstance(x, jax.Array) and x.sharding == sharding:
+            placed.append(x)
+            continue
+        host = np.asarray(x)
+        placed.append(jax.make_array_from_callback(host.shape, sharding, lambda i, h=host: h[i]))
+    return placed
 
 
 @dataclass
@@ -56,20 +69,27 @@ class PipelinedLowered:
 
     @property
     def in_specs(self) -> list[P]:
-        return [P(self.tactic.axis) if i in self.structure.stacked else P()
-                for i in range(len(self.structure.arg_names))]
+        return [
+            P(self.tactic.axis) if i in self.structure.stacked else P()
+            for i in range(len(self.structure.arg_names))
+        ]
 
     @property
     def out_specs(self) -> list[P]:
         count = len(self.structure.local.jaxpr.outvars)
-        return [P(self.tactic.axis) if i in self.structure.stacked_results else P()
-                for i in range(count)]
+        return [
+            P(self.tactic.axis) if i in self.structure.stacked_results else P()
+            for i in range(count)
+        ]
 
-    def function(self) -> Callable[..., Any]:
+    def function(self) -> Any:
         """The jitted SPMD program on the flat argument leaves."""
         body = jax.shard_map(
-            self.program.body(), mesh=self.jax_mesh, in_specs=tuple(self.in_specs),
-            out_specs=self.out_specs, check_vma=False,
+            self.program.body(),
+            mesh=self.jax_mesh,
+            in_specs=tuple(self.in_specs),
+            out_specs=self.out_specs,
+            check_vma=False,
         )
         return jax.jit(body)
 
@@ -79,24 +99,40 @@ class PipelinedLowered:
             self._compiled = PipelinedCompiled(self.function(), self.out_tree, shardings)
         return self._compiled
 
-    def compiled_text(self, *args: Any) -> str:
-        """XLA's optimized HLO of the step at `args` (for its collectives)."""
+    def executable(self, *args: Any) -> tuple[Any, list[Any]]:
+        """XLA's executable of the step at `args` and the argument leaves placed
+        for it: `exe(*leaves)` runs it, `exe.as_text()` is its optimized HLO (its
+        collectives), `exe.memory_analysis()` its buffers."""
         leaves = jax.tree_util.tree_leaves(tuple(args))
         shardings = [NamedSharding(self.jax_mesh, spec) for spec in self.in_specs]
-        placed = [jax.device_put(x, s) for x, s in zip(leaves, shardings, strict=True)]
-        return self.function().lower(*placed).compile().as_text()
+        placed = place(leaves, shardings)
+        return self.function().lower(*placed).compile(), placed
+
+    def unflatten(self, leaves: Sequence[Any]) -> Any:
+        """The step's results as its pytree, from the executable's flat results."""
+        return jax.tree_util.tree_unflatten(self.out_tree, list(leaves))
 
     def report(self, profile: Profile | str | None = None) -> PipelineReport:
         """The schedule's timeline, the transfers on the stage axis, the buffers
         per stage; with `profile`, the predicted step (`estimate`)."""
         chosen = Profile.load(profile) if isinstance(profile, str) else profile
-        return PipelineReport(self.tactic, self.schedule, self.structure,
-                              self.estimate(chosen) if chosen is not None else None)
+        return PipelineReport(
+            self.tactic,
+            self.schedule,
+            self.structure,
+            self.estimate(chosen) if chosen is not None else None,
+        )
 
     def estimate(self, profile: Profile | str) -> PipelineEstimate:
         chosen = profile if isinstance(profile, Profile) else Profile.load(profile)
-        return estimate_pipeline(self.structure, self.schedule, self.tactic.axis,
-                                 self.program.data_axis, self.mesh, chosen)
+        return estimate_pipeline(
+            self.structure,
+            self.schedule,
+            self.tactic.axis,
+            self.program.data_axis,
+            self.mesh,
+            chosen,
+        )
 
 
 def lower_pipeline(
@@ -110,12 +146,19 @@ def lower_pipeline(
     pipelines = [t for t in tactics if isinstance(t, Pipeline)]
     tactic = pipelines[0]
     stages, data_axis, parts = tactic.check(mesh, [t for t in tactics if t is not tactic])
-    if any(not hasattr(x, "shape") and not isinstance(x, int | float)
-           for x in jax.tree_util.tree_leaves(tuple(args))):
+    if any(
+        not hasattr(x, "shape") and not isinstance(x, int | float)
+        for x in jax.tree_util.tree_leaves(tuple(args))
+    ):
         raise PartirValueError("Pipeline: every argument leaf must be an array")
     structure = find_structure(
-        fn, args, stages=stages, microbatches=tactic.microbatches, data_parts=parts,
-        stacked=tactic.stacked, axis=tactic.axis,
+        fn,
+        args,
+        stages=stages,
+        microbatches=tactic.microbatches,
+        data_parts=parts,
+        stacked=tactic.stacked,
+        axis=tactic.axis,
     )
     schedule = make_schedule(tactic.schedule, stages, tactic.microbatches)
     program = PipelineProgram(structure, schedule, tactic.axis, data_axis, parts)

@@ -105,7 +105,9 @@ class Schedule:
     @property
     def transfers(self) -> int:
         """Point-to-point transfers of one microbatch's activation or gradient."""
-        return sum(len(self.forward_sends(t)) + len(self.backward_sends(t)) for t in range(self.steps))
+        return sum(
+            len(self.forward_sends(t)) + len(self.backward_sends(t)) for t in range(self.steps)
+        )
 
     @property
     def bubble(self) -> float:
@@ -175,7 +177,9 @@ def make_schedule(name: str, stages: int, microbatches: int) -> Schedule:
         row: list[Action | None] = []
         for s, queue in enumerate(queues):
             action = queue[0] if queue else None
-            row.append(action if action is not None and _ready(s, action, stages, done, t) else None)
+            row.append(
+                action if action is not None and _ready(s, action, stages, done, t) else None
+            )
         if not any(row):
             raise AssertionError(f"schedule {name!r} deadlocks at step {t}")
         for s, action in enumerate(row):
@@ -187,7 +191,9 @@ def make_schedule(name: str, stages: int, microbatches: int) -> Schedule:
     return Schedule(name, stages, microbatches, tuple(table))
 
 
-def _ready(s: int, action: Action, stages: int, done: dict[tuple[int, Action], int], t: int) -> bool:
+def _ready(
+    s: int, action: Action, stages: int, done: dict[tuple[int, Action], int], t: int
+) -> bool:
     m = action.microbatch
     if action.phase == "F":
         needs = [(s - 1, Action(m, "F"))] if s > 0 else []

@@ -132,8 +132,10 @@ def find_structure(
     leaves, tree = jax.tree_util.tree_flatten(tuple(args))
     names = argument_paths(fn, args)
     flat = _flat(fn, tree)
-    shapes = [jax.ShapeDtypeStruct(np.shape(x), jax.dtypes.canonicalize_dtype(np.result_type(x)))
-              for x in leaves]
+    shapes = [
+        jax.ShapeDtypeStruct(np.shape(x), jax.dtypes.canonicalize_dtype(np.result_type(x)))
+        for x in leaves
+    ]
     full = _trace(flat, shapes)
     invar_index = {v: i for i, v in enumerate(full.jaxpr.invars)}
     forward = _find_forward(full, invar_index, names, stacked)
@@ -151,7 +153,10 @@ def find_structure(
         _Leaf(n, StringAttr(str(a.dtype)), tuple(a.shape))
         for n, a in zip(result_paths(out_info), jax.tree_util.tree_leaves(out_info), strict=True)
     ]
-    arg_leaves = [_Leaf(n, StringAttr(str(s.dtype)), tuple(s.shape)) for n, s in zip(names, shapes)]
+    arg_leaves = [
+        _Leaf(n, StringAttr(str(s.dtype)), tuple(s.shape))
+        for n, s in zip(names, shapes, strict=False)
+    ]
     data = Roles.of(arg_leaves, result_leaves).data(
         [leaf for i, leaf in enumerate(arg_leaves) if i not in mirrored]
     )
@@ -166,8 +171,8 @@ def find_structure(
         raise PipelineError(
             f"Pipeline({quoted(axis)}): the batch of {batch} ({_name(data[0].name)}) does not "
             f"split into {split}; choose microbatches dividing {batch // data_parts}"
-            if batch % data_parts == 0 else
-            f"Pipeline({quoted(axis)}): the batch of {batch} does not split over "
+            if batch % data_parts == 0
+            else f"Pipeline({quoted(axis)}): the batch of {batch} does not split over "
             f"{data_parts} data-parallel shards"
         )
     data_index = {names.index(leaf.name) for leaf in data}
@@ -196,31 +201,45 @@ def find_structure(
             if dim is not None:
                 result_dims[(index, k)] = dim
     stacked_results = tuple(
-        i for i, (a, b) in enumerate(zip(full.jaxpr.outvars, local.jaxpr.outvars, strict=True))
+        i
+        for i, (a, b) in enumerate(zip(full.jaxpr.outvars, local.jaxpr.outvars, strict=True))
         if a.aval.shape != b.aval.shape
     )
     structure = StepStructure(
-        local, micro, forward, backward, layers, tuple(sorted(mirrored)), stacked_results,
-        batch, batch // parts, operand_dims, result_dims, tuple(names),
+        local,
+        micro,
+        forward,
+        backward,
+        layers,
+        tuple(sorted(mirrored)),
+        stacked_results,
+        batch,
+        batch // parts,
+        operand_dims,
+        result_dims,
+        tuple(names),
     )
     _check_carries(structure, axis)
     return structure
 
 
 def _find_forward(
-    full: ClosedJaxpr, invar_index: dict[Any, int], names: list[str],
+    full: ClosedJaxpr,
+    invar_index: dict[Any, int],
+    names: list[str],
     stacked: str | Sequence[str] | None,
 ) -> int:
     chosen = set(select(stacked, names)) if stacked is not None else None
     if chosen is not None and not chosen:
         raise PipelineError(
             f"Pipeline: stacked={stacked!r} selects no argument; the arguments are "
-            + ", ".join(_name(n) for n in names[:8]) + (" ..." if len(names) > 8 else "")
+            + ", ".join(_name(n) for n in names[:8])
+            + (" ..." if len(names) > 8 else "")
         )
     for i, eqn in enumerate(full.jaxpr.eqns):
         if not _is_scan(eqn) or eqn.params["reverse"]:
             continue
-        xs = eqn.invars[eqn.params["num_consts"] + eqn.params["num_carry"]:]
+        xs = eqn.invars[eqn.params["num_consts"] + eqn.params["num_carry"] :]
         read = {invar_index[v] for v in xs if isinstance(v, Var) and v in invar_index}
         if read and (chosen is None or read & chosen):
             return i
@@ -233,11 +252,15 @@ def _find_forward(
 
 
 def _stacked_params(
-    full: ClosedJaxpr, forward: int, invar_index: dict[Any, int], names: list[str],
-    stacked: str | Sequence[str] | None, layers: int,
+    full: ClosedJaxpr,
+    forward: int,
+    invar_index: dict[Any, int],
+    names: list[str],
+    stacked: str | Sequence[str] | None,
+    layers: int,
 ) -> set[int]:
     eqn = full.jaxpr.eqns[forward]
-    xs = eqn.invars[eqn.params["num_consts"] + eqn.params["num_carry"]:]
+    xs = eqn.invars[eqn.params["num_consts"] + eqn.params["num_carry"] :]
     found = {invar_index[v] for v in xs if isinstance(v, Var) and v in invar_index}
     if stacked is not None:
         found = set(select(stacked, names))
@@ -262,14 +285,14 @@ def _with_mirrors(
     for i, name in enumerate(names):
         segments = tuple(slash_path(name).split("/")[1:])
         for tail, shape in tails:
-            if tail and shapes[i].shape == shape and segments[-len(tail):] == tail:
+            if tail and shapes[i].shape == shape and segments[-len(tail) :] == tail:
                 chosen.add(i)
     return chosen
 
 
 def _find_backward(local: ClosedJaxpr, forward: int) -> int:
     made = set(local.jaxpr.eqns[forward].outvars)
-    for i, eqn in enumerate(local.jaxpr.eqns[forward + 1:], forward + 1):
+    for i, eqn in enumerate(local.jaxpr.eqns[forward + 1 :], forward + 1):
         if _is_scan(eqn) and eqn.params["reverse"] and made & set(eqn.invars):
             return i
     raise PipelineError(
@@ -308,7 +331,9 @@ def _check_layerwise(full: ClosedJaxpr, local: ClosedJaxpr, forward: int, backwa
             not isinstance(x, Literal) and x.aval.shape != y.aval.shape
             for x, y in zip(a.invars, b.invars, strict=True)
         )
-        kept = [x for x, y in zip(a.outvars, b.outvars, strict=True) if x.aval.shape == y.aval.shape]
+        kept = [
+            x for x, y in zip(a.outvars, b.outvars, strict=True) if x.aval.shape == y.aval.shape
+        ]
         if shrinks and kept:
             raise UnsupportedError(
                 f"Pipeline: `{a.primitive.name}` outside the layer loop combines the layers of "
@@ -320,9 +345,10 @@ def _check_layerwise(full: ClosedJaxpr, local: ClosedJaxpr, forward: int, backwa
 def _check_carries(s: StepStructure, axis: str) -> None:
     eqn = s.forward_eqn
     for k in s.carries(eqn):
+        aval: Any = eqn.invars[k].aval
         if (s.forward, k) not in s.operand_batch_dim:
             raise UnsupportedError(
                 f"Pipeline({quoted(axis)}): the layer loop carries a value of shape "
-                f"{tuple(eqn.invars[k].aval.shape)} without a batch dim besides its "
+                f"{tuple(aval.shape)} without a batch dim besides its "
                 "activation; carry per-example values only"
             )

@@ -54,7 +54,7 @@ class Pipeline(Tactic):
         if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int):
             raise PartirTypeError(
                 f"Pipeline: microbatches is a number, got {self.microbatches!r}; "
-                "e.g. Pipeline(\"stage\", microbatches=8)"
+                'e.g. Pipeline("stage", microbatches=8)'
             )
         if self.microbatches < 1:
             raise TacticError(f"Pipeline: microbatches must be at least 1, got {self.microbatches}")

@@ -43,12 +43,16 @@ class PipelineReport:
         s, sched = self.structure, self.schedule
         per_stage = s.layers // sched.stages
         stages = Table(
-            "stages", ("stage", "layers", "in flight (slots)"),
-            [(str(k), f"{k * per_stage}..{(k + 1) * per_stage - 1}", str(sched.slots))
-             for k in range(sched.stages)],
+            "stages",
+            ("stage", "layers", "in flight (slots)"),
+            [
+                (str(k), f"{k * per_stage}..{(k + 1) * per_stage - 1}", str(sched.slots))
+                for k in range(sched.stages)
+            ],
         )
         stacked = Table(
-            f"split over {quoted(self.tactic.axis)} on the layer dim", ("leaf",),
+            f"split over {quoted(self.tactic.axis)} on the layer dim",
+            ("leaf",),
             [(quoted(display_path(s.arg_names[i])),) for i in s.stacked],
         )
         return [stages, stacked]

@@ -1,0 +1,337 @@
+"""Pipeline parallelism (`partir.Pipeline`): schedules as tables, the pipelined
+step's numbers against `jax.jit`, its collectives read from XLA's compiled
+program, its memory under GPipe and 1F1B, and clear errors on bad input.
+
+The default profile runs the 8-layer MLP stack on {"stage": 4, "batch": 2} at
+M = 8 under both schedules (numbers, collectives and memory from one
+compile each); the full matrix (the MLP and transformer stacks, both meshes,
+M = 4 and 8, both schedules) is `-m slow`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+import partir
+from benchmarks.hlo_stats import collective_ops
+from examples import scanned_stack
+from partir.pipeline.engine import handed_to_update
+from partir.pipeline.schedule import Action, make_schedule
+from tests.numerics import assert_leaves_close
+
+MESHES = {"stage4xbatch2": {"stage": 4, "batch": 2}, "stage8": {"stage": 8}}
+
+
+def tactics(mesh: dict[str, int], schedule: str, microbatches: int) -> list[partir.Tactic]:
+    chosen: list[partir.Tactic] = [partir.Pipeline("stage", microbatches, schedule)]
+    return [*chosen, partir.BatchParallel("batch")] if "batch" in mesh else chosen
+
+
+@functools.cache
+def program(name: str) -> tuple[Any, tuple[Any, ...], Any]:
+    """(step, args, jax.jit's results) of the 8-layer MLP or transformer stack."""
+    if name == "mlp":
+        step, args = scanned_stack.mlp_train_step, scanned_stack.mlp_train_args(layers_=8, batch=16)
+    else:
+        step, args = scanned_stack.train_step, scanned_stack.make_args(layers_=8, batch=16)
+    return step, args, jax.jit(step)(*args)
+
+
+@functools.cache
+def pipelined(name: str, mesh_name: str, schedule: str, microbatches: int) -> tuple[Any, Any, Any]:
+    """(lowered, executable, results) of one pipelined step: one compile each."""
+    step, args, _ = program(name)
+    mesh = MESHES[mesh_name]
+    lowered = partir.jit(
+        step, mesh=partir.Mesh(mesh), tactics=tactics(mesh, schedule, microbatches)
+    ).lower(*args)
+    exe, placed = lowered.executable(*args)
+    return lowered, exe, lowered.unflatten(exe(*placed))
+
+
+# --- schedules ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("stages", "microbatches"), [(4, 8), (8, 8), (4, 4), (2, 1), (3, 5)])
+def test_schedule_table(name: str, stages: int, microbatches: int) -> None:
+    """Every stage runs each microbatch's forward once and its backward once,
+    after its inputs exist; the step count, bubble and transfers are the formulas."""
+    sched = make_schedule(name, stages, microbatches)
+    for s in range(stages):
+        ran = [row[s] for row in sched.table if row[s] is not None]
+        assert sorted(map(str, ran)) == sorted(
+            str(Action(m, p)) for m in range(microbatches) for p in "FB"
+        )
+        for m in range(microbatches):
+            f, b = sched.time_of(s, Action(m, "F")), sched.time_of(s, Action(m, "B"))
+            assert f < b
+            if s > 0:
+                assert sched.time_of(s - 1, Action(m, "F")) < f
+            if s < stages - 1:
+                assert sched.time_of(s + 1, Action(m, "B")) < b
+    assert sched.steps == 2 * (microbatches + stages - 1)
+    assert math.isclose(sched.bubble, (stages - 1) / (microbatches + stages - 1))
+    assert sched.transfers == 2 * (stages - 1) * microbatches
+    if name == "gpipe":
+        assert sched.slots == microbatches
+    else:
+        assert sched.slots == min(stages, microbatches)
+
+
+def test_one_f_one_b_alternates_in_the_steady_state() -> None:
+    sched = make_schedule("1f1b", 4, 8)
+    last = [str(row[3]) for row in sched.table if row[3] is not None]
+    assert last == [f"{p}{m}" for m in range(8) for p in "FB"]
+    assert "F0 F1 F2 F3  .  .  . B0 F4 B1" in sched.timeline()
+
+
+# --- numbers, collectives, memory -------------------------------------------------------------
+
+
+def check_collectives(lowered: Any, exe: Any, mesh: dict[str, int]) -> None:
+    """On the stage axis: exactly the schedule's transfers of one microbatch's
+    activation or gradient as collective permutes, and one all-reduce of the
+    values the head hands to the update (the loss, the gradients of the
+    parameters after the loop); gradient all-reduces stay on "batch"."""
+    names = list(mesh)
+    coords = np.array(np.unravel_index(np.arange(math.prod(mesh.values())), tuple(mesh.values()))).T
+
+    def axes_of(group: tuple[int, ...]) -> set[str]:
+        return {names[d] for d in range(len(names)) if len({coords[i][d] for i in group}) > 1}
+
+    data = math.prod(size for axis, size in mesh.items() if axis != "stage")
+    s, sched = lowered.structure, lowered.schedule
+    fwd = s.micro_forward
+    act = sum(
+        int(np.prod(v.aval.shape)) * v.aval.dtype.itemsize
+        for v in fwd.outvars[: fwd.params["num_carry"]]
+    )
+    permutes = [c for c in collective_ops(exe.as_text()) if c.kind == "collective-permute"]
+    pairs = [pair for c in permutes for pair in c.groups for _ in range(c.times)]
+    assert (
+        len(pairs) == sched.transfers * data == 2 * (sched.stages - 1) * sched.microbatches * data
+    )
+    assert all(axes_of(pair) == {"stage"} for pair in pairs)
+    assert {c.bytes for c in permutes} == {act}
+    others = [c for c in collective_ops(exe.as_text()) if c.kind != "collective-permute"]
+    on_stage = [c for c in others if any("stage" in axes_of(g) for g in c.groups)]
+    handed = sum(int(np.prod(v.aval.shape)) * v.aval.dtype.itemsize for v in handed_to_update(s))
+    assert all(
+        c.kind == "all-reduce" and all(axes_of(g) == {"stage"} for g in c.groups) for c in on_stage
+    )
+    assert sum(c.bytes * c.times for c in on_stage) == handed
+    if data > 1:
+        assert any(
+            c.kind == "all-reduce" and all(axes_of(g) == {"batch"} for g in c.groups)
+            for c in others
+        )
+
+
+def check_numbers(name: str, results: Any) -> None:
+    _, _, want = program(name)
+    loss, params, opt_state = results
+    assert_leaves_close(loss, want[0], what=f"{name}: loss")
+    assert_leaves_close(params, want[1], what=f"{name}: updated params")
+    assert_leaves_close(opt_state, want[2], what=f"{name}: optimizer state")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_mlp_stack_matches_jit_with_data_parallelism(schedule: str) -> None:
+    lowered, exe, results = pipelined("mlp", "stage4xbatch2", schedule, 8)
+    check_numbers("mlp", results)
+    check_collectives(lowered, exe, MESHES["stage4xbatch2"])
+
+
+def test_one_f_one_b_holds_less_than_gpipe() -> None:
+    """XLA's temp buffers per device at M = 8 on 4 stages: 1F1B keeps 4
+    microbatches in flight, GPipe all 8."""
+    gpipe = pipelined("mlp", "stage4xbatch2", "gpipe", 8)[1].memory_analysis()
+    one_f = pipelined("mlp", "stage4xbatch2", "1f1b", 8)[1].memory_analysis()
+    assert one_f.temp_size_in_bytes < gpipe.temp_size_in_bytes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("microbatches", [4, 8])
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_matrix_matches_jit(name: str, mesh_name: str, microbatches: int, schedule: str) -> None:
+    lowered, exe, results = pipelined(name, mesh_name, schedule, microbatches)
+    check_numbers(name, results)
+    check_collectives(lowered, exe, MESHES[mesh_name])
+
+
+def test_call_through_partir_jit() -> None:
+    """`partir.jit` runs the pipelined step like any other (2 stages, 2 microbatches)."""
+    step, _, _ = program("mlp")
+    args = scanned_stack.mlp_train_args(layers_=2, batch=4, width=8, hidden=16)
+    mesh = partir.Mesh({"stage": 2})
+    got = partir.jit(step, mesh=mesh, tactics=[partir.Pipeline("stage", 2, "gpipe")])(*args)
+    assert_leaves_close(got, jax.jit(step)(*args), what="2-stage step")
+
+
+# --- report and estimate -------------------------------------------------------------------------
+
+
+def test_report_draws_the_schedule_and_the_estimate_has_the_bubble() -> None:
+    step, args, _ = program("mlp")
+    mesh = partir.Mesh({"stage": 4, "batch": 2})
+    lowered = partir.jit(step, mesh=mesh, tactics=tactics(dict(mesh.axes), "1f1b", 8)).lower(*args)
+    text = str(lowered.report("h100-8"))
+    assert "1f1b schedule: 4 stages, 8 microbatches, 22 time steps, bubble 27.3%" in text
+    assert 'transfers on "stage": 48 (2 x (stages - 1) x microbatches)' in text
+    assert '"opt_state/m/w_in"' in text
+    est = lowered.estimate("h100-8")
+    assert math.isclose(est.bubble, 3 / 11)
+    assert math.isclose(est.idle_seconds, 3 / 11 * est.loop_seconds)
+    assert est.forward_seconds > 0 and est.backward_seconds > 0 and est.permute_seconds > 0
+    gpipe = partir.jit(step, mesh=mesh, tactics=tactics(dict(mesh.axes), "gpipe", 8)).lower(*args)
+    assert gpipe.estimate("h100-8").activation_bytes == 2 * est.activation_bytes
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+def lower(step: Any, args: Any, mesh: dict[str, int], *tactics_: partir.Tactic) -> Any:
+    return partir.jit(step, mesh=partir.Mesh(mesh), tactics=list(tactics_)).lower(*args)
+
+
+def test_layers_the_axis_does_not_divide() -> None:
+    args = scanned_stack.mlp_train_args(layers_=6, batch=8, width=8, hidden=8)
+    with pytest.raises(partir.PartirValueError, match=r"6 layers do not split over 4 stages"):
+        lower(scanned_stack.mlp_train_step, args, {"stage": 4}, partir.Pipeline("stage", 2))
+
+
+def test_microbatches_that_do_not_divide_the_batch() -> None:
+    args = scanned_stack.mlp_train_args(layers_=4, batch=6, width=8, hidden=8)
+    with pytest.raises(
+        partir.PartirValueError, match=r"batch of 6 \(\"x\"\) does not split into 4 microbatches"
+    ):
+        lower(scanned_stack.mlp_train_step, args, {"stage": 4}, partir.Pipeline("stage", 4))
+
+
+def test_no_stacked_loop() -> None:
+    def step(params, opt_state, x, y):
+        def loss(p, x, y):
+            return ((x @ p["w"] - y) ** 2).mean()
+
+        g = jax.grad(loss)(params, x, y)
+        return loss(params, x, y), {"w": params["w"] - g["w"]}, opt_state
+
+    args = (
+        {"w": np.ones((4, 4), np.float32)},
+        {"m": np.zeros(4, np.float32)},
+        np.ones((8, 4), np.float32),
+        np.ones((8, 4), np.float32),
+    )
+    with pytest.raises(partir.PartirValueError, match=r"found no loop over stacked arguments"):
+        lower(step, args, {"stage": 4}, partir.Pipeline("stage", 2))
+
+
+def test_unknown_axis_and_schedule() -> None:
+    args = scanned_stack.mlp_train_args(layers_=4, batch=8, width=8, hidden=8)
+    with pytest.raises(
+        partir.PartirValueError, match=r'unknown mesh axis "pipe"; the mesh has "stage"'
+    ):
+        lower(scanned_stack.mlp_train_step, args, {"stage": 4}, partir.Pipeline("pipe", 2))
+    with pytest.raises(
+        partir.PartirValueError, match=r"unknown schedule 'zb'; the schedules are 'gpipe', '1f1b'"
+    ):
+        lower(scanned_stack.mlp_train_step, args, {"stage": 4}, partir.Pipeline("stage", 2, "zb"))
+
+
+def test_forward_pass_alone_and_megatron_are_refused() -> None:
+    params, x = scanned_stack.mlp_args(layers_=4, batch=8, width=8, hidden=8)
+    with pytest.raises(partir.PartirValueError, match=r"no backward loop over the layers"):
+        lower(
+            lambda params, x: scanned_stack.mlp_program(params, x),
+            (params, x),
+            {"stage": 4},
+            partir.Pipeline("stage", 2),
+        )
+    args = scanned_stack.mlp_train_args(layers_=4, batch=8, width=8, hidden=8)
+    with pytest.raises(partir.PartirValueError, match=r"Pipeline composes with BatchParallel"):
+        lower(
+            scanned_stack.mlp_train_step,
+            args,
+            {"stage": 4, "model": 2},
+            partir.Pipeline("stage", 2),
+            partir.Megatron("model"),
+        )
+
+
+def test_update_mixing_layers_is_refused() -> None:
+    """Global-norm clipping reads every layer: a stage alone cannot compute it."""
+
+    def step(params, opt_state, x, y):
+        loss, g = jax.value_and_grad(scanned_stack.mlp_loss)(params, x, y)
+        norm = jax.numpy.sqrt(sum(jax.numpy.sum(v * v) for v in jax.tree.leaves(g)))
+        return loss, jax.tree.map(lambda p, v: p - 0.1 * v / norm, params, g), opt_state
+
+    params, opt_state, x, y = scanned_stack.mlp_train_args(layers_=4, batch=8, width=8, hidden=8)
+    with pytest.raises(partir.PartirValueError, match=r"combines the layers of a stacked value"):
+        lower(step, (params, opt_state, x, y), {"stage": 4}, partir.Pipeline("stage", 2))
+
+
+def test_escaped_axis_name_in_errors() -> None:
+    args = scanned_stack.mlp_train_args(layers_=6, batch=8, width=8, hidden=8)
+    with pytest.raises(partir.PartirValueError, match=r'Pipeline\("st\\0Aage"\): 6 layers'):
+        lower(scanned_stack.mlp_train_step, args, {"st\nage": 4}, partir.Pipeline("st\nage", 2))
+
+
+# --- two processes -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_processes_with_gloo_match_one() -> None:
+    """2 processes x 4 CPU devices joined by `jax.distributed` (gloo on localhost)
+    run the pipelined step (`tests/pipeline_worker.py`): the loss and each
+    stage's updated layers equal `jax.jit`'s on one process."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        "JAX_PLATFORMS": "cpu",
+    }
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.pipeline_worker", str(i), "2", str(port)],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [w.communicate(timeout=600) for w in workers]
+    for w, (_out, err) in zip(workers, outputs, strict=True):
+        assert w.returncode == 0, err[-2000:]
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    step, _args, _ = program("mlp")
+    want_loss, want_params, _ = jax.jit(step)(*scanned_stack.mlp_train_args(layers_=8, batch=16))
+    seen = set()
+    for report in reports:
+        assert (report["devices"], report["local"]) == (8, 4)
+        assert math.isclose(report["loss"], float(want_loss), rel_tol=1e-5)
+        for name, shards in report["params"].items():
+            for start, total in shards.items():
+                want = np.asarray(want_params[name], np.float64)[int(start) : int(start) + 2].sum()
+                assert math.isclose(total, want, rel_tol=1e-4, abs_tol=1e-4), (name, start)
+                seen.add((name, int(start)))
+    assert len(seen) == 3 * 4  # every stage's layers of each leaf, across the processes
