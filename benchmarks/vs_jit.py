@@ -14,6 +14,12 @@ CPU caveat (see shared/guides/jax.md): 8 virtual devices share 2 cores, so
 time tracks total work; only same-run paired ratios are meaningful.
 
     python -m benchmarks.vs_jit [--rounds 20] [--small] [--only scanned]
+    python -m benchmarks.vs_jit --only pipeline [--profile h100-8]
+
+The pipeline rows (`--only pipeline`, and after the table) train an 8-layer
+scanned transformer step pipelined over 4 stages x 2 data shards (GPipe and
+1F1B) beside the same step under DP and DP+TP on the same 8 devices: the
+measured step time, and the cost model's predicted time on `--profile`.
 """
 
 from __future__ import annotations
@@ -172,12 +178,84 @@ def measure(name: str, program, args, tactics, rounds: int) -> dict[str, object]
     }
 
 
+PIPELINE_MESH = partir.Mesh({"stage": 4, "batch": 2})
+PIPELINE_STRATEGIES = {
+    "pipeline GPipe M=8 (stage 4 x batch 2)": (
+        PIPELINE_MESH,
+        [partir.Pipeline("stage", 8, "gpipe"), partir.BatchParallel("batch")],
+    ),
+    "pipeline 1F1B M=8 (stage 4 x batch 2)": (
+        PIPELINE_MESH,
+        [partir.Pipeline("stage", 8, "1f1b"), partir.BatchParallel("batch")],
+    ),
+    "pipeline 1F1B M=4 (stage 4 x batch 2)": (
+        PIPELINE_MESH,
+        [partir.Pipeline("stage", 4, "1f1b"), partir.BatchParallel("batch")],
+    ),
+    "DP (batch 8)": (partir.Mesh({"batch": 8}), [partir.BatchParallel("batch")]),
+    "DP+TP (batch 4 x model 2)": (MESH, STRATEGIES["DP+TP"]),
+}
+"""An 8-layer scanned transformer step pipelined, beside the same step under
+data and tensor parallelism on the same 8 devices."""
+
+
+def pipeline_stack(small: bool):
+    """The 8-layer scanned transformer step the pipeline rows train (batch 16)."""
+    shapes = (
+        {"seq": 32, "width": 64, "mlp_width": 256}
+        if small
+        else {"seq": 128, "width": 256, "mlp_width": 1024}
+    )
+    return scanned_stack.train_step, scanned_stack.make_args(layers_=8, batch=16, **shapes)
+
+
+def measure_pipeline_rows(small: bool, rounds: int, profile: str) -> list[dict[str, object]]:
+    """Measured step time, XLA's temp buffers and the collectives of each
+    strategy in `PIPELINE_STRATEGIES`, with `estimate(profile)`'s predicted time."""
+    program, args = pipeline_stack(small)
+    rows = []
+    for name, (mesh, tactics) in PIPELINE_STRATEGIES.items():
+        lowered = partir.jit(program, mesh=mesh, tactics=tactics).lower(*args)
+        if hasattr(lowered, "executable"):
+            exe, inputs = lowered.executable(*args)
+            run = exe
+        else:
+            compiled = lowered.compile()
+            module = compiled.program
+            shardings = [NamedSharding(compiled.jax_mesh, spec) for spec in module.IN_SPECS]
+            leaves = jax.tree_util.tree_leaves(args)
+            inputs = [jax.device_put(x, s) for x, s in zip(leaves, shardings, strict=True)]
+            run = compiled.run
+            exe = run.lower(*inputs).compile()
+        t, _ = paired_times(run, run, inputs, rounds)
+        rows.append(
+            {
+                "name": name,
+                "collectives": describe(collective_stats(exe.as_text())),
+                "ms": t * 1e3,
+                "predicted_ms": lowered.estimate(profile).seconds * 1e3,
+                "temp": exe.memory_analysis().temp_size_in_bytes,
+            }
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--small", action="store_true", help="small shapes, for a quick check")
     parser.add_argument("--only", default="", help="the rows whose name contains this")
+    parser.add_argument(
+        "--profile",
+        default="h100-8",
+        help="the cost model's profile for the pipeline rows' predicted time",
+    )
     opts = parser.parse_args()
+    if opts.only == "pipeline":
+        print_pipeline_rows(
+            measure_pipeline_rows(opts.small, opts.rounds, opts.profile), opts.profile
+        )
+        return
     cases = [
         (f"{prog_name} {strat}", program, args, tactics)
         for prog_name, (program, args) in programs(opts.small).items()
@@ -202,6 +280,24 @@ def main() -> None:
             f"| {r['name']} | {r['ours']} | {r['ref']} | {r['ours_bytes']:,} | {r['ref_bytes']:,} "
             f"| {r['ours_ms']:.1f} | {r['ref_ms']:.1f} | {r['ratio']:.2f} "
             f"| {r['ours_mem'] // 1024:,}/{r['ref_mem'] // 1024:,} |"
+        )
+    if not opts.only:
+        print()
+        print_pipeline_rows(
+            measure_pipeline_rows(opts.small, opts.rounds, opts.profile), opts.profile
+        )
+
+
+def print_pipeline_rows(rows: list[dict[str, object]], profile: str) -> None:
+    print(
+        f"| 8-layer scanned step, 8 devices | collectives | measured ms | predicted ms "
+        f"({profile}) | temp KiB |"
+    )
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['name']} | {r['collectives']} | {r['ms']:.1f} | {r['predicted_ms']:.3f} "
+            f"| {int(r['temp']) // 1024:,} |"
         )
 
 

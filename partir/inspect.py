@@ -4,6 +4,7 @@
     partir-inspect step.core.mlir --format json    # the same, machine-readable
     partir-inspect import.mlir megatron.mlir       # what a tactic changed, side by side
     partir-opt ... | partir-inspect -              # read stdin
+    partir-inspect --schedule 1f1b:4x8             # a pipeline schedule's timeline (4 stages, M=8)
 
 Any stage works (import, after a tactic, SPMD): `partir.report` lowers a
 core stage to read its distributions. On a terminal the tables are drawn with
@@ -47,7 +48,7 @@ def _arguments() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "files",
-        nargs="+",
+        nargs="*",
         metavar="FILE",
         help="an .mlir stage ('-' reads stdin); two files: diff them",
     )
@@ -62,6 +63,12 @@ def _arguments() -> argparse.ArgumentParser:
         "--plot",
         metavar="PNG",
         help="with --estimate: draw the step's time per op kind and per collective to PNG",
+    )
+    parser.add_argument(
+        "--schedule",
+        metavar="NAME:SxM",
+        help="draw a pipeline schedule (gpipe, 1f1b) of S stages and M microbatches as a "
+        "timeline, e.g. 1f1b:4x8 (partir.Pipeline runs the same table)",
     )
     parser.add_argument(
         "--traceback",
@@ -158,7 +165,29 @@ def _profile(name: str) -> Profile:
         raise InspectError(f"--estimate {name}: {err}") from err
 
 
+def _schedule(spec: str) -> str:
+    from dialects.errors import PartirValueError
+    from partir.pipeline.schedule import make_schedule
+
+    name, _, shape = spec.partition(":")
+    stages, _, microbatches = shape.partition("x")
+    if not stages.isdigit() or not microbatches.isdigit() or int(stages) < 1:
+        raise InspectError(
+            f"--schedule {spec!r}: write NAME:SxM with S stages and M microbatches, e.g. 1f1b:4x8"
+        )
+    try:
+        return str(make_schedule(name, int(stages), int(microbatches)))
+    except PartirValueError as err:
+        raise InspectError(f"--schedule: {err}") from err
+
+
 def run(args: argparse.Namespace, out: TextIO) -> int:
+    if args.schedule:
+        out.write(_schedule(args.schedule) + "\n")
+        if not args.files:
+            return 0
+    if not args.files:
+        raise InspectError("give an .mlir file to report on (or --schedule NAME:SxM)")
     if len(args.files) > 2:
         raise InspectError("give one file to report on, or two to diff")
     if args.plot and not args.estimate:

@@ -147,6 +147,11 @@ def check_numbers(name: str, results: Any) -> None:
     assert_leaves_close(opt_state, want[2], what=f"{name}: optimizer state")
 
 
+SHARED = pytest.mark.xdist_group("pipeline")
+"""The tests sharing `pipelined`'s compiles run on one worker."""
+
+
+@SHARED
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_mlp_stack_matches_jit_with_data_parallelism(schedule: str) -> None:
     lowered, exe, results = pipelined("mlp", "stage4xbatch2", schedule, 8)
@@ -154,6 +159,7 @@ def test_mlp_stack_matches_jit_with_data_parallelism(schedule: str) -> None:
     check_collectives(lowered, exe, MESHES["stage4xbatch2"])
 
 
+@SHARED
 def test_one_f_one_b_holds_less_than_gpipe() -> None:
     """XLA's temp buffers per device at M = 8 on 4 stages: 1F1B keeps 4
     microbatches in flight, GPipe all 8."""
@@ -168,6 +174,8 @@ def test_one_f_one_b_holds_less_than_gpipe() -> None:
 @pytest.mark.parametrize("mesh_name", list(MESHES))
 @pytest.mark.parametrize("name", ["mlp", "transformer"])
 def test_matrix_matches_jit(name: str, mesh_name: str, microbatches: int, schedule: str) -> None:
+    """The acceptance matrix (CI runs its MLP, stage 4 x batch 2, M = 8 corner:
+    `test_mlp_stack_matches_jit_with_data_parallelism`)."""
     lowered, exe, results = pipelined(name, mesh_name, schedule, microbatches)
     check_numbers(name, results)
     check_collectives(lowered, exe, MESHES[mesh_name])
@@ -298,7 +306,8 @@ def test_escaped_axis_name_in_errors() -> None:
 def test_two_processes_with_gloo_match_one() -> None:
     """2 processes x 4 CPU devices joined by `jax.distributed` (gloo on localhost)
     run the pipelined step (`tests/pipeline_worker.py`): the loss and each
-    stage's updated layers equal `jax.jit`'s on one process."""
+    stage's updated layers equal `jax.jit`'s on one process. (CI runs the same
+    program in one process: `test_mlp_stack_matches_jit_with_data_parallelism`.)"""
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]

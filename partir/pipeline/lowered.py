@@ -49,9 +49,12 @@ def place(leaves: Sequence[Any], shardings: Sequence[NamedSharding]) -> list[Any
         if isinstance(x, jax.Array) and x.sharding == sharding:
             placed.append(x)
             continue
-        host = np.asarray(x)
-        placed.append(jax.make_array_from_callback(host.shape, sharding, lambda i, h=host: h[i]))
+        placed.append(_global(np.asarray(x), sharding))
     return placed
+
+
+def _global(host: np.ndarray, sharding: NamedSharding) -> Any:
+    return jax.make_array_from_callback(host.shape, sharding, host.__getitem__)
 
 
 @dataclass

@@ -67,7 +67,10 @@ class StepStructure:
     """The same, on one microbatch of one data-parallel shard."""
     forward: int
     backward: int
-    """Indices of the two loops in `local.jaxpr.eqns` (and `micro`'s)."""
+    """Indices of the two loops in `local.jaxpr.eqns`."""
+    micro_loops: tuple[int, int]
+    """Their indices in `micro.jaxpr.eqns` (the same loops: JAX may trace the
+    ops around them differently for one row, dropping or adding a broadcast)."""
     layers: int
     stacked: tuple[int, ...]
     """Argument leaves split over the stage axis on dim 0 (the loop's parameters, and
@@ -91,11 +94,11 @@ class StepStructure:
 
     @property
     def micro_forward(self) -> JaxprEqn:
-        return self.micro.jaxpr.eqns[self.forward]
+        return self.micro.jaxpr.eqns[self.micro_loops[0]]
 
     @property
     def micro_backward(self) -> JaxprEqn:
-        return self.micro.jaxpr.eqns[self.backward]
+        return self.micro.jaxpr.eqns[self.micro_loops[1]]
 
     def carries(self, eqn: JaxprEqn) -> range:
         consts = eqn.params["num_consts"]
@@ -186,12 +189,13 @@ def find_structure(
         for i, s in enumerate(local_shapes)
     ]
     local, micro = _trace(flat, local_shapes), _trace(flat, micro_shapes)
-    _check_aligned(full, local, micro)
+    _check_aligned(full, local)
     backward = _find_backward(local, forward)
     _check_layerwise(full, local, forward, backward)
+    micro_loops = (_same_loop(local, micro, forward), _same_loop(local, micro, backward))
     operand_dims, result_dims = {}, {}
-    for index in (forward, backward):
-        big, small = local.jaxpr.eqns[index], micro.jaxpr.eqns[index]
+    for index, micro_index in zip((forward, backward), micro_loops, strict=True):
+        big, small = local.jaxpr.eqns[index], micro.jaxpr.eqns[micro_index]
         for k, (a, b) in enumerate(zip(big.invars, small.invars, strict=True)):
             dim = _batch_dim(a.aval.shape, b.aval.shape)
             if dim is not None:
@@ -210,6 +214,7 @@ def find_structure(
         micro,
         forward,
         backward,
+        micro_loops,
         layers,
         tuple(sorted(mirrored)),
         stacked_results,
@@ -302,13 +307,34 @@ def _find_backward(local: ClosedJaxpr, forward: int) -> int:
     )
 
 
-def _check_aligned(*traces: ClosedJaxpr) -> None:
-    kinds = [[e.primitive.name for e in t.jaxpr.eqns] for t in traces]
-    if any(k != kinds[0] for k in kinds):
+def _check_aligned(full: ClosedJaxpr, local: ClosedJaxpr) -> None:
+    kinds = [[e.primitive.name for e in t.jaxpr.eqns] for t in (full, local)]
+    if kinds[0] != kinds[1]:
         raise UnsupportedError(
-            "Pipeline: the step traces to different programs for one stage's layers or "
-            "one microbatch (its Python code branches on a shape); Pipeline needs one program"
+            "Pipeline: the step traces to a different program for one stage's layers "
+            "(its Python code branches on the number of layers); Pipeline needs one program"
         )
+
+
+def _same_loop(local: ClosedJaxpr, micro: ClosedJaxpr, index: int) -> int:
+    """The index in `micro` of `local`'s loop `index`: the scan of the same rank
+    among the scans, with as many operands and results."""
+    scans = [i for i, e in enumerate(local.jaxpr.eqns) if _is_scan(e)]
+    micro_scans = [i for i, e in enumerate(micro.jaxpr.eqns) if _is_scan(e)]
+    rank = scans.index(index)
+    mine, theirs = local.jaxpr.eqns[index], None
+    if len(micro_scans) == len(scans):
+        theirs = micro.jaxpr.eqns[micro_scans[rank]]
+    if theirs is None or (len(theirs.invars), len(theirs.outvars), theirs.params["reverse"]) != (
+        len(mine.invars),
+        len(mine.outvars),
+        mine.params["reverse"],
+    ):
+        raise UnsupportedError(
+            "Pipeline: the step's layer loops trace differently for one microbatch (its "
+            "Python code branches on the batch size); Pipeline needs the same loops"
+        )
+    return micro_scans[rank]
 
 
 def _batch_dim(big: tuple[int, ...], small: tuple[int, ...]) -> int | None:
