@@ -5,6 +5,7 @@ calibration, and the CLI."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -150,6 +151,7 @@ def test_strategies_divide_the_work_and_pay_for_their_collectives():
 def test_simulating_a_mesh_larger_than_this_machine_allocates_nothing():
     args = stack_train_step.make_args(layers_=2, batch=64)
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+    gc.collect()  # arrays an earlier test left in cycles would otherwise be freed mid-count
     before = len(jax.live_arrays())
     tactics = [partir.BatchParallel("data"), partir.Megatron("model")]
     e = simulate(
