@@ -68,7 +68,7 @@ from rewrites.projection import (
     tilings,
 )
 from rewrites.registry import OpRule, rule_for
-from rewrites.tiling import loop_action, loop_for, make_part, part_op, slice_operands
+from rewrites.tiling import loop_action, part_op, slice_operands, tile_op
 
 STRUCTURAL = (
     LoopOp, SliceOp, HaloSliceOp, YieldOp, MeshOp, func.ReturnOp, func.FuncOp, ModuleOp
@@ -84,8 +84,8 @@ class _Candidate:
 
 
 class RuleCache:
-    """`rule_for` memoised per op for one propagation run (a rewrite that
-    changes an op's types in place, `tiling.make_part`, calls `forget`)."""
+    """`rule_for` memoised per op for one propagation run (an op's types and
+    attributes do not change while it exists; rewrites make new ops)."""
 
     def __init__(self) -> None:
         self._rules: dict[Operation, OpRule | None] = {}
@@ -95,10 +95,6 @@ class RuleCache:
             return self._rules[op]
         rule = self._rules[op] = rule_for(op)
         return rule
-
-    def forget(self, op: Operation) -> None:
-        """Drop `op`'s rule: a rewrite changed its types in place."""
-        self._rules.pop(op, None)
 
 
 def _operand_tilings(op: Operation) -> list[tuple[int, Tiling]]:
@@ -202,19 +198,11 @@ class PushForward(RewritePattern):
             attrs: dict[str, Attribute] = (
                 {ORIGIN: chosen.tiling.origin} if chosen.tiling.origin else {}
             )
-            parts = self.mesh[chosen.tiling.axis]
-            new, part_operands = loop_for(
-                op, rule, chosen.factor, chosen.tiling.axis, parts, attrs
+            new = tile_op(
+                op, rule, chosen.factor, chosen.tiling.axis, self.mesh[chosen.tiling.axis], attrs
             )
-            rewriter.insert(new, InsertPoint.before(op))
-            rewriter.replace_all_uses_with(op.results[0], new.result)
-            op.detach()  # `op` becomes the loop's body (`tiling.make_part`)
-            block = new.body.block
-            block.add_op(op)
-            make_part(op, rule, chosen.factor, parts, part_operands)
-            self.rules.forget(op)
-            block.add_op(YieldOp(op.results[0]))
-            wake_body(rewriter, list(block.ops))
+            rewriter.replace(op, new)
+            wake_body(rewriter, list(new.body.block.ops))
         wake_users(rewriter, operands)
 
     @staticmethod
@@ -240,9 +228,8 @@ class PushForward(RewritePattern):
         """Move `op` into the loop producing its tiled operand (its only user).
 
         The loop is kept (moved to `op`'s place, where all of `op`'s operands
-        are defined) and only its body, action and result type change, and
-        `op` itself becomes the part: building a new loop, or a copy of `op`,
-        per joined op made a fused chain cost a loop and an op each."""
+        are defined) and only its body, action and result type change:
+        building a new loop per joined op made a fused chain cost a loop each."""
         block = loop.body.block
         old_yield = block.last_op
         assert isinstance(old_yield, YieldOp)
@@ -254,18 +241,18 @@ class PushForward(RewritePattern):
             block.args[0],
             {(loop.result, chosen.tiling.dim): part},
         )
+        body_op = part_op(op, rule, chosen.factor, self.mesh[chosen.tiling.axis], operands)
+        rewriter.insert(
+            [*new_ops, body_op, YieldOp(body_op.results[0])], InsertPoint.before(old_yield)
+        )
+        rewriter.erase(old_yield)
         loop.detach()
         rewriter.insert(loop, InsertPoint.before(op))
         loop.properties["action"] = loop_action(rule, chosen.factor)
         result = rewriter.replace_value_with_new_type(loop.result, op.results[0].type)
         result.name_hint = None  # it is `op`'s value now, no longer what the loop made
         rewriter.replace_all_uses_with(op.results[0], result)
-        op.detach()
-        rewriter.insert([*new_ops, op], InsertPoint.before(old_yield))
-        make_part(op, rule, chosen.factor, self.mesh[chosen.tiling.axis], operands)
-        self.rules.forget(op)
-        rewriter.insert(YieldOp(op.results[0]), InsertPoint.before(old_yield))
-        rewriter.erase(old_yield)
+        rewriter.erase(op)
 
     def _record_conflicts(
         self, op: Operation, chosen: _Candidate, others: list[_Candidate]

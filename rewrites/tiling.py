@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
-from xdsl.rewriter import Rewriter
 
 from dialects.locations import give_location
 from dialects.partir import (
@@ -44,52 +43,26 @@ def _tile(dim: int) -> TileAttr:
 _SUM = SumAttr()
 
 
-def _part_result_and_properties(
-    op: Operation, rule: OpRule, factor: int, parts: int
-) -> tuple[Attribute, dict[str, Attribute]]:
-    """The part's result type and the properties that change with its size."""
-    dim = rule.result_dim(factor)
-    result = op.results[0].type
-    result_type = part_type(result, dim, parts) if dim is not None else result
-    if rule.localize is None:
-        return result_type, {}
-    return result_type, rule.localize(op, factor, lambda size: size // parts)
-
-
 def part_op(
     op: Operation, rule: OpRule, factor: int, parts: int, operands: Sequence[SSAValue]
 ) -> Operation:
     """`op` applied to `operands` (its operands' parts) with part-sized results;
     the slices made for it that have no location yet take its location."""
-    result_type, localized = _part_result_and_properties(op, rule, factor, parts)
+    dim = rule.result_dim(factor)
+    result = op.results[0].type
+    result_type = part_type(result, dim, parts) if dim is not None else result
+    properties = dict(op.properties)
+    if rule.localize is not None:
+        properties.update(rule.localize(op, factor, lambda size: size // parts))
     give_location([v.owner for v in operands if isinstance(v.owner, _SLICES)], op.location)
     return type(op).create(
         operands=list(operands),
         result_types=[result_type],
-        properties={**op.properties, **localized},
+        properties=properties,
         attributes=dict(op.attributes),
         location=op.location,
         regions=[region.clone() for region in op.regions],
     )
-
-
-def make_part(
-    op: Operation, rule: OpRule, factor: int, parts: int, operands: Sequence[SSAValue]
-) -> None:
-    """Turn `op` itself into its part (what `part_op` builds), in place.
-
-    For an op that has no uses left and has been moved into the loop:
-    propagation reuses the op rather than building a copy and erasing it
-    (the copy cost as much as the rest of a rewrite). Callers that cache
-    anything by op must forget it: its types change."""
-    assert not op.results[0].uses, "only an op whose uses moved to the loop"
-    result_type, localized = _part_result_and_properties(op, rule, factor, parts)
-    give_location([v.owner for v in operands if isinstance(v.owner, _SLICES)], op.location)
-    op.operands = list(operands)
-    op.properties.update(localized)
-    if result_type != op.results[0].type:
-        Rewriter.replace_value_with_new_type(op.results[0], result_type)
-    op.results[0].name_hint = None  # the loop's result is what the op made
 
 
 _SLICES = (SliceOp, HaloSliceOp)
@@ -127,24 +100,6 @@ def slice_operands(
     return new_ops, values
 
 
-def loop_for(
-    op: Operation,
-    rule: OpRule,
-    factor: int,
-    axis: str,
-    parts: int,
-    attributes: dict[str, Attribute] | None = None,
-) -> tuple[LoopOp, list[SSAValue]]:
-    """The loop for `op` with `factor` split over `axis`, its body holding
-    only the operands' slices so far, and the operands of the part."""
-    block = Block(arg_types=[RangeType(parts)])
-    slices, operands = slice_operands(rule, factor, list(op.operands), block.args[0])
-    block.add_ops(slices)
-    loop = LoopOp(axis, loop_action(rule, factor), Region(block), op.results[0].type, attributes)
-    loop.location = op.location
-    return loop, operands
-
-
 def tile_op(
     op: Operation,
     rule: OpRule,
@@ -154,7 +109,10 @@ def tile_op(
     attributes: dict[str, Attribute] | None = None,
 ) -> LoopOp:
     """The loop equal to `op` with `factor` split over `axis` (not inserted)."""
-    loop, operands = loop_for(op, rule, factor, axis, parts, attributes)
+    block = Block(arg_types=[RangeType(parts)])
+    slices, operands = slice_operands(rule, factor, list(op.operands), block.args[0])
     body = part_op(op, rule, factor, parts, operands)
-    loop.body.block.add_ops([body, YieldOp(body.results[0])])
+    block.add_ops([*slices, body, YieldOp(body.results[0])])
+    loop = LoopOp(axis, loop_action(rule, factor), Region(block), op.results[0].type, attributes)
+    loop.location = op.location
     return loop
