@@ -102,28 +102,10 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, int]]:
     """{kind: {"count": n, "bytes": per-device bytes}} plus a "total" entry,
     per run of the program (`runs_per_step`)."""
     stats: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    runs = runs_per_step(hlo_text)
-    times = 1
-    for line in hlo_text.splitlines():
-        header = _COMPUTATION.match(line)
-        if header:
-            times = runs.get(header.group("name"), 1)
-            continue
-        m = _LINE.search(line)
-        if not m or "-done" in line.split("=")[0]:
-            continue
-        kind = m.group("kind")
-        result = m.group("result")
-        if m.group("start") and result.startswith("("):
-            # async start ops return (operands..., results...): count the results half
-            shapes = _SHAPE.findall(result)
-            result = " ".join(f"{d}[{s}]" for d, s in shapes[len(shapes) // 2 :])
-        size = _bytes(result)
-        if kind == "reduce-scatter":
-            size *= _group_size(line)
-        for key in (kind, "total"):
-            stats[key]["count"] += times
-            stats[key]["bytes"] += size * times
+    for c in collective_ops(hlo_text):
+        for key in (c.kind, "total"):
+            stats[key]["count"] += c.times
+            stats[key]["bytes"] += c.bytes * c.times
     return {k: dict(v) for k, v in stats.items()}
 
 
@@ -157,8 +139,9 @@ class HloCollective:
 
 
 def collective_ops(hlo_text: str) -> list[HloCollective]:
-    """Every collective of `hlo_text` with its explicit device groups (per run,
-    as `collective_stats` counts them)."""
+    """Every collective of `hlo_text` with its per-device bytes (the larger of
+    what it takes and gives), how often a run executes it, and its explicit
+    device groups; `collective_stats` sums these."""
     runs = runs_per_step(hlo_text)
     found = []
     times = 1
@@ -174,10 +157,14 @@ def collective_ops(hlo_text: str) -> list[HloCollective]:
         if m.group("start") and result.startswith("("):
             shapes = _SHAPE.findall(result)
             result = " ".join(f"{d}[{s}]" for d, s in shapes[len(shapes) // 2 :])
+        kind = m.group("kind")
+        size = _bytes(result)
+        if kind == "reduce-scatter":  # the larger side: its operand
+            size *= _group_size(line)
         groups = _GROUPS.search(line)
         parsed = tuple(
             tuple(int(d) for d in g.split(",") if d)
             for g in re.findall(r"\{([\d,]*)\}", groups.group("groups"))
         ) if groups else ()
-        found.append(HloCollective(m.group("kind"), _bytes(result), times, parsed))
+        found.append(HloCollective(kind, size, times, parsed))
     return found
