@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import time
 
@@ -32,6 +31,7 @@ import jax
 from jax.sharding import NamedSharding
 
 import partir
+from benchmarks.simulator import time_rounds
 from examples import block_train_step, mlp_train_step
 from partir.search import resolve_profile
 
@@ -126,13 +126,7 @@ def main() -> None:
                 "predicted": predicted, "search": wall if lowered.searches else None,
                 "times": [],
             })
-    for row in rows:  # warm up
-        jax.block_until_ready(row["run"](*row["inputs"]))
-    for _ in range(opts.rounds):
-        for row in random.sample(rows, len(rows)):
-            t0 = time.perf_counter()
-            jax.block_until_ready(row["run"](*row["inputs"]))
-            row["times"].append(time.perf_counter() - t0)
+    time_rounds(rows, opts.rounds)
     print("\n| program | strategy | predicted ms | measured ms | vs best hand (measured) "
           "| MB moved | peak MiB | search s |")
     print("|---|---|---|---|---|---|---|---|")

@@ -77,6 +77,18 @@ def programs(small: bool) -> dict[str, tuple]:
     }
 
 
+def time_rounds(rows: list[dict], rounds: int) -> None:
+    """Paired rounds: warm every row up, then each round runs every row once
+    in a shuffled order, appending its seconds to `row["times"]`."""
+    for row in rows:
+        jax.block_until_ready(row["run"](*row["inputs"]))
+    for _ in range(rounds):
+        for row in random.sample(rows, len(rows)):
+            t0 = time.perf_counter()
+            jax.block_until_ready(row["run"](*row["inputs"]))
+            row["times"].append(time.perf_counter() - t0)
+
+
 def spearman(a: list[float], b: list[float]) -> float:
     """Spearman's rank correlation (average ranks for ties)."""
 
@@ -132,13 +144,7 @@ def main() -> None:
                 "xla_bytes": xla.total,
                 "times": [],
             })
-    for row in rows:  # warm up
-        jax.block_until_ready(row["run"](*row["inputs"]))
-    for _ in range(opts.rounds):
-        for row in random.sample(rows, len(rows)):
-            t0 = time.perf_counter()
-            jax.block_until_ready(row["run"](*row["inputs"]))
-            row["times"].append(time.perf_counter() - t0)
+    time_rounds(rows, opts.rounds)
     print("| program mesh strategy | predicted ms | measured ms | predicted/measured "
           "| peak MiB predicted | XLA total MiB | mem ratio |")
     print("|---|---|---|---|---|---|---|")
