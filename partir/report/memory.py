@@ -125,6 +125,8 @@ def estimate_memory(
     end = len(ops)
     position = {op: i for i, op in enumerate(ops)}
     read_at = _Reads(position, end, materialised)
+    for op in reversed(ops):  # users before producers: each lookup is one level deep
+        read_at(op)
     arguments = sum(infos[a].bytes_per_device for a in entry.body.block.args if a in infos)
     delta = [0] * (end + 1)
     for i, op in enumerate(ops):
