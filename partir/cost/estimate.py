@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,7 +126,12 @@ class Estimate:
 class _Walk:
     """Accumulates costs over a region tree, each op weighted by how often it runs."""
 
-    def __init__(self, mesh: Mapping[str, int], profile: Profile):
+    def __init__(
+        self,
+        mesh: Mapping[str, int],
+        profile: Profile,
+        is_fused: Callable[[Operation], bool] | None = None,
+    ):
         self.mesh, self.profile = mesh, profile
         self.compute = 0.0
         self.flops = 0.0
@@ -135,7 +140,7 @@ class _Walk:
         self.by_kind: dict[str, float] = defaultdict(float)
         self.collectives: dict[CollectiveOp, list[float]] = {}
         self.unknown = 0
-        self.fused = functools.cache(fused)
+        self.fused = is_fused or functools.cache(fused)
 
     def block(self, block: Block, times: float) -> None:
         for op in block.ops:
@@ -182,7 +187,7 @@ class _Walk:
         # a conditional: every device runs one branch; cost the dearest
         best: _Walk | None = None
         for region in op.regions:
-            branch = _Walk(self.mesh, self.profile)
+            branch = _Walk(self.mesh, self.profile, self.fused)
             branch.block(region.block, times)
             if best is None or branch.total() > best.total():
                 best = branch
@@ -257,11 +262,12 @@ def _constant(value: Any) -> int | None:
 def estimate(module: ModuleOp, profile: Profile, peak_bytes: int | None = None) -> Estimate:
     """The predicted step of the SPMD `module` on `profile` (`peak_bytes`: the
     report's liveness peak, if the caller has it)."""
+    is_fused = functools.cache(fused)  # one memo for the time and the memory walks
     if peak_bytes is None:  # the report's liveness, with fused ops holding no buffer
         from partir.report.build import build_report, fused_peak_bytes, is_spmd
 
         if is_spmd(entry_function(module)):
-            peak_bytes = fused_peak_bytes(module)
+            peak_bytes = fused_peak_bytes(module, is_fused)
         else:
             found = build_report(module, profile=profile).estimate
             assert found is not None
@@ -270,7 +276,7 @@ def estimate(module: ModuleOp, profile: Profile, peak_bytes: int | None = None) 
     if mesh_op is None:
         raise ValueError("the module declares no partir.mesh: estimate an SPMD module")
     mesh = mesh_op.axes
-    walk = _Walk(mesh, profile)
+    walk = _Walk(mesh, profile, is_fused)
     walk.block(entry_function(module).body.block, 1)
     collectives = [
         CollectiveEstimate(op.kind, op.axis_names, op.bytes_per_device, round(count), seconds)

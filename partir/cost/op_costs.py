@@ -19,6 +19,7 @@ the emitter's op table against it, so a new op cannot go uncosted):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -134,8 +135,15 @@ def element_type_name(op: Operation) -> str:
     """The element type the op computes in: its first tensor operand's."""
     for value in (*op.operands, *op.results):
         if isinstance(value.type, TensorType):
-            return str(value.type.element_type)
+            return _type_name(value.type.element_type)
     return "f32"
+
+
+@functools.cache
+def _type_name(element_type: Attribute) -> str:
+    """An element type's text (printing it per op cost as much as the rest of
+    the op's estimate; there are a handful of element types)."""
+    return str(element_type)
 
 
 def fused(op: Operation) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -74,12 +75,13 @@ def build_report(
     names = ssa_names(spmd)
     spmd_entry = entry_function(spmd)
     values = _values(spmd_entry, names, mesh)
-    memory = estimate_memory(spmd_entry, values, names)
+    sizes = {value: info.bytes_per_device for value, info in values.items()}
+    memory = estimate_memory(spmd_entry, sizes, names)
     predicted = None
     if profile is not None:
         from partir.cost.estimate import estimate
 
-        predicted = estimate(spmd, profile, peak_bytes=_fused_peak(spmd_entry, values, names))
+        predicted = estimate(spmd, profile, peak_bytes=_fused_peak(spmd_entry, sizes, names))
     return Report(
         stage=stage,
         mesh=mesh,
@@ -96,7 +98,9 @@ def build_report(
     )
 
 
-def fused_peak_bytes(module: ModuleOp) -> int:
+def fused_peak_bytes(
+    module: ModuleOp, is_fused: Callable[[Operation], bool] | None = None
+) -> int:
     """The cost model's liveness peak of the SPMD `module` (fused ops hold no
     buffer), as `build_report(module, profile=...)` computes it, without
     naming the values: printing the module for its names costs more than the
@@ -104,18 +108,44 @@ def fused_peak_bytes(module: ModuleOp) -> int:
     entry = entry_function(module)
     mesh_op = find_mesh(entry)
     mesh = mesh_op.mesh if mesh_op is not None else Mesh.single_device()
-    return _fused_peak(entry, _values(entry, {}, mesh), {})
+    return _fused_peak(entry, _sizes(entry, mesh), {}, is_fused)
+
+
+def _sizes(entry: func.FuncOp, mesh: Mesh) -> dict[SSAValue, int]:
+    """Bytes per device of what `_values` describes (the arguments and the
+    top-level results that are tensors), without describing them: one local
+    type per distinct type."""
+    local_bytes: dict[Attribute, int | None] = {}
+
+    def size(ty: Attribute) -> int | None:
+        found = local_bytes.get(ty, -1)
+        if found == -1:
+            local = ty.local_type(mesh) if isinstance(ty, DTensorType) else ty
+            found = local_bytes[ty] = tensor_bytes(local) if isinstance(local, TensorType) else None
+        return found
+
+    out: dict[SSAValue, int] = {}
+    for value in (*entry.body.block.args, *(r for op in entry.body.block.ops for r in op.results)):
+        found = size(value.type)
+        if found is not None:
+            out[value] = found
+    return out
 
 
 def _fused_peak(
-    entry: func.FuncOp, values: dict[SSAValue, ValueInfo], names: dict[SSAValue, str]
+    entry: func.FuncOp,
+    sizes: dict[SSAValue, int],
+    names: dict[SSAValue, str],
+    is_fused: Callable[[Operation], bool] | None = None,
 ) -> int:
     """The liveness peak with XLA's fusion as the cost model sees it: a
-    fused op holds no buffer (`partir.cost.op_costs.fused`)."""
+    fused op holds no buffer (`partir.cost.op_costs.fused`, memoised, or
+    the caller's memo of it)."""
     from partir.cost.op_costs import fused
 
-    is_fused = functools.cache(fused)
-    return estimate_memory(entry, values, names, lambda op: not is_fused(op)).peak
+    if is_fused is None:
+        is_fused = functools.cache(fused)
+    return estimate_memory(entry, sizes, names, lambda op: not is_fused(op)).peak
 
 
 def report_text(text: str, filename: str = "<string>") -> Report:

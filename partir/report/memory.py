@@ -3,7 +3,7 @@ and XLA's own figures for a compiled program (`XlaMemory`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +15,6 @@ from dialects.spmd import FromLocalOp, ToLocalOp
 
 if TYPE_CHECKING:
     from partir.api import Compiled
-    from partir.report.rows import ValueInfo
 
 
 @dataclass(frozen=True)
@@ -113,21 +112,22 @@ class XlaMemory:
 
 def estimate_memory(
     entry: func.FuncOp,
-    infos: dict[SSAValue, ValueInfo],
+    bytes_of: Mapping[SSAValue, int],
     names: dict[SSAValue, str],
     materialised: Callable[[Operation], bool] | None = None,
 ) -> MemoryEstimate:
     """See `MemoryEstimate`: liveness over the flat SPMD body. With
     `materialised`, an op it rejects holds no buffer and its operands stay
     live until its users run (the cost model's view of XLA's fusion:
-    `partir.cost.op_costs.fused`)."""
+    `partir.cost.op_costs.fused`). `bytes_of` holds each value's bytes per
+    device (a value it lacks holds none: not a tensor)."""
     ops = list(entry.body.block.ops)
     end = len(ops)
     position = {op: i for i, op in enumerate(ops)}
     read_at = _Reads(position, end, materialised)
     for op in reversed(ops):  # users before producers: each lookup is one level deep
         read_at(op)
-    arguments = sum(infos[a].bytes_per_device for a in entry.body.block.args if a in infos)
+    arguments = sum(bytes_of.get(a, 0) for a in entry.body.block.args)
     delta = [0] * (end + 1)
     for i, op in enumerate(ops):
         if isinstance(op, ToLocalOp | FromLocalOp):
@@ -135,12 +135,12 @@ def estimate_memory(
         if materialised is not None and not materialised(op):
             continue
         for r in op.results:
-            info = infos.get(r)
-            if info is None:
+            size = bytes_of.get(r)
+            if size is None:
                 continue
             last = max((read_at(u.operation) for u in r.uses), default=i)
-            delta[i] += info.bytes_per_device
-            delta[last + 1] -= info.bytes_per_device
+            delta[i] += size
+            delta[last + 1] -= size
     live, peak, peak_at = 0, 0, "no intermediates"
     for i, op in enumerate(ops):
         live += delta[i]
