@@ -43,6 +43,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from dialects import spmd
 from dialects.functions import entry_function
+from dialects.heap import paused_gc
 from dialects.mesh import Mesh
 from dialects.partir import MeshOp
 from lowering.jax_body import BodyEmitter, ModuleTables
@@ -287,7 +288,8 @@ def emit_jax(
         _dtensor(entry, t, f"result {i}") for i, t in enumerate(entry.function_type.outputs)
     ]
     tables = ModuleTables()
-    body, parts = _emit_body(entry, tables, part_bounds)
+    with paused_gc():
+        body, parts = _emit_body(entry, tables, part_bounds)
     element_dtypes = {
         element_dtype(entry, t.global_type) for t in (*arg_types, *res_types)
     } | tables.dtypes

@@ -40,6 +40,7 @@ from dialects.carried import BRANCHING_OPS
 from dialects.distribution import Distribution
 from dialects.dtypes import tensor_type
 from dialects.functions import entry_function
+from dialects.heap import paused_gc
 from dialects.locations import is_unknown
 from dialects.mesh import Mesh
 from dialects.names import op_name
@@ -57,7 +58,6 @@ from dialects.partir import (
 from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
 from lowering.distributions import Placed, Redistributor, Remake
 from rewrites.projection import LoopRelations, enclosing_axes, range_axis
-from rewrites.propagation import paused_gc
 from rewrites.registry import linear_operands
 
 

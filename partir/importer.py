@@ -26,6 +26,7 @@ from xdsl.ir import Attribute
 from dialects.context import make_context
 from dialects.errors import PartirTypeError
 from dialects.functions import NAME_ATTR, entry_function
+from dialects.heap import paused_gc
 from dialects.locations import source_location
 from lowering.emittable import refuse_unemittable
 from partir.mlir_bridge import AttributeCache, MlirToXdsl
@@ -76,8 +77,9 @@ def import_lowered(mlir_module: Any, *, supported_only: bool = False) -> ModuleO
     user's line: an op of a private helper such as `jnp.sort`'s has the line
     of its call once inlined)."""
     converter = MlirToXdsl(_CONTEXT, _ATTRIBUTES, internal=is_partir_file)
-    module = converter.convert_module(mlir_module)
-    InlineCallsPass().apply(_CONTEXT, module)
+    with paused_gc():
+        module = converter.convert_module(mlir_module)
+        InlineCallsPass().apply(_CONTEXT, module)
     if supported_only:
         refuse_unemittable(module, lambda op: source_location(op.location).frame)
     return module

@@ -52,7 +52,7 @@ class Stage:
 
     @staticmethod
     def snapshot(name: str, module: ModuleOp) -> Stage:
-        from rewrites.propagation import paused_gc
+        from dialects.heap import paused_gc
 
         with paused_gc():
             return Stage(name, module.clone())
@@ -121,6 +121,7 @@ def partition(
     `stage_names`); with `verify`, the dialect verifier runs after each tactic.
     """
     from dialects.context import make_context
+    from dialects.heap import paused_gc
     from partir.passes import (  # on use: `import partir` stays light
         ApplyPlanPass,
         AutomaticPass,
@@ -155,6 +156,7 @@ def partition(
         if keep_stages:
             result.stages.append(Stage.snapshot(next(names), module))
 
-    PassPipeline(tuple(passes), after).apply(make_context(), module)
+    with paused_gc():  # planning and snapshots too, not only the rewrites
+        PassPipeline(tuple(passes), after).apply(make_context(), module)
     result.conflicts = recorded_conflicts(module)
     return result

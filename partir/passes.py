@@ -27,6 +27,7 @@ from xdsl.utils.exceptions import PassFailedException
 from dialects.errors import PartirValueError
 from dialects.escaping import quoted
 from dialects.functions import entry_function
+from dialects.heap import paused_gc
 from dialects.locations import in_scope
 from dialects.partir import MeshOp, OriginAttr, find_mesh
 from lowering.to_jax import emit_jax
@@ -45,7 +46,7 @@ from partir.tactics import TACTICS, Automatic, Tactic
 from rewrites.actions import TileAction, apply_tactic_action, take_action_numbers
 from rewrites.conflicts import ConflictLog, record_conflicts
 from rewrites.inline_calls import InlineCallsPass
-from rewrites.propagation import PropagatePass, paused_gc, propagate
+from rewrites.propagation import PropagatePass, propagate
 
 
 def module_mesh(module: ModuleOp, who: str) -> MeshOp:

@@ -29,6 +29,7 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp
 from xdsl.ir import Block, Operation
 
 from dialects.functions import entry_function
+from dialects.heap import paused_gc
 from dialects.partir import find_mesh
 from dialects.spmd import CollectiveOp
 from partir.cost.collective_costs import op_seconds
@@ -262,6 +263,11 @@ def _constant(value: Any) -> int | None:
 def estimate(module: ModuleOp, profile: Profile, peak_bytes: int | None = None) -> Estimate:
     """The predicted step of the SPMD `module` on `profile` (`peak_bytes`: the
     report's liveness peak, if the caller has it)."""
+    with paused_gc():
+        return _estimate(module, profile, peak_bytes)
+
+
+def _estimate(module: ModuleOp, profile: Profile, peak_bytes: int | None) -> Estimate:
     is_fused = functools.cache(fused)  # one memo for the time and the memory walks
     if peak_bytes is None:  # the report's liveness, with fused ops holding no buffer
         from partir.report.build import build_report, fused_peak_bytes, is_spmd
