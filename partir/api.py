@@ -29,6 +29,7 @@ from xdsl.passes import PassPipeline
 
 from dialects.context import make_context
 from dialects.errors import PartirTypeError, PartirValueError
+from dialects.heap import paused_gc
 from lowering.collectives import Collective, collectives
 from lowering.loader import load_source
 from lowering.to_spmd import LowerToSpmdPass
@@ -195,7 +196,20 @@ def lower(
     name: str | None = None,
 ) -> Lowered:
     """Import `fn` at `args`, `partition` it (the tactic passes), then run
-    `partir-lower-spmd` and `partir-emit-jax`, as `partir-opt` would."""
+    `partir-lower-spmd` and `partir-emit-jax`, as `partir-opt` would
+    (the collector paused throughout: `dialects.heap.paused_gc`)."""
+    with paused_gc():
+        return _lower(fn, args, mesh, tactics, jax_mesh, name)
+
+
+def _lower(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    mesh: Mesh,
+    tactics: Sequence[Tactic],
+    jax_mesh: jax.sharding.Mesh | None,
+    name: str | None,
+) -> Lowered:
     keys = KeyBoundary.of(tuple(args))
     fn, args = keys.raw_function(fn), keys.raw(tuple(args))
     imported = import_program(fn, *args, supported_only=True)

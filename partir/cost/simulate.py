@@ -36,6 +36,7 @@ def simulate(
     """Partition `fn` at `args` (arrays or `jax.ShapeDtypeStruct`s) over
     `mesh` (any size: no devices are used) with `tactics`, and estimate one
     step on `profile`."""
+    from dialects.heap import paused_gc
     from lowering.to_spmd import lower_to_spmd
     from partir.importer import import_program
     from partir.keys import KeyBoundary
@@ -44,7 +45,8 @@ def simulate(
     mesh = mesh if isinstance(mesh, Mesh) else Mesh(dict(mesh))
     keys = KeyBoundary.of(tuple(args))
     fn, raw = keys.raw_function(fn), keys.raw(tuple(args))
-    module = import_program(fn, *abstract(raw), supported_only=True).module
-    partition(module, mesh, check_tactics(tactics))
-    lower_to_spmd(module)
-    return estimate(module, profile)
+    with paused_gc():  # between the stages too: a collection rescans the whole IR
+        module = import_program(fn, *abstract(raw), supported_only=True).module
+        partition(module, mesh, check_tactics(tactics))
+        lower_to_spmd(module)
+        return estimate(module, profile)
