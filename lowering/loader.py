@@ -20,6 +20,8 @@ import linecache
 import re
 import types
 
+from dialects.heap import paused_gc
+
 _COUNTER = itertools.count()
 
 
@@ -49,9 +51,10 @@ def load_source(source: str, name: str) -> types.ModuleType:
     filename = f"<partir-generated-{next(_COUNTER)}:{safe}>"
     lines = source.splitlines(keepends=True)
     linecache.cache[filename] = (len(source), None, lines, filename)
-    codes = _compile(source, lines, filename)
-    module = types.ModuleType(safe)
-    module.__file__ = filename
-    for code in codes:
-        exec(code, module.__dict__)
+    with paused_gc():  # compiling makes objects per line; a collection walks the caller's IR
+        codes = _compile(source, lines, filename)
+        module = types.ModuleType(safe)
+        module.__file__ = filename
+        for code in codes:
+            exec(code, module.__dict__)
     return module
