@@ -231,11 +231,11 @@ class _Program:
     - with 64-bit types on if `wide`: JAX lowered the program with them inside
       (e.g. jax.random's counters) although x64 mode is off, and jax.jit ran the
       original so (without, jnp.uint64 would silently be 32 bits);
-    - when tracing (`.trace`, `.lower`, the first call), with Python's cyclic
-      collector paused: the trace makes objects per op, and each full
-      collection would walk every older object too (the partitioner's IR, a
-      model): at 48 layers the trace took 1.3-1.4 s with the older objects
-      frozen out of collections, 0.4-0.7 s with the collector paused.
+    - when tracing (`.trace`, `.lower`, the first call), with the objects made
+      before left out of Python's garbage collections (unless the caller froze
+      objects itself): the trace makes objects per op, and each full collection
+      would walk every older object too (the partitioner's IR, a model), at 24
+      layers half the trace.
     """
 
     def __init__(self, fn, wide):
@@ -262,9 +262,9 @@ class _Program:
         with contextlib.ExitStack() as stack:
             if self.wide:
                 stack.enter_context(jax.enable_x64(True))
-            if tracing and gc.isenabled():
-                gc.disable()
-                stack.callback(gc.enable)
+            if tracing and not gc.get_freeze_count():
+                gc.freeze()
+                stack.callback(gc.unfreeze)
             yield
 '''
 
