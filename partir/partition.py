@@ -129,7 +129,8 @@ def partition(
     )
     from partir.search import decided
 
-    plans = plan_schedule(module, mesh, tactics)
+    with paused_gc():  # a collection would walk the whole IR
+        plans = plan_schedule(module, mesh, tactics)
     declare_mesh(module, mesh)
     result = Partitioned(module, plans)
     passes: list[ModulePass] = [
@@ -156,7 +157,7 @@ def partition(
         if keep_stages:
             result.stages.append(Stage.snapshot(next(names), module))
 
-    with paused_gc():  # planning and snapshots too, not only the rewrites
+    with paused_gc():  # the snapshots too, not only the rewrites
         PassPipeline(tuple(passes), after).apply(make_context(), module)
     result.conflicts = recorded_conflicts(module)
     return result
