@@ -141,18 +141,21 @@ def baseline(program, args, compiled: partir.Compiled):
 
 
 def paired_times(first, second, inputs, rounds: int) -> tuple[float, float]:
+    """Median seconds of each over `rounds` paired rounds, after 3 warm-ups;
+    the two swap places every round, so neither always runs on the caches
+    and allocator state the other left."""
     for _ in range(3):
         jax.block_until_ready(first(*inputs))
         jax.block_until_ready(second(*inputs))
-    a, b = [], []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        jax.block_until_ready(first(*inputs))
-        a.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        jax.block_until_ready(second(*inputs))
-        b.append(time.perf_counter() - start)
-    return statistics.median(a), statistics.median(b)
+    times: tuple[list[float], list[float]] = ([], [])
+    for round_ in range(rounds):
+        order = (0, 1) if round_ % 2 == 0 else (1, 0)
+        for which in order:
+            run = (first, second)[which]
+            start = time.perf_counter()
+            jax.block_until_ready(run(*inputs))
+            times[which].append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def measure(name: str, program, args, tactics, rounds: int) -> dict[str, object]:
