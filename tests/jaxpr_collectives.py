@@ -8,6 +8,8 @@ from typing import Any
 
 import jax
 
+from lowering.to_jax import REDUCE_SCATTER_SCOPE
+
 COLLECTIVE_PRIMITIVES = {
     "psum": "all_reduce",
     "psum_invariant": "all_reduce",
@@ -30,6 +32,8 @@ def collective_eqns(compiled: Any, args: Any) -> Iterator[tuple[str, Any]]:
     def walk(jp: Any) -> Iterator[tuple[str, Any]]:
         for eqn in jp.eqns:
             kind = COLLECTIVE_PRIMITIVES.get(eqn.primitive.name)
+            if kind == "all_reduce" and REDUCE_SCATTER_SCOPE in str(eqn.source_info.name_stack):
+                kind = "reduce_scatter"  # the sum of a scatter written as sum + slice (CPU)
             if kind is not None:
                 yield kind, eqn
             for value in eqn.params.values():

@@ -315,6 +315,40 @@ def test_collective_alone(case: str, mesh: jax.sharding.Mesh) -> None:
     assert_close(y, expected(x), what=case)
 
 
+SCATTERS = {
+    **{case: COLLECTIVES[case] for case in ("reduce_scatter", "reduce_scatter_of_replicated")},
+    "reduce_scatter_minor_dim": (
+        one_op_module(
+            '8x16xf32, [{}, {"model"}]',
+            "8x8xf32",
+            'spmd.reduce_scatter %xl dim 1 over ["model"]',
+            "8x4xf32",
+            '8x8xf32, [{}, {"model"}]',
+        ),
+        (8, 16),
+        lambda x: x[:, :8] + x[:, 8:],
+    ),
+}
+
+
+@pytest.mark.parametrize("as_sum", [True, False])
+@pytest.mark.parametrize("case", sorted(SCATTERS))
+def test_both_forms_of_a_reduce_scatter(case: str, as_sum: bool, mesh: jax.sharding.Mesh) -> None:
+    """A reduce-scatter runs as a sum then each device's slice (the form
+    chosen on CPU) or as XLA's reduce-scatter (elsewhere): the same numbers,
+    and the compiled program has the collective it was asked for."""
+    text, shape, expected = SCATTERS[case]
+    program = load(parse(text))
+    program.REDUCE_SCATTER_AS_SUM = as_sum
+    x = ints(*shape)
+    fn = program.build(mesh)
+    (y,) = fn(x)
+    assert_close(np.asarray(y), expected(x), what=case)
+    hlo = fn.lower(x).compile().as_text()
+    assert ("reduce-scatter(" in hlo) is not as_sum
+    assert ("all-reduce(" in hlo) is as_sum
+
+
 # --------------------------------------------------------------------------
 # (c) Replicated programs run unchanged on the mesh
 
