@@ -13,6 +13,7 @@ a step's time is the total work over the cores; the calibration measures
 compute and collectives under that same sharing.
 
     python -m benchmarks.simulator [--rounds 10] [--small]
+    python -m benchmarks.simulator --scale 96   # only: simulating the 96-layer step on 16x8 H100s
 """
 
 from __future__ import annotations
@@ -89,6 +90,27 @@ def time_rounds(rows: list[dict], rounds: int) -> None:
             row["times"].append(time.perf_counter() - t0)
 
 
+def simulate_at_scale(layers: int = 96) -> tuple[partir.Estimate, float]:
+    """`partir.simulate` of the `layers`-layer training step at a large model's
+    shapes (batch 256, seq 2048, width 4096, MLP 16384), BatchParallel +
+    Megatron on a 16x8 H100 profile, from abstract shapes; with its wall
+    seconds."""
+    from examples import stack_train_step
+
+    sizes = {4: 256, 6: 2048, 10: 4096, 14: 16384}
+    args = stack_train_step.make_args(layers_=layers, batch=4, seq=6, width=10, mlp_width=14)
+    abstract = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(tuple(sizes.get(n, n) for n in x.shape), x.dtype), args
+    )
+    start = time.perf_counter()
+    estimate = partir.simulate(
+        stack_train_step.program, abstract, {"data": 16, "model": 8},
+        [partir.BatchParallel("data"), partir.Megatron("model")],
+        partir.named_profile("h100-16x8"),
+    )
+    return estimate, time.perf_counter() - start
+
+
 def spearman(a: list[float], b: list[float]) -> float:
     """Spearman's rank correlation (average ranks for ties)."""
 
@@ -111,7 +133,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--small", action="store_true", help="small shapes, for a quick check")
     parser.add_argument("--profile", help="a saved profile JSON instead of calibrating")
+    parser.add_argument("--scale", type=int, metavar="LAYERS",
+                        help="only time simulating the LAYERS-layer step on 16x8 H100s")
     opts = parser.parse_args()
+    if opts.scale:
+        estimate, seconds = simulate_at_scale(opts.scale)
+        print(f"{opts.scale}-layer step on 16x8 H100s: simulated in {seconds:.1f} s; "
+              f"predicted step {estimate.seconds * 1e3:.1f} ms, "
+              f"peak {estimate.peak_bytes / 2**30:.1f} GiB per device; "
+              f"{len(jax.live_arrays())} device arrays live")
+        return
     start = time.perf_counter()
     if opts.profile:
         profile = partir.Profile.load(opts.profile)
