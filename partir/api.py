@@ -186,6 +186,7 @@ class Lowered:
         return Compiled(program, jax_mesh, self.out_tree, program.build(jax_mesh), self.keys)
 
 
+@paused_gc()
 def lower(
     fn: Callable[..., Any],
     args: Sequence[Any],
@@ -198,18 +199,6 @@ def lower(
     """Import `fn` at `args`, `partition` it (the tactic passes), then run
     `partir-lower-spmd` and `partir-emit-jax`, as `partir-opt` would
     (the collector paused throughout: `dialects.heap.paused_gc`)."""
-    with paused_gc():
-        return _lower(fn, args, mesh, tactics, jax_mesh, name)
-
-
-def _lower(
-    fn: Callable[..., Any],
-    args: Sequence[Any],
-    mesh: Mesh,
-    tactics: Sequence[Tactic],
-    jax_mesh: jax.sharding.Mesh | None,
-    name: str | None,
-) -> Lowered:
     keys = KeyBoundary.of(tuple(args))
     fn, args = keys.raw_function(fn), keys.raw(tuple(args))
     imported = import_program(fn, *args, supported_only=True)

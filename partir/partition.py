@@ -22,6 +22,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
 
 from dialects.functions import entry_function
+from dialects.heap import paused_gc
 from dialects.locations import located_text
 from partir.mesh import Mesh
 from partir.tactics import Automatic, Plan, ProgramView, Tactic
@@ -52,8 +53,6 @@ class Stage:
 
     @staticmethod
     def snapshot(name: str, module: ModuleOp) -> Stage:
-        from dialects.heap import paused_gc
-
         with paused_gc():
             return Stage(name, module.clone())
 
@@ -107,6 +106,7 @@ def plan_schedule(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic]) -> li
     return [tactic.plan(view, mesh) for tactic in tactics]
 
 
+@paused_gc()  # planning, rewrites and snapshots: a collection walks the whole IR
 def partition(
     module: ModuleOp,
     mesh: Mesh,
@@ -121,7 +121,6 @@ def partition(
     `stage_names`); with `verify`, the dialect verifier runs after each tactic.
     """
     from dialects.context import make_context
-    from dialects.heap import paused_gc
     from partir.passes import (  # on use: `import partir` stays light
         ApplyPlanPass,
         AutomaticPass,
@@ -129,8 +128,7 @@ def partition(
     )
     from partir.search import decided
 
-    with paused_gc():  # a collection would walk the whole IR
-        plans = plan_schedule(module, mesh, tactics)
+    plans = plan_schedule(module, mesh, tactics)
     declare_mesh(module, mesh)
     result = Partitioned(module, plans)
     passes: list[ModulePass] = [
@@ -157,7 +155,6 @@ def partition(
         if keep_stages:
             result.stages.append(Stage.snapshot(next(names), module))
 
-    with paused_gc():  # the snapshots too, not only the rewrites
-        PassPipeline(tuple(passes), after).apply(make_context(), module)
+    PassPipeline(tuple(passes), after).apply(make_context(), module)
     result.conflicts = recorded_conflicts(module)
     return result

@@ -148,18 +148,6 @@ def test_strategies_divide_the_work_and_pay_for_their_collectives():
     assert "estimate" in [t.title for t in report.tables()]
 
 
-def scale_case(layers: int = 96):
-    """`partir.simulate` of the N-layer step at batch 256, seq 2048, width 4096,
-    MLP 16384 on 16x8 H100s, checking that no device array appears."""
-    from benchmarks.simulator import simulate_at_scale
-
-    gc.collect()  # arrays an earlier test left in cycles would otherwise be freed mid-count
-    before = len(jax.live_arrays())
-    estimate, _ = simulate_at_scale(layers)
-    assert len(jax.live_arrays()) == before
-    return estimate
-
-
 def test_simulating_a_mesh_larger_than_this_machine_allocates_nothing():
     args = stack_train_step.make_args(layers_=2, batch=64)
     abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
@@ -244,5 +232,10 @@ def test_simulating_a_96_layer_step_on_16x8_h100s_allocates_nothing():
     abstract shapes: nothing is allocated on any device. Its time is measured
     by `python -m benchmarks.simulator --scale`, not here. In CI: the 2-layer
     case above."""
-    e = scale_case()
+    from benchmarks.simulator import simulate_at_scale
+
+    gc.collect()  # arrays an earlier test left in cycles would otherwise be freed mid-count
+    before = len(jax.live_arrays())
+    e, _ = simulate_at_scale(96)
+    assert len(jax.live_arrays()) == before
     assert e.seconds > 0 and e.peak_bytes > 0

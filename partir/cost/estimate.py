@@ -131,7 +131,7 @@ class _Walk:
         self,
         mesh: Mapping[str, int],
         profile: Profile,
-        is_fused: Callable[[Operation], bool] | None = None,
+        is_fused: Callable[[Operation], bool],
     ):
         self.mesh, self.profile = mesh, profile
         self.compute = 0.0
@@ -141,7 +141,7 @@ class _Walk:
         self.by_kind: dict[str, float] = defaultdict(float)
         self.collectives: dict[CollectiveOp, list[float]] = {}
         self.unknown = 0
-        self.fused = is_fused or functools.cache(fused)
+        self.fused = is_fused
 
     def block(self, block: Block, times: float) -> None:
         for op in block.ops:
@@ -260,14 +260,10 @@ def _constant(value: Any) -> int | None:
     return int(number) if float(number).is_integer() else None
 
 
+@paused_gc()
 def estimate(module: ModuleOp, profile: Profile, peak_bytes: int | None = None) -> Estimate:
     """The predicted step of the SPMD `module` on `profile` (`peak_bytes`: the
     report's liveness peak, if the caller has it)."""
-    with paused_gc():
-        return _estimate(module, profile, peak_bytes)
-
-
-def _estimate(module: ModuleOp, profile: Profile, peak_bytes: int | None) -> Estimate:
     is_fused = functools.cache(fused)  # one memo for the time and the memory walks
     if peak_bytes is None:  # the report's liveness, with fused ops holding no buffer
         from partir.report.build import build_report, fused_peak_bytes, is_spmd

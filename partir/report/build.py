@@ -98,9 +98,7 @@ def build_report(
     )
 
 
-def fused_peak_bytes(
-    module: ModuleOp, is_fused: Callable[[Operation], bool] | None = None
-) -> int:
+def fused_peak_bytes(module: ModuleOp, is_fused: Callable[[Operation], bool]) -> int:
     """The cost model's liveness peak of the SPMD `module` (fused ops hold no
     buffer), as `build_report(module, profile=...)` computes it, without
     naming the values: printing the module for its names costs more than the
@@ -115,21 +113,19 @@ def _sizes(entry: func.FuncOp, mesh: Mesh) -> dict[SSAValue, int]:
     """Bytes per device of what `_values` describes (the arguments and the
     top-level results that are tensors), without describing them: one local
     type per distinct type."""
-    local_bytes: dict[Attribute, int | None] = {}
 
+    @functools.cache
     def size(ty: Attribute) -> int | None:
-        found = local_bytes.get(ty, -1)
-        if found == -1:
-            local = ty.local_type(mesh) if isinstance(ty, DTensorType) else ty
-            found = local_bytes[ty] = tensor_bytes(local) if isinstance(local, TensorType) else None
-        return found
+        local = _local_type(ty, mesh)
+        return tensor_bytes(local) if isinstance(local, TensorType) else None
 
-    out: dict[SSAValue, int] = {}
-    for value in (*entry.body.block.args, *(r for op in entry.body.block.ops for r in op.results)):
-        found = size(value.type)
-        if found is not None:
-            out[value] = found
-    return out
+    values = (*entry.body.block.args, *(r for op in entry.body.block.ops for r in op.results))
+    return {v: n for v in values if (n := size(v.type)) is not None}
+
+
+def _local_type(ty: Attribute, mesh: Mesh) -> Attribute:
+    """What one device holds of a value of type `ty`."""
+    return ty.local_type(mesh) if isinstance(ty, DTensorType) else ty
 
 
 def _fused_peak(
@@ -167,7 +163,7 @@ def _value_info(
     mesh: Mesh,
 ) -> ValueInfo | None:
     if isinstance(local, DTensorType):
-        dist, local = local, local.local_type(mesh)
+        dist, local = local, _local_type(local, mesh)
     if not isinstance(local, TensorType):
         return None
     info = ValueInfo(
