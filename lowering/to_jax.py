@@ -286,7 +286,7 @@ class _Program:
 
     def trace(self, *args):
         with self._running(tracing=True):
-            return self.fn.trace(*args)
+            return _Traced(self, self.fn.trace(*args))
 
     def lower(self, *args):
         with self._running(tracing=True):
@@ -301,6 +301,22 @@ class _Program:
                 gc.freeze()
                 stack.callback(gc.unfreeze)
             yield
+
+
+class _Traced:
+    """JAX's traced program, lowered as `_Program` traces: lowering makes
+    objects per equation too (at 96 layers a full collection came due in it
+    and took most of its 5 s)."""
+
+    def __init__(self, program, traced):
+        self._program, self._traced = program, traced
+
+    def lower(self, *args, **kwargs):
+        with self._program._running(tracing=True):
+            return self._traced.lower(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._traced, name)
 '''.replace("@SCATTER_SCOPE@", REDUCE_SCATTER_SCOPE)
 
 _WIDE = {np.dtype(t) for t in (np.float64, np.int64, np.uint64, np.complex128)}

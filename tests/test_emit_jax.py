@@ -633,9 +633,9 @@ def test_traceback_shows_the_generated_line(mesh: jax.sharding.Mesh) -> None:
 def test_tracing_leaves_older_objects_out_of_garbage_collections(
     mesh: jax.sharding.Mesh,
 ) -> None:
-    """The body is traced with the objects made before frozen (a full
-    collection would walk them all); the collector is left as it was, and
-    objects the caller froze stay frozen."""
+    """The body is traced, and the trace lowered, with the objects made before
+    frozen (a full collection would walk them all); the collector is left as
+    it was, and objects the caller froze stay frozen."""
     program = load(parse(MATMUL))
     body, frozen_while_tracing = program._body, []
 
@@ -651,9 +651,20 @@ def test_tracing_leaves_older_objects_out_of_garbage_collections(
     fn(x, w)
     assert len(frozen_while_tracing) == 1, "later calls do not trace"
     assert_close(np.asarray(y), x @ w, what="x @ w")
+    traced = program.build(mesh).trace(x, w)
+    jax_traced, frozen_while_lowering = traced._traced, []
+
+    def watched_lower() -> Any:
+        frozen_while_lowering.append(gc.get_freeze_count())
+        return jax_traced.lower()
+
+    traced._traced = types.SimpleNamespace(lower=watched_lower)
+    lowered = traced.lower()
+    assert frozen_while_lowering[0] > 0 and gc.get_freeze_count() == 0
+    assert "stablehlo.dot_general" in lowered.as_text()
     gc.freeze()
     try:
-        program.build(mesh).trace(x, w)
+        program.build(mesh).trace(x, w).lower()
         assert gc.get_freeze_count() > 0, "the caller's frozen objects were unfrozen"
     finally:
         gc.unfreeze()
