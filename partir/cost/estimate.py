@@ -261,19 +261,17 @@ def _constant(value: Any) -> int | None:
 
 
 @paused_gc()
-def estimate(module: ModuleOp, profile: Profile, peak_bytes: int | None = None) -> Estimate:
-    """The predicted step of the SPMD `module` on `profile` (`peak_bytes`: the
-    report's liveness peak, if the caller has it)."""
-    is_fused = functools.cache(fused)  # one memo for the time and the memory walks
-    if peak_bytes is None:  # the report's liveness, with fused ops holding no buffer
-        from partir.report.build import build_report, fused_peak_bytes, is_spmd
+def estimate(module: ModuleOp, profile: Profile) -> Estimate:
+    """The predicted step of the SPMD `module` on `profile` (a core-stage
+    `module` is lowered first, by its report)."""
+    from partir.report.build import build_report, fused_peak_bytes, is_spmd
 
-        if is_spmd(entry_function(module)):
-            peak_bytes = fused_peak_bytes(module, is_fused)
-        else:
-            found = build_report(module, profile=profile).estimate
-            assert found is not None
-            return found
+    if not is_spmd(entry_function(module)):
+        found = build_report(module, profile=profile).estimate
+        assert found is not None
+        return found
+    is_fused = functools.cache(fused)  # one memo for the time and the memory walks
+    peak_bytes = fused_peak_bytes(module, is_fused)  # the report's liveness, fused ops holding none
     mesh_op = find_mesh(module)
     if mesh_op is None:
         raise ValueError("the module declares no partir.mesh: estimate an SPMD module")

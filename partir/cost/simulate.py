@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from dialects.heap import paused_gc
 from partir.cost.estimate import Estimate, estimate
 from partir.cost.profile import Profile
 from partir.mesh import Mesh
@@ -26,6 +27,7 @@ def abstract(args: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(jax.tree_util.tree_map(shape_of, tuple(args)))
 
 
+@paused_gc()  # between the stages too: a collection rescans the whole IR
 def simulate(
     fn: Callable[..., Any],
     args: Sequence[Any],
@@ -36,7 +38,6 @@ def simulate(
     """Partition `fn` at `args` (arrays or `jax.ShapeDtypeStruct`s) over
     `mesh` (any size: no devices are used) with `tactics`, and estimate one
     step on `profile`."""
-    from dialects.heap import paused_gc
     from lowering.to_spmd import lower_to_spmd
     from partir.importer import import_program
     from partir.keys import KeyBoundary
@@ -45,8 +46,7 @@ def simulate(
     mesh = mesh if isinstance(mesh, Mesh) else Mesh(dict(mesh))
     keys = KeyBoundary.of(tuple(args))
     fn, raw = keys.raw_function(fn), keys.raw(tuple(args))
-    with paused_gc():  # between the stages too: a collection rescans the whole IR
-        module = import_program(fn, *abstract(raw), supported_only=True).module
-        partition(module, mesh, check_tactics(tactics))
-        lower_to_spmd(module)
-        return estimate(module, profile)
+    module = import_program(fn, *abstract(raw), supported_only=True).module
+    partition(module, mesh, check_tactics(tactics))
+    lower_to_spmd(module)
+    return estimate(module, profile)

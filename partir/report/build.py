@@ -81,7 +81,7 @@ def build_report(
     if profile is not None:
         from partir.cost.estimate import estimate
 
-        predicted = estimate(spmd, profile, peak_bytes=_fused_peak(spmd_entry, sizes, names))
+        predicted = estimate(spmd, profile)
     return Report(
         stage=stage,
         mesh=mesh,
@@ -99,14 +99,15 @@ def build_report(
 
 
 def fused_peak_bytes(module: ModuleOp, is_fused: Callable[[Operation], bool]) -> int:
-    """The cost model's liveness peak of the SPMD `module` (fused ops hold no
-    buffer), as `build_report(module, profile=...)` computes it, without
-    naming the values: printing the module for its names costs more than the
-    rest of an estimate (`partir.search` estimates many candidates)."""
+    """The cost model's liveness peak of the SPMD `module`: with XLA's fusion
+    as the cost model sees it, an op `is_fused` accepts holds no buffer
+    (`partir.cost.op_costs.fused`, memoised by the caller). The values go
+    unnamed: printing the module for its names costs more than the rest of
+    an estimate (`partir.search` estimates many candidates)."""
     entry = entry_function(module)
     mesh_op = find_mesh(entry)
     mesh = mesh_op.mesh if mesh_op is not None else Mesh.single_device()
-    return _fused_peak(entry, _sizes(entry, mesh), {}, is_fused)
+    return estimate_memory(entry, _sizes(entry, mesh), {}, lambda op: not is_fused(op)).peak
 
 
 def _sizes(entry: func.FuncOp, mesh: Mesh) -> dict[SSAValue, int]:
@@ -126,22 +127,6 @@ def _sizes(entry: func.FuncOp, mesh: Mesh) -> dict[SSAValue, int]:
 def _local_type(ty: Attribute, mesh: Mesh) -> Attribute:
     """What one device holds of a value of type `ty`."""
     return ty.local_type(mesh) if isinstance(ty, DTensorType) else ty
-
-
-def _fused_peak(
-    entry: func.FuncOp,
-    sizes: dict[SSAValue, int],
-    names: dict[SSAValue, str],
-    is_fused: Callable[[Operation], bool] | None = None,
-) -> int:
-    """The liveness peak with XLA's fusion as the cost model sees it: a
-    fused op holds no buffer (`partir.cost.op_costs.fused`, memoised, or
-    the caller's memo of it)."""
-    from partir.cost.op_costs import fused
-
-    if is_fused is None:
-        is_fused = functools.cache(fused)
-    return estimate_memory(entry, sizes, names, lambda op: not is_fused(op)).peak
 
 
 def report_text(text: str, filename: str = "<string>") -> Report:
