@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -321,7 +321,10 @@ class DedupeSlice(RewritePattern):
 
 
 def _only_slices(loop: LoopOp) -> bool:
-    return all(isinstance(op, SliceOp | YieldOp) for op in loop.body.block.ops)
+    for op in loop.body.block.ops:
+        if type(op) is not SliceOp and type(op) is not YieldOp:
+            return False
+    return True
 
 
 class FuseSliceOfTile(RewritePattern):
@@ -525,25 +528,33 @@ def _idle(op: Operation) -> bool:
         # The slice patterns need a second slice of the source (dedupe) or a
         # source made by a loop (fusion, moving in) or by a rule's op (backward).
         src = op.operands[0]
-        owner = src.owner
+        source = type(src.owner)
         return (
             op.results[0].first_use is not None
             and src.has_one_use()
-            and (
-                not isinstance(owner, Operation)
-                or (isinstance(owner, STRUCTURAL) and type(owner) is not LoopOp)
-            )
+            and (source is Block or (source in _STRUCTURAL_TYPES and source is not LoopOp))
         )
     if kind in CARRYING_OPS:  # a while, or a region's return: carry a tiled value?
-        return not any(type(v.owner) in _TILED_PRODUCERS and tilings(v) for v in op.operands)
+        return not _reads_tiled(op)
     results = op.results
     if not results:
         return _never_dead(kind, op)
-    if all(r.first_use is None for r in results):
+    for result in results:
+        if result.first_use is not None:
+            break
+    else:
         return False  # dead code: the applier erases it
     if kind in _STRUCTURAL_TYPES or len(results) != 1:
         return True
-    return not any(type(v.owner) in _TILED_PRODUCERS and tilings(v) for v in op.operands)
+    return not _reads_tiled(op)
+
+
+def _reads_tiled(op: Operation) -> bool:
+    """Whether an operand of `op` is tiled (plain loops: most visits ask this)."""
+    for value in op.operands:
+        if type(value.owner) in _TILED_PRODUCERS and tilings(value):
+            return True
+    return False
 
 
 _NEVER_DEAD: dict[type[Operation], bool] = {}
