@@ -573,7 +573,18 @@ def _never_dead(kind: type[Operation], op: Operation) -> bool:
 class _Walker(PatternRewriteWalker):
     """xDSL's walker with the same worklist, listener and visit order, except
     that visits `_idle` says would do nothing are skipped before the rewriter
-    is reset for them (which costs more than the check)."""
+    is reset for them (which costs more than the check), and that erasing an
+    op with regions also queues the outer values' producers its body was the
+    last user of (xDSL queues only its own operands': a constant read only
+    in a dead loop's body stayed until the next round, which then cost a
+    whole extra round to confirm)."""
+
+    def _handle_operation_removal(self, op: Operation) -> None:
+        if op.regions and self.apply_recursively:
+            for value in _last_read_inside(op):
+                if isinstance(value.owner, Operation):
+                    self._worklist.push(value.owner)
+        super()._handle_operation_removal(op)
 
     def _process_worklist(self, listener: PatternRewriterListener) -> bool:
         worklist = self._worklist
@@ -597,6 +608,19 @@ class _Walker(PatternRewriteWalker):
                 op.emit_error(f"Error while applying pattern: {err}", underlying_error=err)
             done |= rewriter.has_done_action
         return done
+
+
+def _last_read_inside(op: Operation) -> list[SSAValue]:
+    """Values defined outside `op` whose every use is in its regions."""
+    inside = [inner for region in op.regions for inner in region.walk()]
+    nested = set(inside)
+    blocks = {block for region in op.regions for block in region.blocks}
+    reads: dict[SSAValue, int] = {}
+    for inner in inside:
+        for value in inner.operands:
+            if value.owner not in nested and value.owner not in blocks:
+                reads[value] = reads.get(value, 0) + 1
+    return [value for value, n in reads.items() if value.uses.get_length() == n]
 
 
 @dataclass(frozen=True)
