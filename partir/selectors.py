@@ -41,6 +41,8 @@ def _key(match: re.Match[str]) -> str:
 
 
 def _unquote(literal: str) -> str:
+    if "\\" not in literal:  # no escapes: the text between the quotes, as Python reads it
+        return literal[1:-1]  # (and no `ast.literal_eval`, whose closures are cyclic garbage)
     try:
         value = ast.literal_eval(literal)
     except (SyntaxError, ValueError):

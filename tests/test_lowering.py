@@ -189,3 +189,31 @@ func.func @main(%v: tensor<4x8xf32>) {{
     with pytest.raises(VerifyException) as info:
         module.verify()
     assert message in str(info.value)
+
+
+def test_lowering_leaves_no_cyclic_garbage():
+    """The lowering's bookkeeping (a `Placed` and a `Distribution` per value,
+    the redistributor's memos) is freed when `lower_to_spmd` returns: no
+    reference cycle keeps it for the cyclic collector, which would walk it
+    (at 96 layers, about 0.6 s of `partir.simulate`)."""
+    import gc
+
+    from lowering.distributions import Placed
+
+    args = block_train_step.make_args()
+    module = partir.import_jax(block_train_step.program, *args)
+    partir.partition(module, MESH, [partir.BatchParallel("batch"), partir.Megatron("model")])
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        lower_to_spmd(module)
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, Placed)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was_enabled:
+            gc.enable()
+    assert left == []
