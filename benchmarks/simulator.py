@@ -8,6 +8,17 @@ shuffled order, inputs pre-sharded), and prints both with Spearman's ρ of
 the predicted and measured times, and the predicted peak memory beside
 XLA's `memory_analysis()` (arguments, outputs and temporaries, per device).
 
+Two columns say where a memory miss comes from, since XLA's allocation is
+XLA's to choose: jax.jit's program with the same shardings
+(`benchmarks.vs_jit.baseline`), whose XLA total is partir's on most rows
+(the allocation belongs to the strategy, not to how partir wrote it); and
+the largest all-reduce of the compiled program, which XLA's combiner makes
+from the gradient all-reduces and which holds every gradient at once (on
+the MLP's data-parallel rows its size is exactly XLA's temporaries; on CPU
+a ZeRO reduce-scatter is a sum then a slice, `lowering.to_jax.
+_reduce_scatter`, whose full-size sums double it). The cost model's
+liveness frees each gradient at its own all-reduce.
+
 CPU caveat (shared/guides/jax.md): the 8 devices share this host's cores, so
 a step's time is the total work over the cores; the calibration measures
 compute and collectives under that same sharing.
@@ -32,6 +43,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 import partir
+from benchmarks.hlo_stats import collective_ops
+from benchmarks.vs_jit import baseline
 from examples import block_train_step, mlp_train_step
 from partir.report import XlaMemory
 
@@ -166,19 +179,27 @@ def main() -> None:
                 jax.device_put(x, NamedSharding(compiled.jax_mesh, spec))
                 for x, spec in zip(leaves, compiled.program.IN_SPECS, strict=True)
             ]
-            xla = XlaMemory.of(compiled, args)
+            xla = compiled.run.lower(*inputs).compile()
+            reference, _ = baseline(program, args, compiled)
+            jit_xla = reference.lower(*inputs).compile()
             rows.append({
                 "name": f"{prog_name} {mesh_name} {strat}",
                 "run": compiled.run,
                 "inputs": inputs,
                 "predicted": predicted,
-                "xla_bytes": xla.total,
+                "xla": XlaMemory.from_stats(xla.memory_analysis()),
+                "jit_bytes": XlaMemory.from_stats(jit_xla.memory_analysis()).total,
+                "combined_bytes": max(
+                    (c.bytes for c in collective_ops(xla.as_text()) if c.kind == "all-reduce"),
+                    default=0,
+                ),
                 "times": [],
             })
     time_rounds(rows, opts.rounds)
     print("| program mesh strategy | predicted ms | measured ms | predicted/measured "
-          "| peak MiB predicted | XLA total MiB | mem ratio |")
-    print("|---|---|---|---|---|---|---|")
+          "| peak MiB predicted | XLA MiB args/outputs/temp | XLA total MiB | mem ratio "
+          "| jax.jit XLA total MiB | largest all-reduce MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     predicted_ms, measured_ms = [], []
     for row in rows:
         p = row["predicted"].seconds * 1e3
@@ -186,9 +207,12 @@ def main() -> None:
         predicted_ms.append(p)
         measured_ms.append(m)
         mem = row["predicted"].peak_bytes / 2**20
-        xla = row["xla_bytes"] / 2**20
-        print(f"| {row['name']} | {p:.2f} | {m:.2f} | {p / m:.2f} | {mem:.1f} | {xla:.1f} "
-              f"| {mem / xla:.2f} |")
+        parts = row["xla"]
+        xla = parts.total / 2**20
+        print(f"| {row['name']} | {p:.2f} | {m:.2f} | {p / m:.2f} | {mem:.1f} "
+              f"| {parts.arguments / 2**20:.1f}/{parts.outputs / 2**20:.1f}/"
+              f"{parts.temporaries / 2**20:.1f} | {xla:.1f} | {mem / xla:.2f} "
+              f"| {row['jit_bytes'] / 2**20:.1f} | {row['combined_bytes'] / 2**20:.1f} |")
     print(f"\n{len(rows)} strategies; Spearman rho (predicted vs measured time): "
           f"{spearman(predicted_ms, measured_ms):.3f}")
     print(f"total {time.perf_counter() - start:.0f} s")
