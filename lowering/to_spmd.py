@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import Any, cast
 
 from xdsl.context import Context
 from xdsl.dialects import func
@@ -218,22 +218,11 @@ class SpmdLowering:
             self.at.location = outer
 
     def _lower_located(self, op: Operation) -> None:
-        if isinstance(op, SliceOp):
-            self._lower_slice(op)
-        elif isinstance(op, HaloSliceOp):
-            self._lower_halo_slice(op)
-        elif isinstance(op, LoopOp):
-            self._lower_loop(op)
-        elif isinstance(op, YieldOp | MeshOp):
-            pass
-        elif isinstance(op, shlo.WhileOp):
-            self._lower_while(op)
-        elif isinstance(op, shlo.OptimizationBarrierOp):
-            self._lower_barrier(op)
-        elif isinstance(op, BRANCHING_OPS):
-            self._lower_branching(op)
-        else:
-            self._lower_compute(op)
+        kind = type(op)
+        lower = _LOWERERS.get(kind)
+        if lower is None:
+            lower = _LOWERERS[kind] = _lowerer_for(op)
+        lower(self, op)
 
     def _lower_branching(self, op: Operation) -> None:
         """A conditional on the devices' parts: the index (or predicate) is
@@ -394,11 +383,13 @@ class SpmdLowering:
     def _lower_compute(self, op: Operation) -> None:
         if len(op.successors):
             raise LoweringError(f"{op.name}: ops with successors are not supported")
-        for value in op.operands:
-            if value not in self.env:
+        env = self.env
+        values = op.operands  # xDSL builds this tuple per read
+        for value in values:
+            if value not in env:
                 raise LoweringError(f"{op.name} uses a value the lowering has not seen: {value}")
         keeps = self._keeps_partial(op)
-        placed_operands = [self.env[value] for value in op.operands]
+        placed_operands = [env[value] for value in values]
         operands = []
         for placed in placed_operands:
             if not placed.dist.is_replicated and keeps is None:
@@ -584,3 +575,33 @@ class LowerToSpmdPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         lower_to_spmd(op)
+
+
+Lowerer = Callable[[SpmdLowering, Any], None]
+
+
+def _lowerer_for(op: Operation) -> Lowerer:
+    """How `SpmdLowering` lowers ops of `op`'s kind (found once per kind, in
+    `_LOWERERS`: an ABC isinstance chain per op was slow)."""
+    if isinstance(op, SliceOp):
+        return SpmdLowering._lower_slice
+    if isinstance(op, HaloSliceOp):
+        return SpmdLowering._lower_halo_slice
+    if isinstance(op, LoopOp):
+        return SpmdLowering._lower_loop
+    if isinstance(op, YieldOp | MeshOp):
+        return _nothing
+    if isinstance(op, shlo.WhileOp):
+        return SpmdLowering._lower_while
+    if isinstance(op, shlo.OptimizationBarrierOp):
+        return SpmdLowering._lower_barrier
+    if isinstance(op, BRANCHING_OPS):
+        return SpmdLowering._lower_branching
+    return SpmdLowering._lower_compute
+
+
+def _nothing(lowering: SpmdLowering, op: Operation) -> None:
+    """A yield (its loop reads it) or the mesh: nothing to lower."""
+
+
+_LOWERERS: dict[type[Operation], Lowerer] = {}

@@ -350,6 +350,19 @@ def _same(rank: int) -> LoopRelation:
     return LoopRelation(Distribution.replicated(rank))
 
 
+def _regions_at_scope(op: Operation) -> bool:
+    """Whether `op`'s regions run at its own loop scope (a while or a
+    conditional; found once per op kind: an ABC isinstance per op is slow)."""
+    kind = type(op)
+    found = _REGIONS_AT_SCOPE.get(kind)
+    if found is None:
+        found = _REGIONS_AT_SCOPE[kind] = isinstance(op, shlo.WhileOp | shlo.CaseOp | shlo.IfOp)
+    return found
+
+
+_REGIONS_AT_SCOPE: dict[type[Operation], bool] = {}
+
+
 @dataclass
 class LoopRelations:
     """Every value's `LoopRelation` in a function of core IR.
@@ -372,6 +385,11 @@ class LoopRelations:
     """Per value with any (in program order), the free or unknown axes that a
     user may still settle."""
     _rules: dict[Operation, OpRule | None] = field(default_factory=dict)
+    _computed: dict[tuple[int, tuple[LoopRelation, ...]], tuple[OpRule, LoopRelation]] = field(
+        default_factory=dict
+    )
+    """`_compute`'s result per rule and operand relations: a stack's layers
+    repeat the same few hundred (the rule is kept so its id stays its own)."""
 
     def __call__(self, value: SSAValue) -> LoopRelation:
         found = self.relations.get(value)
@@ -392,7 +410,7 @@ class LoopRelations:
         for op in block.ops:
             if type(op) is LoopOp:
                 self._forward(op.body.block, (*axes, op.axis_name))
-            elif isinstance(op, shlo.WhileOp | shlo.CaseOp | shlo.IfOp):  # regions at its scope
+            elif _regions_at_scope(op):  # regions at its scope
                 for region in op.regions:
                     self._forward(region.block, axes)
             elif type(op) is YieldOp:
@@ -450,11 +468,16 @@ class LoopRelations:
                 LoopRelation(Distribution.replicated(_rank(result)), unknown | axes)
                 for result in op.results
             ]
-        partial = {a for r in operands for a in r.dist.partial}
-        projection = project(rule, [r.dist for r in operands])
-        dist, lost = result_distribution(rule, projection)
-        unplaced = {a for f in rule.unplaced for a in projection.factors[f]}
-        return [LoopRelation(dist).forget(lost | partial | unknown | unplaced)]
+        key = (id(rule), tuple(operands))
+        known = self._computed.get(key)
+        if known is None:
+            partial = {a for r in operands for a in r.dist.partial}
+            projection = project(rule, [r.dist for r in operands])
+            dist, lost = result_distribution(rule, projection)
+            unplaced = {a for f in rule.unplaced for a in projection.factors[f]}
+            relation = LoopRelation(dist).forget(lost | partial | unknown | unplaced)
+            known = self._computed[key] = (rule, relation)
+        return [known[1]]
 
     # what the lowering relies on ---------------------------------------------------
 
