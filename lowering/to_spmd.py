@@ -44,6 +44,7 @@ from dialects.heap import paused_gc
 from dialects.locations import is_unknown
 from dialects.mesh import Mesh
 from dialects.names import op_name
+from dialects.op_kinds import per_op_kind
 from dialects.partir import (
     HaloSliceOp,
     LoopOp,
@@ -218,11 +219,7 @@ class SpmdLowering:
             self.at.location = outer
 
     def _lower_located(self, op: Operation) -> None:
-        kind = type(op)
-        lower = _LOWERERS.get(kind)
-        if lower is None:
-            lower = _LOWERERS[kind] = _lowerer_for(op)
-        lower(self, op)
+        _lowerer_for(op)(self, op)
 
     def _lower_branching(self, op: Operation) -> None:
         """A conditional on the devices' parts: the index (or predicate) is
@@ -580,9 +577,9 @@ class LowerToSpmdPass(ModulePass):
 Lowerer = Callable[[SpmdLowering, Any], None]
 
 
+@per_op_kind
 def _lowerer_for(op: Operation) -> Lowerer:
-    """How `SpmdLowering` lowers ops of `op`'s kind (found once per kind, in
-    `_LOWERERS`: an ABC isinstance chain per op was slow)."""
+    """How `SpmdLowering` lowers ops of `op`'s kind."""
     if isinstance(op, SliceOp):
         return SpmdLowering._lower_slice
     if isinstance(op, HaloSliceOp):
@@ -603,5 +600,3 @@ def _lowerer_for(op: Operation) -> Lowerer:
 def _nothing(lowering: SpmdLowering, op: Operation) -> None:
     """A yield (its loop reads it) or the mesh: nothing to lower."""
 
-
-_LOWERERS: dict[type[Operation], Lowerer] = {}

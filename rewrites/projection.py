@@ -32,6 +32,7 @@ from xdsl.ir import Block, Operation, OpResult, SSAValue
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.distribution import Distribution
+from dialects.op_kinds import per_op_kind
 from dialects.partir import (
     HaloSliceOp,
     LoopOp,
@@ -350,17 +351,10 @@ def _same(rank: int) -> LoopRelation:
     return LoopRelation(Distribution.replicated(rank))
 
 
+@per_op_kind
 def _regions_at_scope(op: Operation) -> bool:
-    """Whether `op`'s regions run at its own loop scope (a while or a
-    conditional; found once per op kind: an ABC isinstance per op is slow)."""
-    kind = type(op)
-    found = _REGIONS_AT_SCOPE.get(kind)
-    if found is None:
-        found = _REGIONS_AT_SCOPE[kind] = isinstance(op, shlo.WhileOp | shlo.CaseOp | shlo.IfOp)
-    return found
-
-
-_REGIONS_AT_SCOPE: dict[type[Operation], bool] = {}
+    """Whether `op`'s regions run at its own loop scope (a while or a conditional)."""
+    return isinstance(op, shlo.WhileOp | shlo.CaseOp | shlo.IfOp)
 
 
 @dataclass

@@ -41,6 +41,7 @@ from xdsl.rewriter import InsertPoint
 from xdsl.traits import IsTerminator, SymbolOpInterface
 
 from dialects.heap import paused_gc
+from dialects.op_kinds import per_op_kind
 from dialects.partir import (
     ORIGIN,
     HaloSliceOp,
@@ -538,7 +539,7 @@ def _idle(op: Operation) -> bool:
         return not _reads_tiled(op)
     results = op.results
     if not results:
-        return _never_dead(kind, op)
+        return _never_dead(op)
     for result in results:
         if result.first_use is not None:
             break
@@ -557,17 +558,12 @@ def _reads_tiled(op: Operation) -> bool:
     return False
 
 
-_NEVER_DEAD: dict[type[Operation], bool] = {}
-
-
-def _never_dead(kind: type[Operation], op: Operation) -> bool:
+@per_op_kind
+def _never_dead(op: Operation) -> bool:
     """Terminators and symbols are never trivially dead (a per-type trait)."""
-    found = _NEVER_DEAD.get(kind)
-    if found is None:
-        found = _NEVER_DEAD[kind] = op.has_trait(
-            IsTerminator, value_if_unregistered=False
-        ) or op.has_trait(SymbolOpInterface, value_if_unregistered=False)
-    return found
+    return op.has_trait(IsTerminator, value_if_unregistered=False) or op.has_trait(
+        SymbolOpInterface, value_if_unregistered=False
+    )
 
 
 class _Walker(PatternRewriteWalker):

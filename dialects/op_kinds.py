@@ -1,0 +1,34 @@
+"""Facts about an op that depend only on its class, found once per class.
+
+Hot per-op paths (propagation's idle check, the SPMD lowering's dispatch,
+loop relations) ask which kind an op is. An `isinstance` against xDSL's
+op classes goes through ABC machinery and showed up in their profiles;
+asking once per class and reading a dict after keeps `isinstance`'s meaning
+(subclasses, such as `stablehlo_ext.WhileOp`, answer as their bases).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from xdsl.ir import Operation
+
+T = TypeVar("T")
+
+
+def per_op_kind(classify: Callable[[Operation], T]) -> Callable[[Operation], T]:
+    """`classify`, computed for the first op of each class and remembered
+    for its class (so it must read nothing but the op's class)."""
+    found: dict[type[Operation], T] = {}
+
+    def by_kind(op: Operation) -> T:
+        kind = type(op)
+        if kind in found:
+            return found[kind]
+        answer = found[kind] = classify(op)
+        return answer
+
+    by_kind.__doc__ = classify.__doc__
+    by_kind.__name__ = classify.__name__
+    return by_kind
