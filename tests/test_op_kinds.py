@@ -4,14 +4,14 @@ subclasses xdsl_jax's, and an exact-type table once missed it)."""
 
 from __future__ import annotations
 
-from xdsl.dialects.test import TestOp
+from xdsl.dialects import test as xdsl_test
 from xdsl_jax.dialects import stablehlo as xj
 
 from dialects import stablehlo_ext
 from dialects.op_kinds import per_op_kind
 
 
-class _DerivedTestOp(TestOp):
+class _DerivedTestOp(xdsl_test.TestOp):
     """A Python subclass, as `stablehlo_ext.WhileOp` is of xdsl_jax's."""
 
 
@@ -21,11 +21,11 @@ def test_a_fact_is_found_once_per_class_and_subclasses_answer_as_isinstance():
     @per_op_kind
     def is_test_op(op) -> bool:
         asked.append(type(op))
-        return isinstance(op, TestOp)
+        return isinstance(op, xdsl_test.TestOp)
 
-    ops = [TestOp.create(), TestOp.create(), _DerivedTestOp.create(), _DerivedTestOp.create()]
+    ops = [xdsl_test.TestOp.create(), xdsl_test.TestOp.create(), _DerivedTestOp.create(), _DerivedTestOp.create()]
     assert [is_test_op(op) for op in ops] == [True, True, True, True]
-    assert asked == [TestOp, _DerivedTestOp]
+    assert asked == [xdsl_test.TestOp, _DerivedTestOp]
 
 
 def test_partirs_while_is_a_stablehlo_while():
