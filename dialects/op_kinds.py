@@ -9,6 +9,7 @@ asking once per class and reading a dict after keeps `isinstance`'s meaning
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -22,6 +23,7 @@ def per_op_kind(classify: Callable[[Operation], T]) -> Callable[[Operation], T]:
     for its class (so it must read nothing but the op's class)."""
     found: dict[type[Operation], T] = {}
 
+    @functools.wraps(classify)
     def by_kind(op: Operation) -> T:
         kind = type(op)
         if kind in found:
@@ -29,6 +31,4 @@ def per_op_kind(classify: Callable[[Operation], T]) -> Callable[[Operation], T]:
         answer = found[kind] = classify(op)
         return answer
 
-    by_kind.__doc__ = classify.__doc__
-    by_kind.__name__ = classify.__name__
     return by_kind

@@ -145,7 +145,6 @@ class SpmdLowering:
     def __init__(self, mesh: Mesh):
         self.mesh = mesh
         self.at = _Insertion(Block())
-        self._emit = self.at.emit
         self.env: dict[SSAValue, Placed] = {}
         self.relations = LoopRelations()
         self.redistribute = Redistributor(mesh, self.at.emit)
@@ -168,7 +167,7 @@ class SpmdLowering:
         self.relations = LoopRelations.of(entry.body.block)
         for arg, new_arg, dtensor in zip(args, self.at.block.args, arg_types, strict=True):
             new_arg.name_hint = arg.name_hint
-            to_local = self._emit(ToLocalOp(new_arg, dtensor.local_type(self.mesh)))
+            to_local = self.at.emit(ToLocalOp(new_arg, dtensor.local_type(self.mesh)))
             to_local.attributes[DIST] = dtensor
             local = to_local.results[0]
             local.name_hint = arg.name_hint
@@ -189,11 +188,11 @@ class SpmdLowering:
                 placed = self.redistribute.reduce_partial(placed)
             assert isinstance(value.type, TensorType)  # it was placed, so it is a tensor
             dtensor = DTensorType.of(value.type, placed.dist)
-            from_local = self._emit(FromLocalOp(placed.local, dtensor))
+            from_local = self.at.emit(FromLocalOp(placed.local, dtensor))
             from_local.attributes[DIST] = dtensor
             results.append(from_local.results[0])
             types.append(dtensor)
-        self._emit(func.ReturnOp(*results))
+        self.at.emit(func.ReturnOp(*results))
         self._drop_unused_partials()
         self._annotate_computed()
         annotate_collectives(self.at.block)
@@ -307,7 +306,7 @@ class SpmdLowering:
                 [DTensorType.of(cast(TensorType, r.type), d)
                  for r, d in zip(results, dists, strict=True)]
             )
-        self._emit(new)
+        self.at.emit(new)
         for old, result, dist in zip(results, new.results, dists, strict=True):
             result.name_hint = old.name_hint
             self.env[old] = Placed(result, dist)
@@ -335,7 +334,7 @@ class SpmdLowering:
                     raise LoweringError(f"{ret.name} ends a region of {where}")
                 for inner in ops:
                     self._lower_op(inner)
-                self._emit(shlo.ReturnOp(returns(ret)))
+                self.at.emit(shlo.ReturnOp(returns(ret)))
             return self.at.block
         finally:
             self.at.block = outer
@@ -397,7 +396,7 @@ class SpmdLowering:
         # afterwards): cloning each op cost more than the rest of the lowering.
         op.detach()
         op.operands = operands
-        self._emit(op)
+        self.at.emit(op)
         if keeps is not None:  # the result is the devices' partial sums (and parts)
             dist, origins = keeps
             self.env[op.results[0]] = Placed(op.results[0], dist, origins)

@@ -577,9 +577,8 @@ class _Walker(PatternRewriteWalker):
 
     def _handle_operation_removal(self, op: Operation) -> None:
         if op.regions and self.apply_recursively:
-            for value in _last_read_inside(op):
-                if isinstance(value.owner, Operation):
-                    self._worklist.push(value.owner)
+            for producer in _producers_last_read_inside(op):
+                self._worklist.push(producer)
         super()._handle_operation_removal(op)
 
     def _process_worklist(self, listener: PatternRewriterListener) -> bool:
@@ -606,17 +605,18 @@ class _Walker(PatternRewriteWalker):
         return done
 
 
-def _last_read_inside(op: Operation) -> list[SSAValue]:
-    """Values defined outside `op` whose every use is in its regions."""
+def _producers_last_read_inside(op: Operation) -> list[Operation]:
+    """The ops outside `op` whose result has its every use in `op`'s regions
+    (a block argument has no producer to queue)."""
     inside = [inner for region in op.regions for inner in region.walk()]
     nested = set(inside)
-    blocks = {block for region in op.regions for block in region.blocks}
-    reads: dict[SSAValue, int] = {}
+    reads: dict[SSAValue, tuple[Operation, int]] = {}
     for inner in inside:
         for value in inner.operands:
-            if value.owner not in nested and value.owner not in blocks:
-                reads[value] = reads.get(value, 0) + 1
-    return [value for value, n in reads.items() if value.uses.get_length() == n]
+            owner = value.owner
+            if isinstance(owner, Operation) and owner not in nested:
+                reads[value] = (owner, reads[value][1] + 1 if value in reads else 1)
+    return [owner for value, (owner, n) in reads.items() if value.uses.get_length() == n]
 
 
 @dataclass(frozen=True)
