@@ -15,6 +15,7 @@ measured times of different rows are comparable within one run only.
 
     python -m benchmarks.auto [--rounds 10] [--budget 60] [--only block]
     python -m benchmarks.auto --scaling   # search time against the number of layers
+    python -m benchmarks.auto --inner     # values inside the program (`partir.values`)
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding
 
 import partir
 from benchmarks.simulator import time_rounds
 from examples import block_train_step, mlp_train_step
-from partir.search import resolve_profile
+from partir.search import resolve_profile, schedule_source
+from partir.values import is_reference
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
 DP, TP = partir.BatchParallel("batch"), partir.Megatron("model")
@@ -82,6 +85,75 @@ def scaling(budget: float, layers: tuple[int, ...] = (1, 4, 12, 24)) -> None:
               f"| `{found.schedule_source}` |")
 
 
+def _row(program: str, name: str, lowered: partir.Lowered, args: tuple,
+         profile: partir.Profile, wall: float) -> dict:
+    """A row for `time_rounds`: the compiled strategy, its inputs placed as its
+    shardings say, its prediction, and the search's wall time if it searched."""
+    compiled = lowered.compile()
+    inputs = [
+        jax.device_put(x, NamedSharding(compiled.jax_mesh, spec))
+        for x, spec in zip(jax.tree.leaves(args), compiled.program.IN_SPECS, strict=True)
+    ]
+    return {
+        "program": program, "name": name, "run": compiled.run, "inputs": inputs,
+        "predicted": lowered.estimate(profile),
+        "search": wall if lowered.searches else None, "times": [],
+    }
+
+
+def inner_values(rounds: int, budget: float) -> None:
+    """Steps where the batch split stops inside the program (`tests/test_values`'
+    table built from iota; `tests/test_automatic`'s cumulative sum over the
+    batch): the batch split alone against it followed by `Automatic`, which
+    may tile the values the split left whole by their `@`-references."""
+    from tests import test_automatic, test_values
+
+    profile, note = resolve_profile(None)
+    print(f"profile: {note}")
+    rng = np.random.default_rng(0)
+    cases = {
+        "table step": (test_values.with_table, test_values.table_args(), "tokens"),
+        "blocked step": (
+            test_automatic.blocked_step,
+            ({"w": rng.random((64, 256), np.float32), "v": rng.random((256, 512), np.float32)},
+             rng.random((128, 64), np.float32)),
+            "batch",
+        ),
+    }
+    rows = []
+    for prog_name, (program, args, data) in cases.items():
+        dp = partir.BatchParallel("batch", inputs=data)
+        auto = partir.Automatic(time_budget_s=budget, progress=False)
+        strategies: list[tuple[str, list[partir.Tactic]]] = [
+            ("DP", [dp]), ("DP + Automatic", [dp, auto])
+        ]
+        for name, tactics in strategies:  # grows by the pick without its references
+            start = time.perf_counter()
+            lowered = partir.jit(program, mesh=MESH, tactics=tactics).lower(*args)
+            wall = time.perf_counter() - start
+            if lowered.searches:
+                found = lowered.searches[0]
+                name = f"DP + {found.schedule_source}"
+                plain = [
+                    t for t in found.chosen.schedule
+                    if not isinstance(t, partir.ManualPartition)
+                    or not any(map(is_reference, t.spec))
+                ]
+                if plain and len(plain) < len(found.chosen.schedule):
+                    strategies.append((f"DP + {schedule_source(plain)}", [dp, *plain]))
+            rows.append(_row(prog_name, name, lowered, args, profile, wall))
+    time_rounds(rows, rounds)
+    print("\n| program | strategy | predicted ms | measured ms | vs DP (measured) | search s |")
+    print("|---|---|---|---|---|---|")
+    for prog_name in cases:
+        mine = [r for r in rows if r["program"] == prog_name]
+        measured = [statistics.median(r["times"]) * 1e3 for r in mine]
+        for r, ms in zip(mine, measured, strict=True):
+            search = f"{r['search']:.1f}" if r["search"] is not None else "-"
+            print(f"| {prog_name} | `{r['name']}` | {r['predicted'].seconds * 1e3:.2f} "
+                  f"| {ms:.2f} | {ms / measured[0]:.2f} | {search} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -89,9 +161,14 @@ def main() -> None:
     parser.add_argument("--only", help="run the programs whose name contains this")
     parser.add_argument("--scaling", action="store_true",
                         help="search time against the number of layers instead")
+    parser.add_argument("--inner", action="store_true",
+                        help="steps whose batch split stops inside the program instead")
     opts = parser.parse_args()
     if opts.scaling:
         scaling(opts.budget)
+        return
+    if opts.inner:
+        inner_values(opts.rounds, opts.budget)
         return
     profile, note = resolve_profile(None)
     print(f"profile: {note}")
@@ -115,17 +192,7 @@ def main() -> None:
                 label = f"Automatic = {found.schedule_source}"
                 print(f"{prog_name}: {found.message()}")
                 print(found.table())
-            predicted = lowered.estimate(profile)
-            compiled = lowered.compile()
-            inputs = [
-                jax.device_put(x, NamedSharding(compiled.jax_mesh, spec))
-                for x, spec in zip(jax.tree.leaves(args), compiled.program.IN_SPECS, strict=True)
-            ]
-            rows.append({
-                "program": prog_name, "name": label, "run": compiled.run, "inputs": inputs,
-                "predicted": predicted, "search": wall if lowered.searches else None,
-                "times": [],
-            })
+            rows.append(_row(prog_name, label, lowered, args, profile, wall))
     time_rounds(rows, opts.rounds)
     print("\n| program | strategy | predicted ms | measured ms | vs best hand (measured) "
           "| MB moved | peak MiB | search s |")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from xdsl.context import Context
@@ -37,12 +37,14 @@ from partir.plan import (
     Plan,
     PlannedTile,
     ProgramView,
+    ReferencedValue,
     ScopedValue,
     TacticError,
     tactic_label,
 )
 from partir.selections import Selection, record_selections
 from partir.tactics import TACTICS, Automatic, Tactic
+from partir.values import ValueReferenceError, find_value
 from rewrites.actions import TileAction, apply_tactic_action, take_action_numbers
 from rewrites.conflicts import ConflictLog, record_conflicts
 from rewrites.inline_calls import InlineCallsPass
@@ -78,14 +80,34 @@ def declare_mesh(module: ModuleOp, mesh: Mesh) -> MeshOp:
     return op
 
 
-def _leaf_value(entry: func.FuncOp, tile: PlannedTile) -> SSAValue:
-    if isinstance(tile.leaf, ScopedValue):
-        return scoped_value(entry, tile.leaf)
-    if tile.leaf.kind == "argument":
-        return entry.body.block.args[tile.leaf.index]
+def _leaf_value(
+    entry: func.FuncOp, tile: PlannedTile, referenced: dict[ReferencedValue, SSAValue]
+) -> SSAValue:
+    leaf = tile.leaf
+    if isinstance(leaf, ReferencedValue):
+        return referenced[leaf]  # read before the plan's first tile
+    if isinstance(leaf, ScopedValue):
+        return scoped_value(entry, leaf)
+    if leaf.kind == "argument":
+        return entry.body.block.args[leaf.index]
     ret = entry.body.block.last_op
     assert isinstance(ret, func.ReturnOp)
-    return ret.arguments[tile.leaf.index]
+    return ret.arguments[leaf.index]
+
+
+def _referenced_value(entry: func.FuncOp, value: ReferencedValue) -> SSAValue:
+    try:
+        return find_value(entry, value.name)
+    except ValueReferenceError as err:
+        raise TacticError(str(err)) from None
+
+
+def _dim_of(value: SSAValue, dim: int) -> int:
+    """`dim`, counted from the front (a value named inside the program is
+    planned before its rank is known, so its dim may count from the end)."""
+    ty = value.type
+    rank = ty.get_num_dims() if isinstance(ty, TensorType) else 0
+    return dim + rank if -rank <= dim < 0 else dim
 
 
 def scoped_value(entry: func.FuncOp, value: ScopedValue) -> SSAValue:
@@ -111,14 +133,30 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
         entry = entry_function(module)
         first = take_action_numbers(module, len(plan))
         log = ConflictLog()
+        # references name ops of the program as the tactics before this one left
+        # it: read them all before this plan's tiles add ops of their own
+        referenced = {
+            tile.leaf: _referenced_value(entry, tile.leaf)
+            for tile in plan
+            if isinstance(tile.leaf, ReferencedValue)
+        }
         actions = []
+        dims: dict[tuple[str, int], int] = {}
         for number, tile in enumerate(plan, start=first):
             label = tile.label or tile.leaf.name
             origin = OriginAttr(number, plan.tactic, label)
-            action = TileAction(_leaf_value(entry, tile), tile.dim, tile.axis, origin, label)
+            value = _leaf_value(entry, tile, referenced)
+            dim = dims[tile.leaf.name, tile.dim] = _dim_of(value, tile.dim)
+            action = TileAction(value, dim, tile.axis, origin, label)
             apply_tactic_action(action, mesh_op, log)
             actions.append(action)
-        record_selections(module, plan.selections())
+        record_selections(
+            module,
+            [
+                replace(s, dim=dims.get((s.leaf, s.dim), s.dim)) if s.dim is not None else s
+                for s in plan.selections()
+            ],
+        )
         propagate(module, log)
     return actions
 

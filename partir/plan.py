@@ -115,13 +115,24 @@ class ScopedValue:
 
 
 @dataclass(frozen=True)
+class ReferencedValue:
+    """A value inside the program named by its `@`-reference
+    (`partir.values`), found when the tile is taken, on the program the
+    tactics before it left. How `ManualPartition` and the `Automatic`
+    search name the values where propagation stopped."""
+
+    name: str
+    """The reference text, `@jit(step)/tanh at model.py:12#1`."""
+
+
+@dataclass(frozen=True)
 class PlannedTile:
     """Tile `leaf` along `dim` over mesh `axis`; `role` is what the tactic took
     the leaf for ("data", "column weight", ...) and `reason` why, for the
     report (`partir.selections`); `label`, if given, is what the action's
     origin and conflicts call the value (by default the leaf's name)."""
 
-    leaf: Leaf | ScopedValue
+    leaf: Leaf | ScopedValue | ReferencedValue
     dim: int
     axis: str
     role: str = "named"
@@ -157,7 +168,8 @@ class Plan:
         return len(self.tiles)
 
     def selections(self) -> list[Selection]:
-        """Every decision, in the leaves' order (arguments, then results)."""
+        """Every decision, in the leaves' order (arguments, then results),
+        then the values inside the program it named by reference."""
         label = self.label or self.tactic
         decided = [
             (t.leaf, Selection(label, t.leaf.name, t.dim, t.axis, t.role, t.reason))
@@ -168,7 +180,12 @@ class Plan:
             (p.leaf, Selection(label, p.leaf.name, None, "", p.role, p.reason)) for p in self.passed
         ]
         decided.sort(key=lambda d: (d[0].kind == "result", d[0].index))
-        return [selection for _, selection in decided]
+        referenced = [
+            Selection(label, t.leaf.name, t.dim, t.axis, t.role, t.reason)
+            for t in self.tiles
+            if isinstance(t.leaf, ReferencedValue)
+        ]
+        return [selection for _, selection in decided] + referenced
 
 
 def tactic_label(tactic: str, *axes: str) -> str:

@@ -17,7 +17,12 @@ The actions are tactics appended to the schedule:
   the axis divides: the data and the parameters (their optimizer state
   follows them through the update; the ZeRO actions split it alone). The
   same leaf of every repeated layer is one action (`layer_groups`: Automap's
-  grouping), so a deeper stack has no more actions than one layer.
+  grouping), so a deeper stack has no more actions than one layer;
+- one tile of a value inside the program where propagation stopped, named
+  by its `@`-reference (`partir.values`): the largest value of each of the
+  largest stretches of ops left whole (`internal_actions`). A reference
+  names a value of the state it was read on, so these are read afresh on
+  each step's state, once the other actions stop gaining.
 
 The method is lazy greedy (Minoux's accelerated greedy), coarse to fine:
 every named tactic is evaluated once against the starting state; from then
@@ -26,7 +31,8 @@ current state and taken if it still beats every other action's last known
 gain, else put back with its new gain. When no named tactic gains any
 more, the one-leaf actions join, evaluated against the state the named
 tactics reached (where propagation has already placed many of their
-tiles, so they are dropped unevaluated), and the same loop refines it.
+tiles, so they are dropped unevaluated), and the same loop refines it;
+when those stop gaining, the internal values' actions join the same way.
 Gains mostly shrink as the schedule grows (an axis can only be used once
 per dim; propagation already spread what earlier actions implied), so
 after a sweep a step costs a few evaluations rather than a sweep. They do
@@ -78,7 +84,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import Operation
 
 from dialects.errors import PartirError
 from dialects.escaping import readable
@@ -101,6 +108,8 @@ from partir.tactics import (
     Tactic,
     ZeRO,
 )
+from partir.values import is_reference, references
+from rewrites.registry import rule_for
 
 Tile = tuple[int, int, str]
 """(argument index, dim, mesh axis): one argument dim split over one axis."""
@@ -306,6 +315,74 @@ def candidate_actions(
     return actions + [(tactic, tiles) for _, tactic, tiles in single]
 
 
+INTERNAL_STRETCHES = 4
+"""How many stretches of whole ops (the largest) each step of the internal
+tier tries (`internal_actions`): each costs an evaluation per dim and axis."""
+
+
+def internal_actions(
+    module: ModuleOp, mesh: Mesh, axes: Sequence[str], stretches: int = INTERNAL_STRETCHES
+) -> list[Tactic]:
+    """Tiles of values inside the program where propagation stopped, on the
+    state `module` is: one `ManualPartition` of an `@`-reference
+    (`partir.values`) per dim and axis, for the largest value of each of the
+    `stretches` largest stretches of whole ops (ops outside every loop,
+    connected through the non-scalar values they pass each other; by the
+    bytes they make). Tiling one value of a stretch tiles the stretch:
+    propagation runs backward through its producers and forward through
+    its users."""
+    entry = entry_function(module)
+    refs = references(entry)
+    members: dict[Operation, int] = {}
+    parent: list[int] = []
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for op in refs:
+        if not _sized(op) or op.name == "stablehlo.constant" or rule_for(op) is None:
+            continue
+        index = members[op] = len(parent)
+        parent.append(index)
+        for value in op.operands:
+            producer = value.owner
+            if isinstance(producer, Operation) and producer in members:
+                parent[find(index)] = find(members[producer])
+    groups: dict[int, list[Operation]] = {}
+    for op, index in members.items():
+        groups.setdefault(find(index), []).append(op)
+    ranked = sorted(groups.values(), key=lambda ops: -sum(_bytes(op) for op in ops))
+    actions: list[Tactic] = []
+    for ops in ranked[:stretches]:
+        largest = max(_bytes(op) for op in ops)
+        value_op = [op for op in ops if _bytes(op) == largest][-1]  # the last: downstream
+        for dim, n in enumerate(_shape(value_op)):
+            for axis in axes:
+                parts = mesh.axes[axis]
+                if n >= parts and n % parts == 0:
+                    actions.append(ManualPartition({refs[value_op]: {dim: axis}}))
+    return actions
+
+
+def _shape(op: Operation) -> tuple[int, ...]:
+    ty = op.results[0].type
+    return tuple(ty.get_shape()) if isinstance(ty, TensorType) else ()
+
+
+def _sized(op: Operation) -> bool:
+    """One tensor result of rank >= 1 (a scalar links every stretch and splits nowhere)."""
+    return len(op.results) == 1 and len(_shape(op)) >= 1
+
+
+def _bytes(op: Operation) -> int:
+    ty = op.results[0].type
+    assert isinstance(ty, TensorType)
+    return math.prod(_shape(op)) * max(1, ty.element_type.bitwidth // 8)
+
+
 def layer_groups(
     leaves: Sequence[Leaf], names: Sequence[str]
 ) -> list[tuple[list[str], list[Leaf]]]:
@@ -378,7 +455,8 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
     limit = tactic.memory_limit_bytes
     progress = _Progress(tactic.time_budget_s, sys.stderr if tactic.progress else None)
     evaluated, rejected = 0, 0
-    seen: dict[frozenset[Tile], Candidate] = {}
+    # per strategy: where the arguments are split, and which inner values were
+    seen: dict[tuple[frozenset[Tile], frozenset[str]], Candidate] = {}
     costs: list[float] = []
 
     def evaluate(state_module: ModuleOp, schedule: tuple[Tactic, ...], action: Tactic | None
@@ -401,9 +479,10 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
         candidate = Candidate.of(schedule, found, argument_tiles(spmd), limit)
         if not candidate.fits:
             rejected += 1
-        previous = seen.get(candidate.tiles)
+        strategy = (candidate.tiles, _references_in(schedule))
+        previous = seen.get(strategy)
         if previous is None or candidate.score(limit) < previous.score(limit):
-            seen[candidate.tiles] = candidate
+            seen[strategy] = candidate
         progress.show(evaluated, min(seen.values(), key=lambda c: c.score(limit)))
         return candidate
 
@@ -421,6 +500,7 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
     state = _State(module, first, 0)
     baseline = state
     actions = candidate_actions(view, mesh, axes, tactic.seed)
+    argument_actions = len(actions)
 
     def time_left() -> bool:
         return time.perf_counter() + max(costs[-8:]) < deadline
@@ -430,19 +510,23 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
         state it ends in, and whether it converged (not the budget)."""
         # heap of (-gain, order, step the gain was measured at, action index):
         # the named tactics first; the one-leaf actions join when those stop gaining
-        heap = [(-float("inf"), i, -1, i) for i, (a, _) in enumerate(actions) if _named(a)]
-        leaves = [(-float("inf"), i, -1, i) for i, (a, _) in enumerate(actions) if not _named(a)]
+        given = actions[:argument_actions]  # not the internal ones an earlier climb named
+        heap = [(-float("inf"), i, -1, i) for i, (a, _) in enumerate(given) if _named(a)]
+        leaves = [(-float("inf"), i, -1, i) for i, (a, _) in enumerate(given) if not _named(a)]
         fresh: dict[int, Candidate] = {}
         swept: set[Tile] = set()  # tiles reached by the one-leaf actions' first sweep
         sweep_step = -1  # the step of that sweep
         refreshed = state.step  # the last step whose named tactics were measured again
+        internal: set[int] = set()  # the internal tier's actions, named on this step's state
+        internal_step = -1  # the step they were named on
         while True:
             head = heap[0] if heap else None
             stop = _min_gain(state.candidate, active)
             if head is None or (head[2] == state.step and -head[0] <= stop):
                 # Gains are not submodular: a named tactic that did not pay
                 # before may now (ZeRO-1 once the batch is split). Measure those
-                # again once per step, then bring in the one-leaf actions, then stop.
+                # again once per step, then bring in the one-leaf actions, then
+                # the values inside the program where propagation stopped, then stop.
                 stale = [e for e in heap if e[2] < state.step and _named(actions[e[3]][0])]
                 if refreshed < state.step and stale:
                     refreshed = state.step
@@ -451,6 +535,12 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
                 elif leaves:
                     heap += leaves
                     leaves, sweep_step = [], state.step
+                elif internal_step < state.step:
+                    internal_step = state.step
+                    for tactic in internal_actions(state.module, mesh, axes):
+                        internal.add(len(actions))
+                        heap.append((-float("inf"), len(actions), -1, len(actions)))
+                        actions.append((tactic, frozenset()))
                 else:
                     return state, True
                 heapq.heapify(heap)
@@ -459,7 +549,7 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
                 return state, False
             _, order, measured_at, index = heapq.heappop(heap)
             action, tiles = actions[index]
-            if tiles <= state.candidate.tiles:
+            if tiles and tiles <= state.candidate.tiles:
                 fresh.pop(index, None)
                 continue  # propagation already did it
             if measured_at == state.step:
@@ -468,6 +558,11 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
                 apply_plan(taken, action.plan(view, mesh))
                 state = _State(taken, taken_candidate, state.step + 1)
                 fresh.clear()
+                # a reference names a value of the state it was read on: drop the
+                # others (the next state's are read when the tier comes round again)
+                heap = [e for e in heap if e[3] not in internal]
+                heapq.heapify(heap)
+                internal.clear()
                 continue
             if state.step == sweep_step and len(tiles) == 1 and tiles <= swept:
                 continue  # a subset of an evaluated one-leaf action's result
@@ -550,6 +645,17 @@ MIN_GAIN = 0.02
 of the memory limit, while over it). The cost model ranks strategies well
 (Spearman's ρ 0.85 on this host) but not to the last percent, so smaller
 predicted gains would grow the schedule on noise."""
+
+
+def _references_in(schedule: Sequence[Tactic]) -> frozenset[str]:
+    """The values inside the program a schedule tiles by reference."""
+    return frozenset(
+        key
+        for tactic in schedule
+        if isinstance(tactic, ManualPartition)
+        for key in tactic.spec
+        if is_reference(key)
+    )
 
 
 def _named(tactic: Tactic) -> bool:

@@ -30,11 +30,13 @@ from partir.plan import (
     Plan,
     PlannedTile,
     ProgramView,
+    ReferencedValue,
     TacticError,
     tactic_label,
 )
 from partir.roles import Roles
 from partir.selectors import KEY_SLASH, slash_path
+from partir.values import ValueReference, ValueReferenceError, is_reference
 
 if TYPE_CHECKING:
     from partir.cost.profile import Profile
@@ -160,8 +162,10 @@ class ManualPartition(Tactic):
     """Tile exactly what you name, selector:dim=axis (`spec="x:0=batch","params/w1:1=model"`).
 
     In Python, `ManualPartition({"x": {0: "batch"}, "params/**/w1": {1: "model"}})`:
-    keys are selectors over argument names (or result names, `result/...`);
-    values map a dim (negative counts from the end) to a mesh axis.
+    keys are selectors over argument names (or result names, `result/...`),
+    or `@`-references to values inside the program (`partir.values`, as the
+    report lists them: `"@jit(step)/tanh at model.py:12#1"`); values map a dim
+    (negative counts from the end) to a mesh axis.
     """
 
     spec: Mapping[str, Mapping[int, str]]
@@ -181,6 +185,9 @@ class ManualPartition(Tactic):
                     f"{self.name}: entry {pattern!r}: {dims!r} is not selector: {{dim: axis}}; "
                     'e.g. ManualPartition({"x": {0: "batch"}})'
                 )
+            if is_reference(pattern):
+                planned += _referenced_tiles(pattern, dims, mesh, self.name)
+                continue
             on_results = slash_path(pattern).split("/")[0] == "result"
             why = f"selected by {quoted(pattern)}"
             for leaf in program.find(pattern, who=self.name, results=on_results):
@@ -205,6 +212,29 @@ class ManualPartition(Tactic):
                 )
             table.setdefault(selector, {})[int(dim)] = axis
         return cls(table)
+
+
+def _referenced_tiles(
+    reference: str, dims: Mapping[int, str], mesh: Mesh, who: str
+) -> list[PlannedTile]:
+    """The tiles of a value named by reference (`partir.values`): checked here
+    for what the reference and the mesh say; its shape is the program's, so
+    the dims are checked when the tile is taken."""
+    try:
+        ValueReference.parse(reference)
+    except ValueReferenceError as err:
+        raise TacticError(f"{who}: {err}") from None
+    tiles = []
+    for dim, axis in dims.items():
+        if not isinstance(dim, int) or isinstance(dim, bool):
+            raise PartirTypeError(
+                f"{who}: the dim of {quoted(reference)} is {dim!r} ({type(dim).__name__}); "
+                f"dims are ints, e.g. {{0: {axis!r}}}"
+            )
+        _axis_size(mesh, axis, who)
+        tiles.append(PlannedTile(ReferencedValue(reference), dim, axis, "named", "by reference"))
+    _check_distinct_axes(tiles, who)
+    return tiles
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -190,6 +191,61 @@ def test_user_names_in_the_pasted_schedule_are_python_literals():
                 (selector,) = tactic.spec
                 picked.update(select([selector], names))
     assert weight in picked  # the odd key was searched, and selected exactly
+
+
+def test_the_search_tiles_values_no_argument_reaches():
+    """Where propagation stops, the search names the value inside the
+    program (`partir.values`): a table the step builds from iota is split
+    over the free axis, and the pasted reference replays the same program."""
+    from tests.test_values import BATCH, table_args, with_table
+
+    args = table_args()
+    auto = partir.Automatic(profile=CPU, progress=False)
+    lowered = lower(with_table, args, [BATCH, auto])
+    (result,) = lowered.searches
+    assert result.finished
+    (tactic,) = result.chosen.schedule
+    assert isinstance(tactic, partir.ManualPartition)
+    (reference,) = tactic.spec
+    assert reference.startswith("@jit(with_table)/")
+    assert result.chosen.seconds < 0.75 * result.baseline.seconds
+    pasted = eval(result.schedule_source, {"partir": partir})
+    again = lower(with_table, args, [BATCH, *pasted])
+    assert again.stage("spmd") == lowered.stage("spmd")
+    assert_close(np.asarray(lowered.compile()(*args)), np.asarray(jax.jit(with_table)(*args)))
+
+
+def blocked_step(p, batch):
+    """A step whose batch split stops at a cumulative sum over the batch: the
+    layers after it are left whole by every argument's tiling."""
+
+    def loss(p, batch):
+        s = jnp.cumsum(jnp.tanh(batch @ p["w"]), axis=0)
+        z = jnp.tanh(s @ p["v"])
+        for _ in range(3):
+            z = jnp.tanh(z) * 1.01
+        return z.mean()
+
+    g = jax.grad(loss)(p, batch)
+    return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+
+
+def test_the_search_weighs_values_after_a_blocked_op():
+    rng = np.random.default_rng(1)
+    p = {"w": rng.random((64, 256), np.float32), "v": rng.random((256, 512), np.float32)}
+    batch = rng.random((128, 64), np.float32)
+    auto = partir.Automatic(profile=CPU, progress=False)
+    lowered = lower(blocked_step, (p, batch),
+                    [partir.BatchParallel("batch", inputs="batch"), auto])
+    (result,) = lowered.searches
+    assert result.finished
+    assert any("'@jit(blocked_step)/" in c.source for c in result.top)
+    pasted = eval(result.schedule_source, {"partir": partir})
+    again = lower(blocked_step, (p, batch), [partir.BatchParallel("batch", inputs="batch"), *pasted])
+    assert again.stage("spmd") == lowered.stage("spmd")
+    got, want = lowered.compile()(p, batch), jax.jit(blocked_step)(p, batch)
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert_close(np.asarray(g), np.asarray(r))
 
 
 def test_the_default_profile_is_this_machines_calibrated_one_else_the_shipped(

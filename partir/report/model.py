@@ -199,8 +199,11 @@ class Report:
             out.append(
                 Table(
                     "replicated ops (core stage)",
-                    ("name", "op", "reason", "detail"),
-                    [(r.name, r.op, r.reason, r.detail) for r in self.replicated_ops],
+                    ("name", "op", "reason", "detail", "reference"),
+                    [
+                        (r.name, r.op, r.reason, r.detail, readable(r.reference or ""))
+                        for r in self.replicated_ops
+                    ],
                 )
             )
         out.append(

@@ -14,6 +14,7 @@ from dialects.names import op_name
 from dialects.partir import LoopOp, MeshOp, find_mesh
 from partir.report.names import _partir_name, ssa_names
 from partir.report.rows import ReplicatedOp
+from partir.values import references
 from rewrites.conflicts import Conflict
 from rewrites.projection import Tiling, follow, tilings
 from rewrites.registry import OpRule, opaque_reason, rule_for
@@ -31,23 +32,27 @@ def replicated_ops(core: ModuleOp, conflicts: Sequence[Conflict]) -> list[Replic
     arg_names = _arg_names(entry)
     mesh_op = find_mesh(entry)
     mesh = mesh_op.mesh if mesh_op is not None else Mesh.single_device()
+    refs = references(entry)
     out = []
     for n, op in enumerate(entry.body.block.ops):
         if isinstance(op, LoopOp | MeshOp | func.ReturnOp):
             continue
         name = names.get(op.results[0], f"%{n}") if op.results else op.name
+        ref = refs.get(op)
         rule = rule_for(op)
         if rule is None:
-            out.append(ReplicatedOp(name, op_name(op), OPAQUE, opaque_reason(op)))
+            out.append(ReplicatedOp(name, op_name(op), OPAQUE, opaque_reason(op), reference=ref))
             continue
         reaching = [(i, t) for i, v in enumerate(op.operands) for t in tilings(v)]
         conflict = _conflict_at(op, reaching, arg_names, conflicts)
         if conflict is not None:
-            out.append(ReplicatedOp(name, op.name, CONFLICT, str(conflict), conflict))
+            out.append(ReplicatedOp(name, op.name, CONFLICT, str(conflict), conflict, ref))
         elif reaching:
-            out.append(ReplicatedOp(name, op.name, BLOCKED, _why_blocked(rule, reaching, mesh)))
+            why = _why_blocked(rule, reaching, mesh)
+            out.append(ReplicatedOp(name, op.name, BLOCKED, why, reference=ref))
         else:
-            out.append(ReplicatedOp(name, op.name, UNTILED, "no tiled operand reached it"))
+            why = "no tiled operand reached it"
+            out.append(ReplicatedOp(name, op.name, UNTILED, why, reference=ref))
     return out
 
 

@@ -119,6 +119,9 @@ class ReplicatedOp:
     reason: str
     detail: str
     conflict: Conflict | None = None
+    reference: str | None = None
+    """How a tactic names its value (`partir.values`): paste it as a
+    `ManualPartition` key to tile it."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -127,6 +130,7 @@ class ReplicatedOp:
             "reason": self.reason,
             "detail": self.detail,
             "conflict": None if self.conflict is None else _conflict_json(self.conflict),
+            "reference": self.reference,
         }
 
 
