@@ -194,14 +194,27 @@ class AutomaticPass(ModulePass):
         assert self.tactic is not None
         mesh = Mesh(module_mesh(op, self.tactic.name).axes)
         chosen = self.tactic.chosen
-        if chosen is None:
-            result = search(op, mesh, self.tactic)
-            self.results[:] = [result]
-            chosen = result.chosen.schedule
-        view = ProgramView.of(entry_function(op))
         self.actions.clear()
+        if chosen is None:
+            searched = search(op, mesh, self.tactic)
+            self.results[:] = [searched.result]
+            if searched.module is not None:  # the pick's IR, as applying it would make it
+                _adopt(op, searched.module)
+                self.actions.extend(searched.actions)
+                return
+            chosen = searched.result.chosen.schedule
+        view = ProgramView.of(entry_function(op))
         for tactic in chosen:
             self.actions.extend(apply_plan(op, tactic.plan(view, mesh)))
+
+
+def _adopt(module: ModuleOp, other: ModuleOp) -> None:
+    """Make `module` hold `other`'s body and attributes (`other` is a copy of
+    `module` some passes have since rewritten; it is left empty)."""
+    module.body.detach_block(0).erase()
+    module.body.add_block(other.body.detach_block(0))
+    module.attributes.clear()
+    module.attributes.update(other.attributes)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ memory they save while over the limit, and by time once under it.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import random
@@ -109,6 +110,7 @@ from partir.tactics import (
     ZeRO,
 )
 from partir.values import is_reference, references
+from rewrites.actions import TileAction
 from rewrites.registry import rule_for
 
 Tile = tuple[int, int, str]
@@ -268,6 +270,20 @@ class _State:
     every evaluated candidate's core IR being kept)."""
     candidate: Candidate
     step: int
+    actions: tuple[TileAction, ...] = ()
+    """The tiling actions the schedule took on `module`, in order."""
+
+
+@dataclass
+class Searched:
+    """A search's result and, when the pick is the state the search ended
+    in, that state's core IR and actions: what applying the pick again to
+    the module would make (`partir.passes.AutomaticPass` adopts it rather
+    than spend the time twice)."""
+
+    result: SearchResult
+    module: ModuleOp | None = None
+    actions: tuple[TileAction, ...] = ()
 
 
 def candidate_actions(
@@ -443,9 +459,14 @@ class _Progress:
             self.out.flush()
 
 
-def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
+def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> Searched:
     """Search the schedule `tactic` stands for, on `module` as the tactics
-    before it left it (not modified)."""
+    before it left it (not modified).
+
+    The budget covers the search: an evaluation starts only if the time
+    left covers it and one more (what may follow it: taking its action, the
+    second climb's start, or making a pick that is not the state the search
+    ended in), each at the cost of the last evaluations."""
     start = time.perf_counter()
     deadline = start + tactic.time_budget_s
     view = ProgramView.of(entry_function(module))
@@ -463,12 +484,8 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
                  ) -> Candidate | None:
         nonlocal evaluated, rejected
         began = time.perf_counter()
-        spmd = state_module.clone()
         try:
-            if action is not None:
-                apply_plan(spmd, action.plan(view, mesh))
-            lower_to_spmd(spmd)
-            found = estimate(spmd, profile)
+            found, tiles = _evaluate(state_module, action, view, mesh, profile)
         except (PartirError, ValueError):  # e.g. a dim split over more devices than it has
             rejected += 1
             evaluated += 1
@@ -476,7 +493,7 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
             return None
         evaluated += 1
         costs.append(time.perf_counter() - began)
-        candidate = Candidate.of(schedule, found, argument_tiles(spmd), limit)
+        candidate = Candidate.of(schedule, found, tiles, limit)
         if not candidate.fits:
             rejected += 1
         strategy = (candidate.tiles, _references_in(schedule))
@@ -493,7 +510,7 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
         skipped = SearchResult.unsearched(ops, expected, tactic, axes, profile.name, note)
         if tactic.progress:
             print(skipped, file=sys.stderr)
-        return skipped
+        return Searched(skipped)
     first = evaluate(module, (), None)
     if first is None:
         raise TacticError(f"{tactic.name}: the program the tactics before it left does not lower")
@@ -503,7 +520,7 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
     argument_actions = len(actions)
 
     def time_left() -> bool:
-        return time.perf_counter() + max(costs[-8:]) < deadline
+        return time.perf_counter() + 2 * max(costs[-8:]) < deadline
 
     def climb(state: _State, active: int | None) -> tuple[_State, bool]:
         """Lazy greedy from `state`, scoring with the limit `active`; the
@@ -555,8 +572,8 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
             if measured_at == state.step:
                 taken_candidate = fresh.pop(index)
                 taken = state.module.clone()  # the candidate's core IR, made again
-                apply_plan(taken, action.plan(view, mesh))
-                state = _State(taken, taken_candidate, state.step + 1)
+                made = apply_plan(taken, action.plan(view, mesh))
+                state = _State(taken, taken_candidate, state.step + 1, (*state.actions, *made))
                 fresh.clear()
                 # a reference names a value of the state it was read on: drop the
                 # others (the next state's are read when the tier comes round again)
@@ -597,12 +614,12 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
     )
     taken_first = state.candidate.schedule[:1]
     runner_up = next((c for c in firsts if c.schedule != taken_first), None)
-    if (finished and runner_up is not None
+    if (finished and runner_up is not None and time_left()
             and baseline.candidate.score(None) - runner_up.score(None)
             > _min_gain(baseline.candidate, None)):
         second = baseline.module.clone()
-        apply_plan(second, runner_up.schedule[0].plan(view, mesh))
-        other, finished = descend(_State(second, runner_up, 1))
+        made = apply_plan(second, runner_up.schedule[0].plan(view, mesh))
+        other, finished = descend(_State(second, runner_up, 1, tuple(made)))
         if other.candidate.score(limit) < state.candidate.score(limit):
             state = other
     progress.done()
@@ -637,7 +654,9 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> SearchResult:
     )
     if tactic.progress:
         print(result, file=sys.stderr)
-    return result
+    if chosen is state.candidate and state.step > 0:
+        return Searched(result, state.module, state.actions)
+    return Searched(result)
 
 
 MIN_GAIN = 0.02
@@ -645,6 +664,26 @@ MIN_GAIN = 0.02
 of the memory limit, while over it). The cost model ranks strategies well
 (Spearman's ρ 0.85 on this host) but not to the last percent, so smaller
 predicted gains would grow the schedule on noise."""
+
+
+def _evaluate(
+    state: ModuleOp, action: Tactic | None, view: ProgramView, mesh: Mesh, profile: Profile
+) -> tuple[Estimate, frozenset[Tile]]:
+    """`action` applied to a copy of `state`, lowered and estimated; with the
+    argument tiles it reached. The copy is garbage after it, cycles and all
+    (xDSL's IR links parents and children): the young objects are collected
+    here, each evaluation's own, so the search's memory stays one program's
+    rather than growing by one per candidate (the collector is paused while
+    partitioning)."""
+    spmd = state.clone()
+    try:
+        if action is not None:
+            apply_plan(spmd, action.plan(view, mesh))
+        lower_to_spmd(spmd)
+        return estimate(spmd, profile), argument_tiles(spmd)
+    finally:
+        del spmd
+        gc.collect(0)
 
 
 def _references_in(schedule: Sequence[Tactic]) -> frozenset[str]:
@@ -662,13 +701,13 @@ def _named(tactic: Tactic) -> bool:
     return isinstance(tactic, BatchParallel | Megatron | ZeRO)
 
 
-SECONDS_PER_OP = 1e-3
+SECONDS_PER_OP = 5e-4
 """What one candidate's evaluation (clone, propagate, lower, estimate) costs
-per op of the program, at most, measured on this project's loaded 2-core
-host (0.9-1.1 ms per op from 1,000 to 22,000 ops, `benchmarks/auto.py
---scaling`): a search whose budget cannot cover even one evaluation returns
-at once rather than overrun it. After the first evaluation, the measured
-costs decide."""
+per op of the program, at most: 0.15-0.2 ms per op from 1,000 to 22,000 ops
+on this project's 2-core host (`benchmarks/auto.py --scaling`), and up to
+2.5 times that while other jobs load it. A search whose budget cannot
+cover even one evaluation returns at once rather than overrun it. After
+the first evaluation, the measured costs decide."""
 
 
 def _min_gain(current: Candidate, limit: int | None) -> float:
