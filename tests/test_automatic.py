@@ -281,7 +281,7 @@ def test_block_step_on_4x2_finds_batch_parallel_and_megatron_within_a_minute():
     auto = partir.Automatic(profile=CPU, progress=False, time_budget_s=60)
     lowered = lower(block_train_step.program, args, [auto])
     (result,) = lowered.searches
-    assert result.seconds < 75  # the budget, and the candidate in flight when it ended
+    assert result.seconds <= 60  # an evaluation starts only if the time left covers two
     dp, tp = partir.BatchParallel("batch"), partir.Megatron("model")
     hands = [[dp, tp], [dp, tp, partir.ZeRO("batch", 1)], [dp, tp, partir.ZeRO("batch", 3)], [dp]]
     best = min(lower(block_train_step.program, args, h).estimate(CPU).seconds for h in hands)
