@@ -371,9 +371,9 @@ def test_every_distribution_reads_back_from_its_spec(axes):
     assert seen == 3 ** len(names) * len(list(itertools.permutations(names)))
 
 
-def test_pipeline_stages_are_a_hook_on_the_nodes():
-    """No tactic assigns pipeline stages yet; export_module writes the ones it
-    is given (op number -> stage) on every node of the op."""
+def test_pipeline_stages_given_go_on_every_node_of_the_op():
+    """export_module writes the stages it is given (op number -> stage) on
+    every node of the op (the pipelined export below gives them per layer)."""
     from partir.onnx_interop.export import export_module
     from partir.partition import partition
 
@@ -408,3 +408,68 @@ def test_a_training_step_exports_runs_and_round_trips():
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
     again = partir.from_onnx(model).jit().lower(feeds, {})
     assert sorted(summary(again.collectives)) == sorted(summary(lowered.collectives))
+
+
+# --- a pipelined step: each node on its stage ------------------------------------
+
+
+def _stages(model: onnx.ModelProto) -> list[int | None]:
+    """Each node's `pipeline_stage`, or None where it has none."""
+    found: list[int | None] = []
+    for node in model.graph.node:
+        stage = [c.pipeline_stage for c in node.device_configurations
+                 if c.HasField("pipeline_stage")]
+        found.append(stage[0] if stage else None)
+    return found
+
+
+@pytest.mark.parametrize(("name", "mesh"), [
+    ("mlp", {"stage": 4, "batch": 2}), ("mlp", {"stage": 8}), ("block", {"stage": 4, "batch": 2}),
+])
+def test_a_pipelined_step_exports_each_layer_on_its_stage(name, mesh, tmp_path):
+    """The 8-layer scanned stacks under Pipeline (1F1B, 4 microbatches): the
+    graph is the global step with its layer loops unrolled, every node of
+    layer l's forward and backward carries stage l // (8 / stages), the head
+    after the loop the last stage's, and onnxruntime gives jax.jit's numbers."""
+    from examples import scanned_stack
+    from partir.onnx_interop.sharding import distribution_of
+
+    if name == "mlp":
+        step, args = scanned_stack.mlp_train_step, scanned_stack.mlp_train_args(layers_=8, batch=16)
+    else:
+        step, args = scanned_stack.train_step, scanned_stack.make_args(layers_=8, batch=16)
+    tactics = [partir.Pipeline("stage", 4, "1f1b")]
+    tactics += [partir.BatchParallel("batch")] if "batch" in mesh else []
+    lowered = partir.jit(step, mesh=partir.Mesh(mesh), tactics=tactics).lower(*args)
+    path = tmp_path / "step.onnx"
+    model = lowered.to_onnx(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    onnx.checker.check_model(model, full_check=True)
+    stages = _stages(model)
+    count = {s: stages.count(s) for s in range(mesh["stage"])}
+    per_layer_loop = count[0] // (8 // mesh["stage"])  # nodes of one layer's forward + backward
+    assert per_layer_loop > 0 and set(stages) == {None, *range(mesh["stage"])}
+    assert all(count[s] == count[0] for s in range(mesh["stage"] - 1))
+    assert count[mesh["stage"] - 1] > count[0]  # the head runs on the last stage
+    assert stages.count(None) > 0  # the embedding and the update run on every stage
+    # the stacked results (updated layers, their Adam state) are split over the stages
+    shapes = {
+        o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output
+    }
+    split = [
+        distribution_of(spec, shapes[spec.tensor_name], partir.Mesh(mesh), spec.tensor_name)
+        for node in model.graph.node
+        for c in node.device_configurations
+        for spec in c.sharding_spec
+        if spec.tensor_name in shapes
+    ]
+    assert len(split) == len(lowered.structure.stacked_results) > 0
+    assert all(d.dims[0] == ("stage",) and not any(d.dims[1:]) for d in split)
+    feeds = {
+        i.name: np.asarray(v)
+        for i, v in zip(model.graph.input, jax.tree_util.tree_leaves(args), strict=True)
+    }
+    got = run_onnxruntime(model, feeds)
+    want = jax.tree_util.tree_leaves(jax.jit(step)(*args))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, np.asarray(w), rtol=2e-4, atol=1e-5)

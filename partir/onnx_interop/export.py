@@ -184,8 +184,9 @@ def export_module(
     with the distributions `partition` (the schedule, applied in place) and the
     SPMD lowering give it on `mesh` (None: the mesh `partition` declares).
 
-    `pipeline_stages` (op number -> stage) is the hook for the Pipeline
-    tactic: each numbered op's nodes get `pipeline_stage`. Nothing sets it yet.
+    `pipeline_stages` (op number -> stage): each numbered op's nodes get
+    `pipeline_stage` (what `partir.onnx_interop.pipeline` gives `build_model`
+    for a pipelined step).
     """
     replay = imported.clone()
     number_ops(replay)

@@ -103,14 +103,10 @@ def backward_layout(s: StepStructure) -> Layout:
     backward anything but the gradient of the loop's output."""
     jaxpr = s.local.jaxpr
     fwd, bwd = s.forward_eqn, s.backward_eqn
-    tainted = set(fwd.outvars)
-    late, early = [], []
-    for eqn in jaxpr.eqns[s.forward + 1 : s.backward]:
-        if tainted & {v for v in eqn.invars if isinstance(v, Var)}:
-            late.append(eqn)
-            tainted |= set(eqn.outvars)
-        else:
-            early.append(eqn)
+    late_at, early_at = s.head_split()
+    late = [jaxpr.eqns[i] for i in late_at]
+    early = [jaxpr.eqns[i] for i in early_at]
+    tainted = set(fwd.outvars).union(*(eqn.outvars for eqn in late))
     results = {v: i for i, v in enumerate(fwd.outvars)}
     carries = s.carries(bwd)
     source: dict[int, tuple[str, int]] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -19,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from dialects.errors import PartirValueError
 from partir.cost.pipeline import PipelineEstimate, estimate_pipeline
 from partir.cost.profile import Profile
+from partir.generated_files import write_private
 from partir.mesh import Mesh
 from partir.pipeline.engine import PipelineProgram
 from partir.pipeline.schedule import Schedule, make_schedule
@@ -125,6 +127,18 @@ class PipelinedLowered:
             self.structure,
             self.estimate(chosen) if chosen is not None else None,
         )
+
+    def to_onnx(self, path: str | Path | None = None) -> Any:
+        """The step as an ONNX model (`onnx.ModelProto`) whose nodes carry the
+        stage each runs on, the ONNX multi-device proposal's `pipeline_stage`
+        (`partir.onnx_interop.pipeline`); written to `path` (0600) if given.
+        Needs the `onnx` extra (`pip install 'partir[onnx]'`)."""
+        from partir.onnx_interop.pipeline import export_pipelined
+
+        model = export_pipelined(self)
+        if path is not None:
+            write_private(Path(path), model.SerializeToString())
+        return model
 
     def estimate(self, profile: Profile | str) -> PipelineEstimate:
         chosen = profile if isinstance(profile, Profile) else Profile.load(profile)

@@ -61,6 +61,8 @@ class _Leaf:
 class StepStructure:
     """Where a step's layer loops are, and how each value splits."""
 
+    full: ClosedJaxpr
+    """The step as given (its loops at every layer, the whole batch)."""
     local: ClosedJaxpr
     """The step with each stacked leaf cut to one stage's layers, at the full batch."""
     micro: ClosedJaxpr
@@ -99,6 +101,22 @@ class StepStructure:
     @property
     def micro_backward(self) -> JaxprEqn:
         return self.micro.jaxpr.eqns[self.micro_loops[1]]
+
+    def head_split(self) -> tuple[list[int], list[int]]:
+        """The head's equations (between the loops), by index: those that read
+        the forward loop's results, directly or not (the last stage runs them,
+        on what the loop made), and the others (every stage runs them, before
+        the schedule). The traces align, so the indices hold in each."""
+        eqns = self.local.jaxpr.eqns
+        tainted = set(eqns[self.forward].outvars)
+        late, early = [], []
+        for i in range(self.forward + 1, self.backward):
+            if tainted & {v for v in eqns[i].invars if isinstance(v, Var)}:
+                late.append(i)
+                tainted |= set(eqns[i].outvars)
+            else:
+                early.append(i)
+        return late, early
 
     def carries(self, eqn: JaxprEqn) -> range:
         consts = eqn.params["num_consts"]
@@ -210,6 +228,7 @@ def find_structure(
         if a.aval.shape != b.aval.shape
     )
     structure = StepStructure(
+        full,
         local,
         micro,
         forward,
