@@ -87,6 +87,7 @@ from typing import TextIO
 
 from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Operation
+from xdsl.traits import ConstantLike
 
 from dialects.errors import PartirError
 from dialects.escaping import readable
@@ -359,8 +360,8 @@ def internal_actions(
         return i
 
     for op in refs:
-        if not _sized(op) or op.name == "stablehlo.constant" or rule_for(op) is None:
-            continue
+        if not _sized(op) or op.has_trait(ConstantLike) or rule_for(op) is None:
+            continue  # a constant is a literal: splitting it computes nothing less
         index = members[op] = len(parent)
         parent.append(index)
         for value in op.operands:
@@ -554,10 +555,10 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> Searched:
                     leaves, sweep_step = [], state.step
                 elif internal_step < state.step:
                     internal_step = state.step
-                    for tactic in internal_actions(state.module, mesh, axes):
+                    for inner in internal_actions(state.module, mesh, axes):
                         internal.add(len(actions))
                         heap.append((-float("inf"), len(actions), -1, len(actions)))
-                        actions.append((tactic, frozenset()))
+                        actions.append((inner, frozenset()))
                 else:
                     return state, True
                 heapq.heapify(heap)
