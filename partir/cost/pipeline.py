@@ -132,7 +132,11 @@ def estimate_pipeline(
     data_axis: str | None,
     mesh: Mesh,
     profile: Profile,
+    zero: bool = False,
 ) -> PipelineEstimate:
+    """With `zero` (ZeRO-1 over `data_axis`), the stacked gradients are
+    reduce-scattered and the updated layers all-gathered instead of one
+    all-reduce, and a stage holds its share of the optimizer state."""
     import jax
     from jax.extend.core import jaxpr_as_fun
 
@@ -154,12 +158,20 @@ def estimate_pipeline(
     )
     data = 0.0
     if data_axis is not None:
-        ys = bwd.outvars[bwd.params["num_carry"] :]
-        data = collective_seconds(
-            "all_reduce", _nbytes(v.aval for v in ys), profile.axis_levels(axes, (data_axis,))
+        ys = _nbytes(v.aval for v in bwd.outvars[bwd.params["num_carry"] :])
+        data_link = profile.axis_levels(axes, (data_axis,))
+        data = (
+            collective_seconds("reduce_scatter", ys, data_link)
+            + collective_seconds("all_gather", ys, data_link)
+            if zero
+            else collective_seconds("all_reduce", ys, data_link)
         )
     per_microbatch = act + _nbytes(v.aval for v in fwd.outvars) + grad
-    stacked = _nbytes(structure.local.jaxpr.invars[i].aval for i in structure.stacked)
+    invars = structure.local.jaxpr.invars
+    parts = axes[data_axis] if zero and data_axis is not None else 1
+    shared = set(structure.optimizer_state) if parts > 1 else set()
+    stacked = _nbytes(invars[i].aval for i in structure.stacked if i not in shared)
+    stacked += _nbytes(invars[i].aval for i in shared) // parts
     return PipelineEstimate(
         profile.name,
         schedule.name,

@@ -167,6 +167,9 @@ class PipelineProgram:
     axis: str
     data_axis: str | None
     data_parts: int
+    zero: bool = False
+    """ZeRO-1 over `data_axis`: each data shard holds and updates its share of
+    the stage's layers' optimizer state."""
 
     def body(self) -> Callable[..., list[Any]]:
         return _Body(self, backward_layout(self.structure)).run
@@ -218,8 +221,36 @@ class _Body:
         for t in range(self.sched.steps):
             state = self.time_step(t, state)
         self.finish(state, env)
+        if self.p.zero:
+            return self.sharded_update(env)
         run_eqns(jaxpr.eqns[self.s.backward + 1 :], env)
         return [_read(env, v) for v in jaxpr.outvars]
+
+    def sharded_update(self, env: Env) -> list[Any]:
+        """ZeRO-1: the update on this data shard's share of the stage's layers
+        (the `zero` trace's update: its optimizer state is that share, its
+        gradients were reduce-scattered to it, its parameters are cut to it),
+        and the stacked results gathered back over the data axis."""
+        zero, data_axis = self.s.zero, self.p.data_axis
+        assert zero is not None and data_axis is not None
+        update = zero.jaxpr.eqns[self.s.backward + 1 :]
+        made = {v for eqn in update for v in eqn.outvars}
+        read = {v for eqn in update for v in eqn.invars if isinstance(v, Var)}
+        read |= {v for v in zero.jaxpr.outvars if isinstance(v, Var)}
+        stands_for = self.s.zero_vars()
+        zenv: Env = dict(zip(zero.jaxpr.constvars, zero.consts, strict=True))
+        for var in read - made - set(zenv):
+            value = env[stands_for[var]]
+            shape = tuple(getattr(var.aval, "shape", ()))
+            if tuple(value.shape) != shape:  # a stacked value, cut to this shard's share
+                value = lax.dynamic_slice_in_dim(value, self.shard * shape[0], shape[0], 0)
+            zenv[var] = value
+        run_eqns(update, zenv)
+        results = [_read(zenv, v) for v in zero.jaxpr.outvars]
+        return [
+            lax.all_gather(r, data_axis, axis=0, tiled=True) if i in self.s.stacked_results else r
+            for i, r in enumerate(results)
+        ]
 
     def initial_state(self) -> dict[str, list[Any]]:
         slots = self.sched.slots
@@ -411,7 +442,10 @@ class _Body:
                     "per-layer inputs; Pipeline supports per-layer inputs without a batch dim"
                 )
             total = state["acc"][j]
-            if self.p.data_axis is not None:
+            if self.p.zero and j >= self.n_bcarry:  # a stacked gradient: this shard's share
+                assert self.p.data_axis is not None
+                total = lax.psum_scatter(total, self.p.data_axis, scatter_dimension=0, tiled=True)
+            elif self.p.data_axis is not None:
                 total = lax.psum(total, self.p.data_axis)
             if j < self.n_bcarry:
                 # a gradient of a value every layer reads: each stage's layers add to it

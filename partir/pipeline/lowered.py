@@ -74,9 +74,15 @@ class PipelinedLowered:
 
     @property
     def in_specs(self) -> list[P]:
+        """Stacked leaves split over the stage axis on their layer dim; with
+        ZeRO, the optimizer state's split again over the data axis."""
+        s, axis = self.structure, self.tactic.axis
+        sharded = set(s.optimizer_state) if self.program.zero else set()
         return [
-            P(self.tactic.axis) if i in self.structure.stacked else P()
-            for i in range(len(self.structure.arg_names))
+            P((axis, self.program.data_axis)) if i in sharded
+            else P(axis) if i in s.stacked
+            else P()
+            for i in range(len(s.arg_names))
         ]
 
     @property
@@ -149,6 +155,7 @@ class PipelinedLowered:
             self.program.data_axis,
             self.mesh,
             chosen,
+            self.program.zero,
         )
 
 
@@ -162,7 +169,7 @@ def lower_pipeline(
     """Split `fn`'s step over the `Pipeline` tactic's axis (see `partir.pipeline`)."""
     pipelines = [t for t in tactics if isinstance(t, Pipeline)]
     tactic = pipelines[0]
-    stages, data_axis, parts = tactic.check(mesh, [t for t in tactics if t is not tactic])
+    stages, data_axis, parts, zero = tactic.check(mesh, [t for t in tactics if t is not tactic])
     if any(
         not hasattr(x, "shape") and not isinstance(x, int | float)
         for x in jax.tree_util.tree_leaves(tuple(args))
@@ -176,8 +183,9 @@ def lower_pipeline(
         data_parts=parts,
         stacked=tactic.stacked,
         axis=tactic.axis,
+        zero_parts=parts if zero else 1,
     )
     schedule = make_schedule(tactic.schedule, stages, tactic.microbatches)
-    program = PipelineProgram(structure, schedule, tactic.axis, data_axis, parts)
+    program = PipelineProgram(structure, schedule, tactic.axis, data_axis, parts, zero)
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
     return PipelinedLowered(tactic, mesh, jax_mesh, structure, schedule, program, out_tree)

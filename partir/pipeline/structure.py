@@ -85,6 +85,12 @@ class StepStructure:
     """(loop eqn index, operand index) -> its batch dim, for operands that have one."""
     result_batch_dim: dict[tuple[int, int], int]
     arg_names: tuple[str, ...]
+    optimizer_state: tuple[int, ...] = ()
+    """Stacked argument leaves that are not the loop's parameters (the
+    optimizer state mirroring them): what ZeRO beside the Pipeline splits."""
+    zero: ClosedJaxpr | None = None
+    """With ZeRO beside the Pipeline: the step with each stacked leaf cut to
+    one data shard's share of one stage's layers (its update runs on that)."""
 
     @property
     def forward_eqn(self) -> JaxprEqn:
@@ -118,6 +124,17 @@ class StepStructure:
                 early.append(i)
         return late, early
 
+    def zero_vars(self) -> dict[Any, Any]:
+        """Each variable of `zero` by the `local` variable it stands for (the
+        traces align op for op)."""
+        assert self.zero is not None
+        a, b = self.local.jaxpr, self.zero.jaxpr
+        found = dict(zip(b.invars, a.invars, strict=True))
+        found.update(zip(b.constvars, a.constvars, strict=True))
+        for mine, theirs in zip(b.eqns, a.eqns, strict=True):
+            found.update(zip(mine.outvars, theirs.outvars, strict=True))
+        return found
+
     def carries(self, eqn: JaxprEqn) -> range:
         consts = eqn.params["num_consts"]
         return range(consts, consts + eqn.params["num_carry"])
@@ -147,6 +164,7 @@ def find_structure(
     data_parts: int,
     stacked: str | Sequence[str] | None,
     axis: str,
+    zero_parts: int = 1,
 ) -> StepStructure:
     """Trace `fn` at `args` and split it as the module docstring says, or raise
     a `PipelineError` naming what does not fit and what to do."""
@@ -208,6 +226,21 @@ def find_structure(
     ]
     local, micro = _trace(flat, local_shapes), _trace(flat, micro_shapes)
     _check_aligned(full, local)
+    zero = None
+    if zero_parts > 1:
+        if per_stage % zero_parts:
+            raise PipelineError(
+                f"Pipeline({quoted(axis)}) with ZeRO: each stage's {per_stage} layers do not "
+                f"split over {zero_parts} data-parallel shards; ZeRO beside a Pipeline splits "
+                "the optimizer state on the layer dim: use a stack of a multiple of "
+                f"{stages * zero_parts} layers"
+            )
+        zero = _trace(flat, [
+            jax.ShapeDtypeStruct((per_stage // zero_parts, *s.shape[1:]), s.dtype)
+            if i in mirrored else s
+            for i, s in enumerate(shapes)
+        ])
+        _check_aligned(local, zero)
     backward = _find_backward(local, forward)
     _check_layerwise(full, local, forward, backward)
     micro_loops = (_same_loop(local, micro, forward), _same_loop(local, micro, backward))
@@ -242,6 +275,8 @@ def find_structure(
         operand_dims,
         result_dims,
         tuple(names),
+        tuple(sorted(mirrored - params)),
+        zero,
     )
     _check_carries(structure, axis)
     return structure

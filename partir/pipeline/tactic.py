@@ -11,7 +11,10 @@ Unlike the tiling tactics it restructures the whole step (one loop over
 time steps holding both the forward and the backward loop), so
 `partir.jit` runs it on the step's jaxpr rather than as a partitioning of
 the imported IR; a `BatchParallel` on another axis splits each
-microbatch's rows over that axis.
+microbatch's rows over that axis, and a `ZeRO(that axis, stage=1)` beside
+it splits each stage's optimizer state over it on the layer dim (each data
+shard updates its share of the stage's layers: the stacked gradients are
+reduce-scattered to it and the updated layers all-gathered back).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dialects.escaping import quoted
 from partir.mesh import Mesh
 from partir.pipeline.schedule import ORDERS
 from partir.plan import Plan, ProgramView, TacticError
-from partir.tactics import BatchParallel, Tactic
+from partir.tactics import BatchParallel, Tactic, ZeRO
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,9 @@ class Pipeline(Tactic):
             "(partir.partition / partir-opt): call the step through partir.jit"
         )
 
-    def check(self, mesh: Mesh, others: Sequence[Tactic]) -> tuple[int, str | None, int]:
-        """(stages, data-parallel axis or None, its size), or a clear error."""
+    def check(self, mesh: Mesh, others: Sequence[Tactic]) -> tuple[int, str | None, int, bool]:
+        """(stages, data-parallel axis or None, its size, whether ZeRO-1 splits the
+        optimizer state over it), or a clear error."""
         if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int):
             raise PartirTypeError(
                 f"Pipeline: microbatches is a number, got {self.microbatches!r}; "
@@ -65,14 +69,18 @@ class Pipeline(Tactic):
             )
         stages = mesh.check_axis(self.axis, "Pipeline")
         data_axis, parts = None, 1
+        zeros = [t for t in others if isinstance(t, ZeRO)]
         for other in others:
             if isinstance(other, Pipeline):
                 raise TacticError("Pipeline: one Pipeline per step; the tactics list two")
+            if isinstance(other, ZeRO):
+                continue
             if not isinstance(other, BatchParallel) or other.inputs is not None or other.dim != 0:
                 raise TacticError(
-                    f"Pipeline composes with BatchParallel(axis) on another axis; {other!r} "
-                    "on the pipelined step is not supported yet (Megatron and ZeRO inside "
-                    "a stage are future work): drop it, or partition without Pipeline"
+                    f"Pipeline composes with BatchParallel(axis) and ZeRO(axis, stage=1) on "
+                    f"another axis; {other!r} on the pipelined step is not supported yet "
+                    "(Megatron inside a stage is future work): drop it, or partition without "
+                    "Pipeline"
                 )
             if data_axis is not None:
                 raise TacticError("Pipeline: at most one BatchParallel beside it")
@@ -83,4 +91,14 @@ class Pipeline(Tactic):
                     "give the data-parallel split another axis of the mesh"
                 )
             data_axis = other.axis
-        return stages, data_axis, parts
+        for zero in zeros:
+            if zero.axis != data_axis or zero.stage != 1 or (
+                zero.params, zero.opt_state, zero.updates
+            ) != (None, None, None) or len(zeros) > 1:
+                raise TacticError(
+                    f"Pipeline composes with one ZeRO(axis, stage=1) on its BatchParallel's "
+                    f"axis ({quoted(data_axis) if data_axis else 'none given'}), which splits "
+                    f"each stage's optimizer state over it; {zero!r} is not supported beside "
+                    "a Pipeline yet (ZeRO-2/3 would split the updates and parameters too)"
+                )
+        return stages, data_axis, parts, bool(zeros)
