@@ -242,8 +242,15 @@ class _Body:
         for var in read - made - set(zenv):
             value = env[stands_for[var]]
             shape = tuple(getattr(var.aval, "shape", ()))
-            if tuple(value.shape) != shape:  # a stacked value, cut to this shard's share
-                value = lax.dynamic_slice_in_dim(value, self.shard * shape[0], shape[0], 0)
+            cut = [d for d, (a, b) in enumerate(zip(value.shape, shape, strict=True)) if a != b]
+            if len(cut) > 1:
+                raise UnsupportedError(
+                    "Pipeline with ZeRO: the update reads a value whose layers are not on "
+                    f"one dim (shape {tuple(value.shape)} for a share of {shape}); ZeRO beside "
+                    "a Pipeline needs the update to keep each layer's values apart"
+                )
+            for d in cut:  # the layer dim of a stacked value: this shard's share of it
+                value = lax.dynamic_slice_in_dim(value, self.shard * shape[d], shape[d], d)
             zenv[var] = value
         run_eqns(update, zenv)
         results = [_read(zenv, v) for v in zero.jaxpr.outvars]
