@@ -260,7 +260,7 @@ def test_unknown_axis_and_schedule() -> None:
         lower(scanned_stack.mlp_train_step, args, {"stage": 4}, partir.Pipeline("stage", 2, "zb"))
 
 
-def test_forward_pass_alone_and_megatron_are_refused() -> None:
+def test_forward_pass_alone_and_megatron_on_the_stage_axis_are_refused() -> None:
     params, x = scanned_stack.mlp_args(layers_=4, batch=8, width=8, hidden=8)
     with pytest.raises(partir.PartirValueError, match=r"no backward loop over the layers"):
         lower(
@@ -270,14 +270,13 @@ def test_forward_pass_alone_and_megatron_are_refused() -> None:
             partir.Pipeline("stage", 2),
         )
     args = scanned_stack.mlp_train_args(layers_=4, batch=8, width=8, hidden=8)
-    with pytest.raises(partir.PartirValueError, match=r"Pipeline composes with BatchParallel"):
-        lower(
-            scanned_stack.mlp_train_step,
-            args,
-            {"stage": 4, "model": 2},
-            partir.Pipeline("stage", 2),
-            partir.Megatron("model"),
-        )
+    for other, message in [
+        (partir.Megatron("stage"), r"one Megatron\(axis\) on an axis of its own"),
+        (partir.ManualPartition({"x": {0: "model"}}), r"Pipeline composes with BatchParallel"),
+    ]:
+        with pytest.raises(partir.PartirValueError, match=message):
+            lower(scanned_stack.mlp_train_step, args, {"stage": 4, "model": 2},
+                  partir.Pipeline("stage", 2), other)
 
 
 @SHARED
@@ -321,6 +320,45 @@ def test_zero_1_beside_the_pipeline_splits_the_optimizer_state_over_the_data_axi
     assert plain.estimate("cpu-host-8").parameter_bytes - (
         lowered.estimate("cpu-host-8").parameter_bytes
     ) == state
+
+
+@pytest.mark.parametrize(("name", "mesh", "schedule"), [
+    ("mlp", {"stage": 4, "model": 2}, "1f1b"),
+    ("block", {"stage": 2, "batch": 2, "model": 2}, "gpipe"),
+])
+def test_megatron_inside_a_stage(name: str, mesh: dict[str, int], schedule: str) -> None:
+    """Pipeline + Megatron(model) (+ BatchParallel): each stage's layers split
+    over "model" as Megatron splits them (their Adam state with them); the
+    loops' bodies and the update partitioned by partir; the numbers are
+    jax.jit's, the stage axis carries only the schedule's permutes (and the
+    head's all-reduce), and the model axis carries the loops' all-reduces."""
+    step, args, _ = program(name)
+    chosen = [*tactics(mesh, schedule, 4), partir.Megatron("model")]
+    lowered = partir.jit(step, mesh=partir.Mesh(mesh), tactics=chosen).lower(*args)
+    s = lowered.structure
+    split = {s.arg_names[i] for i, spec in enumerate(lowered.in_specs) if "model" in spec}
+    assert split and split <= {s.arg_names[i] for i in s.stacked}
+    assert any(n.startswith("opt_state") for n in split)  # the state follows its parameters
+    exe, placed = lowered.executable(*args)
+    check_numbers(name, lowered.unflatten(exe(*placed)))
+    names = list(mesh)
+    coords = np.array(np.unravel_index(np.arange(math.prod(mesh.values())), tuple(mesh.values()))).T
+
+    def axes_of(group: tuple[int, ...]) -> set[str]:
+        return {names[d] for d in range(len(names)) if len({coords[i][d] for i in group}) > 1}
+
+    ops = collective_ops(exe.as_text())
+    pairs = [p for c in ops if c.kind == "collective-permute" for p in c.groups for _ in range(c.times)]
+    sched = lowered.schedule
+    assert len(pairs) == 2 * (sched.stages - 1) * sched.microbatches * math.prod(mesh.values()) // (
+        sched.stages
+    )
+    assert all(axes_of(pair) == {"stage"} for pair in pairs)
+    on_stage = [c for c in ops if c.kind != "collective-permute"
+                and any("stage" in axes_of(g) for g in c.groups)]
+    assert all(c.kind == "all-reduce" for c in on_stage)
+    assert any(c.kind == "all-reduce" and all(axes_of(g) == {"model"} for g in c.groups)
+               for c in ops)
 
 
 def test_zero_beside_a_pipeline_is_stage_1_on_the_data_axis() -> None:

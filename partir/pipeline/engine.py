@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -46,6 +46,9 @@ from dialects.errors import UnsupportedError
 from partir.pipeline.schedule import Schedule
 from partir.pipeline.structure import StepStructure
 
+if TYPE_CHECKING:
+    from partir.pipeline.megatron import StageSegments
+
 Env = dict[Any, Any]
 IDLE, FORWARD, BACKWARD = 0, 1, 2
 
@@ -54,6 +57,10 @@ def zeros_of(var: Any) -> Any:
     """Zeros shaped like a jaxpr variable."""
     aval: Any = var.aval
     return jnp.zeros(aval.shape, aval.dtype)
+
+
+def _dtype(var: Any) -> Any:
+    return var.aval.dtype
 
 
 def _read(env: Env, v: Any) -> Any:
@@ -170,6 +177,8 @@ class PipelineProgram:
     zero: bool = False
     """ZeRO-1 over `data_axis`: each data shard holds and updates its share of
     the stage's layers' optimizer state."""
+    segments: StageSegments | None = None
+    """With Megatron: the loops and the update, partitioned over its axis."""
 
     def body(self) -> Callable[..., list[Any]]:
         return _Body(self, backward_layout(self.structure)).run
@@ -223,6 +232,9 @@ class _Body:
         self.finish(state, env)
         if self.p.zero:
             return self.sharded_update(env)
+        if self.p.segments is not None:
+            update = self.p.segments.update
+            return update([_read(env, v) for v in self.p.segments.update_inputs])
         run_eqns(jaxpr.eqns[self.s.backward + 1 :], env)
         return [_read(env, v) for v in jaxpr.outvars]
 
@@ -262,13 +274,15 @@ class _Body:
     def initial_state(self) -> dict[str, list[Any]]:
         slots = self.sched.slots
 
-        def ring(var: Any) -> Any:
-            return jnp.zeros((slots, *var.aval.shape), var.aval.dtype)
+        def ring(var: Any, dim: int | None = None) -> Any:
+            return jnp.zeros((slots, *self.part_shape(var, dim)), var.aval.dtype)
 
         fwd_dims = [self.s.result_batch_dim[(self.s.forward, j)] for j in range(self.n_fcarry)]
         return {
             "act": [ring(self.mfwd.invars[k]) for k in self.fwd_carries],
-            "res": [ring(v) for v in self.mfwd.outvars],
+            "res": [
+                ring(v, self.result_dim("forward", k)) for k, v in enumerate(self.mfwd.outvars)
+            ],
             "grad": [
                 ring(self.mbwd.invars[self.bwd.params["num_consts"] + j])
                 for j in self.layout.flowing
@@ -280,8 +294,26 @@ class _Body:
                 self.local_buffer(self.bwd.outvars[j], self._bwd_dim(j))
                 for j in self.layout.flowing
             ],
-            "acc": [zeros_of(v) for v in self.mbwd.outvars],
+            "acc": [
+                jnp.zeros(self.part_shape(v, self.result_dim("backward", k)), _dtype(v))
+                for k, v in enumerate(self.mbwd.outvars)
+            ],
         }
+
+    def result_dim(self, loop: str, k: int) -> int | None:
+        """The dim of the loop's result `k` split over the model axis (Megatron)."""
+        segments = self.p.segments
+        if segments is None:
+            return None
+        return (segments.forward if loop == "forward" else segments.backward).result_dims[k]
+
+    def part_shape(self, var: Any, dim: int | None) -> tuple[int, ...]:
+        """`var`'s shape, with `dim` cut to one model shard's part."""
+        shape = list(var.aval.shape)
+        if dim is not None:
+            assert self.p.segments is not None
+            shape[dim] //= self.p.segments.parts
+        return tuple(shape)
 
     def _bwd_dim(self, j: int) -> int:
         return self.s.result_batch_dim[(self.s.backward, j)]
@@ -346,7 +378,8 @@ class _Body:
                 operands.append(self.rows(_read(self.env, var), dim, m))
             else:
                 operands.append(_read(self.env, var))
-        outs = run_eqn(self.mfwd, operands)
+        segments = self.p.segments
+        outs = segments.forward(operands) if segments else run_eqn(self.mfwd, operands)
         res = [
             lax.dynamic_update_index_in_dim(r, x, slot, 0)
             for r, x in zip(state["res"], outs, strict=True)
@@ -402,7 +435,8 @@ class _Body:
                 dim = self.s.operand_batch_dim.get((self.s.backward, k))
                 value = _read(self.env, var)
                 operands.append(value if dim is None else self.rows(value, dim, m))
-        outs = run_eqn(self.mbwd, operands)
+        segments = self.p.segments
+        outs = segments.backward(operands) if segments else run_eqn(self.mbwd, operands)
         consts = self.bwd.params["num_consts"]
         acc = list(state["acc"])
         for j, value in enumerate(outs):

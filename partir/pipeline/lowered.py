@@ -16,18 +16,26 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from xdsl.dialects.builtin import TensorType, f32
 
 from dialects.errors import PartirValueError
 from partir.cost.pipeline import PipelineEstimate, estimate_pipeline
 from partir.cost.profile import Profile
 from partir.generated_files import write_private
 from partir.mesh import Mesh
-from partir.pipeline.engine import PipelineProgram
+from partir.pipeline.engine import PipelineProgram, backward_layout
+from partir.pipeline.megatron import stage_segments
 from partir.pipeline.schedule import Schedule, make_schedule
-from partir.pipeline.structure import StepStructure, find_structure
+from partir.pipeline.structure import (
+    PipelineError,
+    StepStructure,
+    find_structure,
+    mirrored_params,
+)
 from partir.pipeline.tactic import Pipeline
+from partir.plan import Leaf, ProgramView
 from partir.report.pipeline import PipelineReport
-from partir.tactics import Tactic
+from partir.tactics import Megatron, Tactic
 
 
 @dataclass
@@ -41,6 +49,18 @@ class PipelinedCompiled:
     def __call__(self, *args: Any) -> Any:
         leaves = place(jax.tree_util.tree_leaves(tuple(args)), self.in_shardings)
         return jax.tree_util.tree_unflatten(self.out_tree, list(self.run(*leaves)))
+
+
+def _spec(stage_axis: str | None, model_dim: int | None, segments: Any) -> P:
+    """A leaf's spec: dim 0 over the stage axis (if given), `model_dim` over
+    the model axis (if any)."""
+    entries: list[Any] = [stage_axis]
+    if model_dim is not None:
+        entries += [None] * (model_dim + 1 - len(entries))
+        entries[model_dim] = segments.axis
+    while entries and entries[-1] is None:
+        entries.pop()
+    return P(*entries)
 
 
 def place(leaves: Sequence[Any], shardings: Sequence[NamedSharding]) -> list[Any]:
@@ -75,12 +95,15 @@ class PipelinedLowered:
     @property
     def in_specs(self) -> list[P]:
         """Stacked leaves split over the stage axis on their layer dim; with
-        ZeRO, the optimizer state's split again over the data axis."""
+        ZeRO, the optimizer state's split again over the data axis; with
+        Megatron, the leaves it splits over the model axis too."""
         s, axis = self.structure, self.tactic.axis
         sharded = set(s.optimizer_state) if self.program.zero else set()
+        segments = self.program.segments
+        model = segments.leaf_dims if segments is not None else {}
         return [
             P((axis, self.program.data_axis)) if i in sharded
-            else P(axis) if i in s.stacked
+            else _spec(axis, model.get(i), segments) if i in s.stacked
             else P()
             for i in range(len(s.arg_names))
         ]
@@ -88,8 +111,11 @@ class PipelinedLowered:
     @property
     def out_specs(self) -> list[P]:
         count = len(self.structure.local.jaxpr.outvars)
+        segments = self.program.segments
+        dims = segments.update.result_dims if segments is not None else (None,) * count
         return [
-            P(self.tactic.axis) if i in self.structure.stacked_results else P()
+            _spec(self.tactic.axis, dims[i], segments) if i in self.structure.stacked_results
+            else _spec(None, dims[i], segments)
             for i in range(count)
         ]
 
@@ -159,6 +185,32 @@ class PipelinedLowered:
         )
 
 
+def _megatron_dims(structure: StepStructure, megatron: Megatron, mesh: Mesh) -> dict[int, int]:
+    """Each stacked leaf Megatron splits, by the dim it splits (its plan on the
+    step's arguments), and the optimizer state mirroring it on the same dim."""
+    shapes = [tuple(v.aval.shape) for v in structure.full.jaxpr.invars]
+    view = ProgramView(
+        tuple(
+            Leaf("argument", i, name, TensorType(f32, shapes[i]))
+            for i, name in enumerate(structure.arg_names)
+        ),
+        (),
+    )
+    dims = {
+        t.leaf.index: t.dim
+        for t in megatron.plan(view, mesh)
+        if isinstance(t.leaf, Leaf) and t.leaf.index in structure.stacked
+    }
+    if not dims:
+        raise PipelineError(
+            f"Pipeline with {megatron!r}: Megatron selects none of the layer loop's stacked "
+            "parameters; name them as Megatron's column= and row= say"
+        )
+    for mirror, param in mirrored_params(set(dims), structure.arg_names, shapes).items():
+        dims[mirror] = dims[param]
+    return dims
+
+
 def lower_pipeline(
     fn: Callable[..., Any],
     args: Sequence[Any],
@@ -169,7 +221,10 @@ def lower_pipeline(
     """Split `fn`'s step over the `Pipeline` tactic's axis (see `partir.pipeline`)."""
     pipelines = [t for t in tactics if isinstance(t, Pipeline)]
     tactic = pipelines[0]
-    stages, data_axis, parts, zero = tactic.check(mesh, [t for t in tactics if t is not tactic])
+    beside = tactic.check(mesh, [t for t in tactics if t is not tactic])
+    stages, data_axis, parts, zero = (
+        beside.stages, beside.data_axis, beside.data_parts, beside.zero
+    )
     if any(
         not hasattr(x, "shape") and not isinstance(x, int | float)
         for x in jax.tree_util.tree_leaves(tuple(args))
@@ -186,6 +241,15 @@ def lower_pipeline(
         zero_parts=parts if zero else 1,
     )
     schedule = make_schedule(tactic.schedule, stages, tactic.microbatches)
-    program = PipelineProgram(structure, schedule, tactic.axis, data_axis, parts, zero)
+    segments = None
+    if beside.megatron is not None:
+        dims = _megatron_dims(structure, beside.megatron, mesh)
+        segments = stage_segments(
+            structure, backward_layout(structure).source, dims, beside.megatron.axis,
+            beside.model_parts,
+        )
+    program = PipelineProgram(
+        structure, schedule, tactic.axis, data_axis, parts, zero, segments
+    )
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(fn, *args))
     return PipelinedLowered(tactic, mesh, jax_mesh, structure, schedule, program, out_tree)

@@ -339,14 +339,24 @@ def _with_mirrors(
 ) -> set[int]:
     """The stacked parameters and every leaf of the same shape whose path ends with
     one's path below its root (the optimizer's copies, `opt_state/m/blocks/w`)."""
-    tails = {(tuple(slash_path(names[i]).split("/")[1:]), shapes[i].shape) for i in params}
-    chosen = set(params)
+    return set(params) | set(mirrored_params(params, names, [s.shape for s in shapes]))
+
+
+def mirrored_params(
+    params: Sequence[int] | set[int], names: Sequence[str], shapes: Sequence[tuple[int, ...]]
+) -> dict[int, int]:
+    """Each leaf, other than the parameters, whose path ends with a parameter's
+    path below its root and whose shape is that parameter's, by that parameter."""
+    tails = [(tuple(slash_path(names[i]).split("/")[1:]), tuple(shapes[i]), i) for i in params]
+    found: dict[int, int] = {}
     for i, name in enumerate(names):
         segments = tuple(slash_path(name).split("/")[1:])
-        for tail, shape in tails:
-            if tail and shapes[i].shape == shape and segments[-len(tail) :] == tail:
-                chosen.add(i)
-    return chosen
+        for tail, shape, param in tails:
+            if i not in params and tail and tuple(shapes[i]) == shape and (
+                segments[-len(tail) :] == tail
+            ):
+                found.setdefault(i, param)
+    return found
 
 
 def _find_backward(local: ClosedJaxpr, forward: int) -> int:

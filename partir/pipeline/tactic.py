@@ -14,7 +14,9 @@ the imported IR; a `BatchParallel` on another axis splits each
 microbatch's rows over that axis, and a `ZeRO(that axis, stage=1)` beside
 it splits each stage's optimizer state over it on the layer dim (each data
 shard updates its share of the stage's layers: the stacked gradients are
-reduce-scattered to it and the updated layers all-gathered back).
+reduce-scattered to it and the updated layers all-gathered back). A
+`Megatron(axis)` on an axis of its own splits each stage's layers over it,
+the loops and the update partitioned by partir (`partir.pipeline.megatron`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dialects.escaping import quoted
 from partir.mesh import Mesh
 from partir.pipeline.schedule import ORDERS
 from partir.plan import Plan, ProgramView, TacticError
-from partir.tactics import BatchParallel, Tactic, ZeRO
+from partir.tactics import BatchParallel, Megatron, Tactic, ZeRO
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,8 @@ class Pipeline(Tactic):
             "(partir.partition / partir-opt): call the step through partir.jit"
         )
 
-    def check(self, mesh: Mesh, others: Sequence[Tactic]) -> tuple[int, str | None, int, bool]:
-        """(stages, data-parallel axis or None, its size, whether ZeRO-1 splits the
-        optimizer state over it), or a clear error."""
+    def check(self, mesh: Mesh, others: Sequence[Tactic]) -> Beside:
+        """What the tactics beside it ask for, or a clear error."""
         if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int):
             raise PartirTypeError(
                 f"Pipeline: microbatches is a number, got {self.microbatches!r}; "
@@ -70,17 +71,17 @@ class Pipeline(Tactic):
         stages = mesh.check_axis(self.axis, "Pipeline")
         data_axis, parts = None, 1
         zeros = [t for t in others if isinstance(t, ZeRO)]
+        megatrons = [t for t in others if isinstance(t, Megatron)]
         for other in others:
             if isinstance(other, Pipeline):
                 raise TacticError("Pipeline: one Pipeline per step; the tactics list two")
-            if isinstance(other, ZeRO):
+            if isinstance(other, ZeRO | Megatron):
                 continue
             if not isinstance(other, BatchParallel) or other.inputs is not None or other.dim != 0:
                 raise TacticError(
-                    f"Pipeline composes with BatchParallel(axis) and ZeRO(axis, stage=1) on "
-                    f"another axis; {other!r} on the pipelined step is not supported yet "
-                    "(Megatron inside a stage is future work): drop it, or partition without "
-                    "Pipeline"
+                    f"Pipeline composes with BatchParallel(axis), ZeRO(axis, stage=1) and "
+                    f"Megatron(axis) on other axes; {other!r} on the pipelined step is not "
+                    "supported yet: drop it, or partition without Pipeline"
                 )
             if data_axis is not None:
                 raise TacticError("Pipeline: at most one BatchParallel beside it")
@@ -101,4 +102,27 @@ class Pipeline(Tactic):
                     f"each stage's optimizer state over it; {zero!r} is not supported beside "
                     "a Pipeline yet (ZeRO-2/3 would split the updates and parameters too)"
                 )
-        return stages, data_axis, parts, bool(zeros)
+        megatron = megatrons[0] if megatrons else None
+        model_parts = 1
+        if megatron is not None:
+            if len(megatrons) > 1 or megatron.axis in (self.axis, data_axis) or zeros:
+                raise TacticError(
+                    f"Pipeline composes with one Megatron(axis) on an axis of its own (not "
+                    f"the stage or the data axis), without ZeRO; got {megatron!r} beside "
+                    f"{', '.join(repr(t) for t in others if t is not megatron)}"
+                )
+            model_parts = mesh.check_axis(megatron.axis, megatron.name)
+        return Beside(stages, data_axis, parts, bool(zeros), megatron, model_parts)
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What the tactics beside a Pipeline ask for (`Pipeline.check`)."""
+
+    stages: int
+    data_axis: str | None
+    data_parts: int
+    zero: bool
+    """ZeRO-1 over the data axis."""
+    megatron: Megatron | None
+    model_parts: int
