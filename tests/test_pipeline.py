@@ -359,6 +359,12 @@ def test_megatron_inside_a_stage(name: str, mesh: dict[str, int], schedule: str)
     assert all(c.kind == "all-reduce" for c in on_stage)
     assert any(c.kind == "all-reduce" and all(axes_of(g) == {"model"} for g in c.groups)
                for c in ops)
+    # the estimate holds a stage's model shard of the split leaves, and times the
+    # loops split (their all-reduces over "model" included)
+    plain = partir.jit(step, mesh=partir.Mesh(mesh), tactics=chosen[:-1]).lower(*args)
+    mine, whole = lowered.estimate("h100-8"), plain.estimate("h100-8")
+    assert mine.parameter_bytes < whole.parameter_bytes
+    assert mine.forward_seconds != whole.forward_seconds
 
 
 def test_zero_beside_a_pipeline_is_stage_1_on_the_data_axis() -> None:

@@ -32,6 +32,7 @@ from partir.cost.simulate import simulate
 from partir.mesh import Mesh
 
 if TYPE_CHECKING:
+    from partir.pipeline.megatron import Segment, StageSegments
     from partir.pipeline.schedule import Schedule
     from partir.pipeline.structure import StepStructure
 
@@ -113,16 +114,26 @@ ONE_DEVICE = {"device": 1}
 """The mesh a stage's own work is estimated on: it runs on one device."""
 
 
-def _loop_seconds(eqn: Any, profile: Profile) -> float:
-    """The estimate of one `scan` equation alone, on one device."""
+def _loop_seconds(
+    eqn: Any, profile: Profile, segments: StageSegments | None = None,
+    segment: Segment | None = None,
+) -> float:
+    """The estimate of one `scan` equation alone: on one device, or split over
+    the model axis as `segment` is (its collectives included)."""
     import jax
 
     from partir.pipeline.engine import run_eqn
+    from partir.tactics import ManualPartition
 
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
-    return simulate(
-        lambda *xs: run_eqn(eqn, list(xs)), avals, ONE_DEVICE, [], profile
-    ).compute_seconds
+    fn = lambda *xs: run_eqn(eqn, list(xs))  # noqa: E731
+    if segments is None or segment is None:
+        return simulate(fn, avals, ONE_DEVICE, [], profile).compute_seconds
+    spec = {
+        f"args/{k}": {d: segments.axis} for k, d in enumerate(segment.operand_dims) if d is not None
+    }
+    found = simulate(fn, avals, {segments.axis: segments.parts}, [ManualPartition(spec)], profile)
+    return found.seconds
 
 
 def estimate_pipeline(
@@ -133,10 +144,14 @@ def estimate_pipeline(
     mesh: Mesh,
     profile: Profile,
     zero: bool = False,
+    segments: StageSegments | None = None,
 ) -> PipelineEstimate:
     """With `zero` (ZeRO-1 over `data_axis`), the stacked gradients are
     reduce-scattered and the updated layers all-gathered instead of one
-    all-reduce, and a stage holds its share of the optimizer state."""
+    all-reduce, and a stage holds its share of the optimizer state. With
+    `segments` (Megatron), a time step lasts the loop split over the model
+    axis as partir splits it, its all-reduces included, and a stage holds
+    its model shard of the leaves Megatron splits."""
     import jax
     from jax.extend.core import jaxpr_as_fun
 
@@ -145,6 +160,10 @@ def estimate_pipeline(
     whole = simulate(jaxpr_as_fun(micro), avals, ONE_DEVICE, [], profile).compute_seconds
     forward = _loop_seconds(structure.micro_forward, profile)
     backward = _loop_seconds(structure.micro_backward, profile)
+    other = max(0.0, whole - forward - backward)
+    if segments is not None:
+        forward = _loop_seconds(structure.micro_forward, profile, segments, segments.forward)
+        backward = _loop_seconds(structure.micro_backward, profile, segments, segments.backward)
     axes = dict(mesh.axes)
     stage_link = profile.axis_levels(axes, (axis,))
     fwd, bwd = structure.micro_forward, structure.micro_backward
@@ -170,8 +189,13 @@ def estimate_pipeline(
     invars = structure.local.jaxpr.invars
     parts = axes[data_axis] if zero and data_axis is not None else 1
     shared = set(structure.optimizer_state) if parts > 1 else set()
-    stacked = _nbytes(invars[i].aval for i in structure.stacked if i not in shared)
+    model = segments.leaf_dims if segments is not None else {}
+    stacked = _nbytes(
+        invars[i].aval for i in structure.stacked if i not in shared and i not in model
+    )
     stacked += _nbytes(invars[i].aval for i in shared) // parts
+    if segments is not None:
+        stacked += _nbytes(invars[i].aval for i in model) // segments.parts
     return PipelineEstimate(
         profile.name,
         schedule.name,
@@ -180,7 +204,7 @@ def estimate_pipeline(
         schedule.steps,
         forward,
         backward,
-        max(0.0, whole - forward - backward),
+        other,
         permutes,
         data,
         schedule.slots * per_microbatch,

@@ -182,6 +182,7 @@ class PipelinedLowered:
             self.mesh,
             chosen,
             self.program.zero,
+            self.program.segments,
         )
 
 
