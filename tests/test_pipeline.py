@@ -280,29 +280,35 @@ def test_forward_pass_alone_and_megatron_on_the_stage_axis_are_refused() -> None
 
 
 @SHARED
-def test_zero_1_beside_the_pipeline_splits_the_optimizer_state_over_the_data_axis() -> None:
-    """Pipeline + BatchParallel + ZeRO(batch, 1): each data shard holds and
-    updates its share of its stage's layers' Adam state. The stacked
-    gradients are reduce-scattered over "batch" (not all-reduced), the
-    updated layers all-gathered back; the stage axis carries what it did
-    without ZeRO; the numbers are jax.jit's."""
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_beside_the_pipeline_splits_each_stage_s_state_over_the_data_axis(
+    stage: int,
+) -> None:
+    """Pipeline + BatchParallel + ZeRO(batch, stage): each data shard holds and
+    updates its share of its stage's layers' Adam state (1), returns only its
+    share of the updated layers and state (2), and holds only its share of
+    the parameters, gathered for the loops (3). The stacked gradients are
+    reduce-scattered over "batch" (not all-reduced); the stage axis carries
+    what it did without ZeRO; the numbers are jax.jit's."""
     mesh = MESHES["stage4xbatch2"]
     step, args, _ = program("mlp")
-    zero = [*tactics(mesh, "1f1b", 4), partir.ZeRO("batch", 1)]
+    zero = [*tactics(mesh, "1f1b", 4), partir.ZeRO("batch", stage)]
     lowered = partir.jit(step, mesh=partir.Mesh(mesh), tactics=zero).lower(*args)
     s = lowered.structure
     assert s.optimizer_state and set(s.optimizer_state) < set(s.stacked)
+    split = set(s.stacked) if stage == 3 else set(s.optimizer_state)
     for i, spec in enumerate(lowered.in_specs):
-        want = (("stage", "batch"),) if i in s.optimizer_state else (
-            ("stage",) if i in s.stacked else ())
+        want = (("stage", "batch"),) if i in split else (("stage",) if i in s.stacked else ())
         assert tuple(spec) == want, s.arg_names[i]
+    for i, spec in enumerate(lowered.out_specs):
+        if i in s.stacked_results:
+            assert tuple(spec) == ((("stage", "batch"),) if stage >= 2 else ("stage",))
     exe, placed = lowered.executable(*args)
     check_numbers("mlp", lowered.unflatten(exe(*placed)))
     plain, _, _ = pipelined("mlp", "stage4xbatch2", "1f1b", 4)
     ops = collective_ops(exe.as_text())
     scattered = [c for c in ops if c.kind == "reduce-scatter"]
     assert len(scattered) == len(s.stacked) - len(s.optimizer_state)  # one per stacked gradient
-    assert {c.kind for c in ops} >= {"reduce-scatter", "all-gather", "collective-permute"}
     plain_exe, _ = plain.executable(*args)
     permutes = [c for c in ops if c.kind == "collective-permute"]
     assert permutes == [
@@ -311,15 +317,15 @@ def test_zero_1_beside_the_pipeline_splits_the_optimizer_state_over_the_data_axi
     saved = plain_exe.memory_analysis().argument_size_in_bytes - (
         exe.memory_analysis().argument_size_in_bytes
     )
-    state = sum(
+    share = sum(
         math.prod(x.shape) * x.dtype.itemsize // 4  # a stage's share, halved over "batch"
-        for i, x in enumerate(jax.tree.leaves(args)) if i in s.optimizer_state
+        for i, x in enumerate(jax.tree.leaves(args)) if i in split
     ) // 2
-    assert saved == state
-    # the estimate holds a stage's share of the state too
+    assert saved == share
+    # the estimate holds a stage's share too
     assert plain.estimate("cpu-host-8").parameter_bytes - (
         lowered.estimate("cpu-host-8").parameter_bytes
-    ) == state
+    ) == share
 
 
 @pytest.mark.parametrize(("name", "mesh", "schedule"), [
@@ -367,12 +373,12 @@ def test_megatron_inside_a_stage(name: str, mesh: dict[str, int], schedule: str)
     assert mine.forward_seconds != whole.forward_seconds
 
 
-def test_zero_beside_a_pipeline_is_stage_1_on_the_data_axis() -> None:
+def test_zero_beside_a_pipeline_is_on_the_data_axis_with_its_default_selectors() -> None:
     args = scanned_stack.mlp_train_args(layers_=8, batch=16, width=8, hidden=8)
     mesh = {"stage": 4, "batch": 2}
     for other, message in [
-        (partir.ZeRO("batch", 3), r"ZeRO-2/3 would split the updates and parameters too"),
-        (partir.ZeRO("stage", 1), r"one ZeRO\(axis, stage=1\) on its BatchParallel's axis"),
+        (partir.ZeRO("batch", 3, opt_state="opt_state/m/**"), r"with the default selectors"),
+        (partir.ZeRO("stage", 1), r"one ZeRO\(axis, stage\) on its BatchParallel's axis"),
     ]:
         with pytest.raises(partir.PartirValueError, match=message):
             lower(scanned_stack.mlp_train_step, args, mesh, partir.Pipeline("stage", 2),

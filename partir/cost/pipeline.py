@@ -143,12 +143,13 @@ def estimate_pipeline(
     data_axis: str | None,
     mesh: Mesh,
     profile: Profile,
-    zero: bool = False,
+    zero: int = 0,
     segments: StageSegments | None = None,
 ) -> PipelineEstimate:
-    """With `zero` (ZeRO-1 over `data_axis`), the stacked gradients are
+    """With `zero` (a ZeRO stage over `data_axis`), the stacked gradients are
     reduce-scattered and the updated layers all-gathered instead of one
-    all-reduce, and a stage holds its share of the optimizer state. With
+    all-reduce, and a stage holds its share of the optimizer state (and at
+    stage 3 of the parameters). With
     `segments` (Megatron), a time step lasts the loop split over the model
     axis as partir splits it, its all-reduces included, and a stage holds
     its model shard of the leaves Megatron splits."""
@@ -189,6 +190,8 @@ def estimate_pipeline(
     invars = structure.local.jaxpr.invars
     parts = axes[data_axis] if zero and data_axis is not None else 1
     shared = set(structure.optimizer_state) if parts > 1 else set()
+    if parts > 1 and zero == 3:
+        shared = set(structure.stacked)
     model = segments.leaf_dims if segments is not None else {}
     stacked = _nbytes(
         invars[i].aval for i in structure.stacked if i not in shared and i not in model

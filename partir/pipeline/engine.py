@@ -174,9 +174,11 @@ class PipelineProgram:
     axis: str
     data_axis: str | None
     data_parts: int
-    zero: bool = False
-    """ZeRO-1 over `data_axis`: each data shard holds and updates its share of
-    the stage's layers' optimizer state."""
+    zero: int = 0
+    """The ZeRO stage over `data_axis` (0: none): each data shard holds and
+    updates its share of the stage's layers' optimizer state (1), returns only
+    its share of the updated layers (2), and holds only its share of the
+    parameters, gathered once per step for the loops (3)."""
     segments: StageSegments | None = None
     """With Megatron: the loops and the update, partitioned over its axis."""
 
@@ -223,6 +225,11 @@ class _Body:
         self.shard = lax.axis_index(self.p.data_axis) if self.p.data_axis else 0
         env: Env = dict(zip(jaxpr.constvars, self.s.local.consts, strict=True))
         env.update(zip(jaxpr.invars, leaves, strict=True))
+        if self.p.zero == 3:  # each data shard holds its share: the loops need them all
+            assert self.p.data_axis is not None
+            for i in set(self.s.stacked) - set(self.s.optimizer_state):
+                var = jaxpr.invars[i]
+                env[var] = lax.all_gather(env[var], self.p.data_axis, axis=0, tiled=True)
         run_eqns(jaxpr.eqns[: self.s.forward], env)
         run_eqns(list(self.layout.early), env)
         self.env = env
@@ -266,6 +273,8 @@ class _Body:
             zenv[var] = value
         run_eqns(update, zenv)
         results = [_read(zenv, v) for v in zero.jaxpr.outvars]
+        if self.p.zero >= 2:  # the updated layers stay split, as the specs say
+            return results
         return [
             lax.all_gather(r, data_axis, axis=0, tiled=True) if i in self.s.stacked_results else r
             for i, r in enumerate(results)

@@ -99,6 +99,8 @@ class PipelinedLowered:
         Megatron, the leaves it splits over the model axis too."""
         s, axis = self.structure, self.tactic.axis
         sharded = set(s.optimizer_state) if self.program.zero else set()
+        if self.program.zero == 3:  # the parameters too, gathered where the loops use them
+            sharded = set(s.stacked)
         segments = self.program.segments
         model = segments.leaf_dims if segments is not None else {}
         return [
@@ -113,8 +115,10 @@ class PipelinedLowered:
         count = len(self.structure.local.jaxpr.outvars)
         segments = self.program.segments
         dims = segments.update.result_dims if segments is not None else (None,) * count
+        split = (self.tactic.axis, self.program.data_axis)
         return [
-            _spec(self.tactic.axis, dims[i], segments) if i in self.structure.stacked_results
+            P(split) if i in self.structure.stacked_results and self.program.zero >= 2
+            else _spec(self.tactic.axis, dims[i], segments) if i in self.structure.stacked_results
             else _spec(None, dims[i], segments)
             for i in range(count)
         ]

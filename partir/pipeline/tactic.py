@@ -11,10 +11,11 @@ Unlike the tiling tactics it restructures the whole step (one loop over
 time steps holding both the forward and the backward loop), so
 `partir.jit` runs it on the step's jaxpr rather than as a partitioning of
 the imported IR; a `BatchParallel` on another axis splits each
-microbatch's rows over that axis, and a `ZeRO(that axis, stage=1)` beside
+microbatch's rows over that axis, and a `ZeRO(that axis, stage)` beside
 it splits each stage's optimizer state over it on the layer dim (each data
 shard updates its share of the stage's layers: the stacked gradients are
-reduce-scattered to it and the updated layers all-gathered back). A
+reduce-scattered to it and the updated layers all-gathered back; from
+stage 2 the updates it returns stay split, at 3 the parameters too). A
 `Megatron(axis)` on an axis of its own splits each stage's layers over it,
 the loops and the update partitioned by partir (`partir.pipeline.megatron`).
 """
@@ -93,14 +94,15 @@ class Pipeline(Tactic):
                 )
             data_axis = other.axis
         for zero in zeros:
-            if zero.axis != data_axis or zero.stage != 1 or (
+            if zero.axis != data_axis or zero.stage not in (1, 2, 3) or (
                 zero.params, zero.opt_state, zero.updates
             ) != (None, None, None) or len(zeros) > 1:
                 raise TacticError(
-                    f"Pipeline composes with one ZeRO(axis, stage=1) on its BatchParallel's "
-                    f"axis ({quoted(data_axis) if data_axis else 'none given'}), which splits "
-                    f"each stage's optimizer state over it; {zero!r} is not supported beside "
-                    "a Pipeline yet (ZeRO-2/3 would split the updates and parameters too)"
+                    f"Pipeline composes with one ZeRO(axis, stage) on its BatchParallel's "
+                    f"axis ({quoted(data_axis) if data_axis else 'none given'}), with the "
+                    f"default selectors, which splits each stage's optimizer state (and, "
+                    f"from stage 2, the updates it returns; at 3, the parameters) over it; "
+                    f"{zero!r} is not supported beside a Pipeline"
                 )
         megatron = megatrons[0] if megatrons else None
         model_parts = 1
@@ -112,7 +114,8 @@ class Pipeline(Tactic):
                     f"{', '.join(repr(t) for t in others if t is not megatron)}"
                 )
             model_parts = mesh.check_axis(megatron.axis, megatron.name)
-        return Beside(stages, data_axis, parts, bool(zeros), megatron, model_parts)
+        zero_stage = zeros[0].stage if zeros else 0
+        return Beside(stages, data_axis, parts, zero_stage, megatron, model_parts)
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ class Beside:
     stages: int
     data_axis: str | None
     data_parts: int
-    zero: bool
-    """ZeRO-1 over the data axis."""
+    zero: int
+    """The ZeRO stage over the data axis (0: none)."""
     megatron: Megatron | None
     model_parts: int
