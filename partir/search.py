@@ -89,6 +89,7 @@ from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Operation
 from xdsl.traits import ConstantLike
 
+from dialects.dtypes import tensor_bytes
 from dialects.errors import PartirError
 from dialects.escaping import readable
 from dialects.functions import entry_function
@@ -397,7 +398,7 @@ def _sized(op: Operation) -> bool:
 def _bytes(op: Operation) -> int:
     ty = op.results[0].type
     assert isinstance(ty, TensorType)
-    return math.prod(_shape(op)) * max(1, ty.element_type.bitwidth // 8)
+    return tensor_bytes(ty)
 
 
 def layer_groups(

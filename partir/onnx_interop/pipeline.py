@@ -24,14 +24,14 @@ import jax
 import jax.numpy as jnp
 import onnx
 from jax import lax
-from jax.extend.core import ClosedJaxpr, JaxprEqn, Literal, jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, JaxprEqn, jaxpr_as_fun
 
 from dialects.distribution import Distribution
 from dialects.functions import entry_function
 from dialects.locations import source_location
 from partir.importer import import_lowered, name_arguments, name_results, result_paths
 from partir.onnx_interop.export import build_model
-from partir.pipeline.engine import run_eqn
+from partir.pipeline.engine import read_atoms, run_eqn
 
 if TYPE_CHECKING:
     from partir.pipeline.lowered import PipelinedLowered
@@ -64,12 +64,8 @@ def unrolled_step(
         jaxpr = closed.jaxpr
         env: dict[Any, Any] = dict(zip(jaxpr.constvars, closed.consts, strict=True))
         env.update(zip(jaxpr.invars, leaves, strict=True))
-
-        def read(v: Any) -> Any:
-            return v.val if isinstance(v, Literal) else env[v]
-
         for index, eqn in enumerate(jaxpr.eqns):
-            operands = [read(v) for v in eqn.invars]
+            operands = read_atoms(env, eqn.invars)
             if index in loops:
                 outs = _unrolled_scan(eqn, operands, layer_scope)
             elif index in scoped:
@@ -78,7 +74,7 @@ def unrolled_step(
             else:
                 outs = run_eqn(eqn, operands)
             env.update(zip(eqn.outvars, outs, strict=True))
-        return [read(v) for v in jaxpr.outvars]
+        return read_atoms(env, jaxpr.outvars)
 
     return run
 

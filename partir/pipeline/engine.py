@@ -33,7 +33,7 @@ microbatch; pre, head and update run on the whole batch, gathered.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +65,22 @@ def _dtype(var: Any) -> Any:
 
 def _read(env: Env, v: Any) -> Any:
     return v.val if isinstance(v, Literal) else env[v]
+
+
+def read_atoms(env: Env, atoms: Sequence[Any]) -> list[Any]:
+    """The values of jaxpr atoms (variables, or literals) in `env`."""
+    return [_read(env, v) for v in atoms]
+
+
+def inputs_of(eqns: Sequence[JaxprEqn], outvars: Sequence[Any]) -> list[Any]:
+    """The variables `eqns` (and `outvars`) read that they do not make, in
+    order of first read: what a run of a jaxpr's equations takes."""
+    made = {v for eqn in eqns for v in eqn.outvars}
+    found: dict[Any, None] = {}
+    for atom in [*(v for eqn in eqns for v in eqn.invars), *outvars]:
+        if isinstance(atom, Var) and atom not in made:
+            found.setdefault(atom)
+    return list(found)
 
 
 def run_eqn(eqn: JaxprEqn, operands: list[Any]) -> list[Any]:
@@ -241,7 +257,7 @@ class _Body:
             return self.sharded_update(env)
         if self.p.segments is not None:
             update = self.p.segments.update
-            return update([_read(env, v) for v in self.p.segments.update_inputs])
+            return update(read_atoms(env, self.p.segments.update_inputs))
         run_eqns(jaxpr.eqns[self.s.backward + 1 :], env)
         return [_read(env, v) for v in jaxpr.outvars]
 
@@ -253,12 +269,11 @@ class _Body:
         zero, data_axis = self.s.zero, self.p.data_axis
         assert zero is not None and data_axis is not None
         update = zero.jaxpr.eqns[self.s.backward + 1 :]
-        made = {v for eqn in update for v in eqn.outvars}
-        read = {v for eqn in update for v in eqn.invars if isinstance(v, Var)}
-        read |= {v for v in zero.jaxpr.outvars if isinstance(v, Var)}
         stands_for = self.s.zero_vars()
         zenv: Env = dict(zip(zero.jaxpr.constvars, zero.consts, strict=True))
-        for var in read - made - set(zenv):
+        for var in inputs_of(update, zero.jaxpr.outvars):
+            if var in zenv:
+                continue
             value = env[stands_for[var]]
             shape = tuple(getattr(var.aval, "shape", ()))
             cut = [d for d, (a, b) in enumerate(zip(value.shape, shape, strict=True)) if a != b]
@@ -272,7 +287,7 @@ class _Body:
                 value = lax.dynamic_slice_in_dim(value, self.shard * shape[d], shape[d], d)
             zenv[var] = value
         run_eqns(update, zenv)
-        results = [_read(zenv, v) for v in zero.jaxpr.outvars]
+        results = read_atoms(zenv, zero.jaxpr.outvars)
         if self.p.zero >= 2:  # the updated layers stay split, as the specs say
             return results
         return [

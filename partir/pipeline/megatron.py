@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-from jax.extend.core import JaxprEqn, Literal, Var
+from jax.extend.core import JaxprEqn, Var
 
 from dialects.errors import UnsupportedError
 from dialects.mesh import Mesh
@@ -149,14 +149,11 @@ def _update_segment(
     s: StepStructure, backward: Segment, leaf_dims: dict[int, int], axis: str, parts: int
 ) -> tuple[Segment, tuple[Any, ...]]:
     """The equations after the backward loop, as a function of what they read."""
+    from partir.pipeline.engine import inputs_of, read_atoms, run_eqns
+
     jaxpr = s.local.jaxpr
     eqns = jaxpr.eqns[s.backward + 1 :]
-    made = {v for eqn in eqns for v in eqn.outvars}
-    inputs: list[Any] = []
-    for atom in [*(v for eqn in eqns for v in eqn.invars), *jaxpr.outvars]:
-        if isinstance(atom, Var) and not isinstance(atom, Literal) and atom not in made:
-            if atom not in inputs:
-                inputs.append(atom)
+    inputs = inputs_of(eqns, jaxpr.outvars)
     local_args = {v: i for i, v in enumerate(jaxpr.invars)}
     grads = {v: j for j, v in enumerate(s.backward_eqn.outvars)}
     dims: dict[int, int] = {}
@@ -165,12 +162,10 @@ def _update_segment(
             dims[k] = leaf_dims[local_args[var]]
         elif var in grads and (split := backward.result_dims[grads[var]]) is not None:
             dims[k] = split
-    from partir.pipeline.engine import run_eqns
-
     def update(*values: Any) -> list[Any]:
         env = dict(zip(inputs, values, strict=True))
         run_eqns(eqns, env)
-        return [v.val if isinstance(v, Literal) else env[v] for v in jaxpr.outvars]
+        return read_atoms(env, jaxpr.outvars)
 
     segment = partition_segment(update, [v.aval for v in inputs], dims, axis, parts, "update")
     return segment, tuple(inputs)
