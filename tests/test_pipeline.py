@@ -100,17 +100,19 @@ def test_one_f_one_b_alternates_in_the_steady_state() -> None:
 # --- numbers, collectives, memory -------------------------------------------------------------
 
 
+def varying_axes(mesh: dict[str, int], group: tuple[int, ...]) -> set[str]:
+    """The mesh axes along which a replica group's devices differ."""
+    names = list(mesh)
+    coords = np.array(np.unravel_index(np.arange(math.prod(mesh.values())), tuple(mesh.values()))).T
+    return {names[d] for d in range(len(names)) if len({coords[i][d] for i in group}) > 1}
+
+
 def check_collectives(lowered: Any, exe: Any, mesh: dict[str, int]) -> None:
     """On the stage axis: exactly the schedule's transfers of one microbatch's
     activation or gradient as collective permutes, and one all-reduce of the
     values the head hands to the update (the loss, the gradients of the
     parameters after the loop); gradient all-reduces stay on "batch"."""
-    names = list(mesh)
-    coords = np.array(np.unravel_index(np.arange(math.prod(mesh.values())), tuple(mesh.values()))).T
-
-    def axes_of(group: tuple[int, ...]) -> set[str]:
-        return {names[d] for d in range(len(names)) if len({coords[i][d] for i in group}) > 1}
-
+    axes_of = functools.partial(varying_axes, mesh)
     data = math.prod(size for axis, size in mesh.items() if axis != "stage")
     s, sched = lowered.structure, lowered.schedule
     fwd = s.micro_forward
@@ -347,11 +349,7 @@ def test_megatron_inside_a_stage(name: str, mesh: dict[str, int], schedule: str)
     assert any(n.startswith("opt_state") for n in split)  # the state follows its parameters
     exe, placed = lowered.executable(*args)
     check_numbers(name, lowered.unflatten(exe(*placed)))
-    names = list(mesh)
-    coords = np.array(np.unravel_index(np.arange(math.prod(mesh.values())), tuple(mesh.values()))).T
-
-    def axes_of(group: tuple[int, ...]) -> set[str]:
-        return {names[d] for d in range(len(names)) if len({coords[i][d] for i in group}) > 1}
+    axes_of = functools.partial(varying_axes, mesh)
 
     ops = collective_ops(exe.as_text())
     pairs = [p for c in ops if c.kind == "collective-permute" for p in c.groups for _ in range(c.times)]
@@ -371,6 +369,66 @@ def test_megatron_inside_a_stage(name: str, mesh: dict[str, int], schedule: str)
     mine, whole = lowered.estimate("h100-8"), plain.estimate("h100-8")
     assert mine.parameter_bytes < whole.parameter_bytes
     assert mine.forward_seconds != whole.forward_seconds
+
+
+def _bytes_per_device(lowered: Any, args: Any, mesh: dict[str, int], leaves: set[int]) -> int:
+    """What `leaves` take on one device under `lowered`'s input specs."""
+    total = 0
+    for i, x in enumerate(jax.tree.leaves(args)):
+        if i in leaves:
+            spec = lowered.in_specs[i]
+            axes = [a for entry in spec if entry for a in (entry if isinstance(entry, tuple) else (entry,))]
+            total += math.prod(x.shape) * x.dtype.itemsize // math.prod(mesh[a] for a in axes)
+    return total
+
+
+@pytest.mark.parametrize(("name", "stage", "schedule"), [
+    ("mlp", 2, "1f1b"),
+    pytest.param("block", 1, "gpipe", marks=pytest.mark.slow),
+    pytest.param("block", 3, "1f1b", marks=pytest.mark.slow),
+])
+def test_megatron_and_zero_beside_the_pipeline(name: str, stage: int, schedule: str) -> None:
+    """Pipeline + BatchParallel + Megatron(model) + ZeRO(batch, stage) on
+    2x2x2: a stage's layers (and their Adam state) split over "model" as
+    Megatron splits them, and ZeRO's leaves split again over "batch" on the
+    layer dim; the numbers are jax.jit's; the stacked gradients are
+    reduce-scattered over "batch" alone; the stage axis carries only the
+    schedule's permutes and the head's all-reduces; a device holds exactly
+    half of what Megatron alone left it of ZeRO's leaves, and so does the
+    estimate."""
+    mesh = {"stage": 2, "batch": 2, "model": 2}
+    step, args, _ = program(name)
+    megatron = [*tactics(mesh, schedule, 4), partir.Megatron("model")]
+    chosen = [*megatron, partir.ZeRO("batch", stage)]
+    lowered = partir.jit(step, mesh=partir.Mesh(mesh), tactics=chosen).lower(*args)
+    alone = partir.jit(step, mesh=partir.Mesh(mesh), tactics=megatron).lower(*args)
+    s = lowered.structure
+    split = set(s.stacked) if stage == 3 else set(s.optimizer_state)
+    for i, (mine, theirs) in enumerate(zip(lowered.in_specs, alone.in_specs, strict=True)):
+        want = (("stage", "batch"), *tuple(theirs)[1:]) if i in split else tuple(theirs)
+        assert tuple(mine) == want, s.arg_names[i]
+    assert any("model" in spec for i, spec in enumerate(lowered.in_specs) if i in split)
+    exe, placed = lowered.executable(*args)
+    check_numbers(name, lowered.unflatten(exe(*placed)))
+    axes_of = functools.partial(varying_axes, mesh)
+
+    ops = collective_ops(exe.as_text())
+    scattered = [c for c in ops if c.kind == "reduce-scatter"]
+    assert scattered and all(axes_of(g) == {"batch"} for c in scattered for g in c.groups)
+    assert all(axes_of(g) == {"stage"} for c in ops if c.kind == "collective-permute"
+               for g in c.groups)
+    assert all(c.kind in ("all-reduce", "collective-permute") for c in ops
+               if any("stage" in axes_of(g) for g in c.groups))
+    assert any(c.kind == "all-reduce" and all(axes_of(g) == {"model"} for g in c.groups)
+               for c in ops)
+    alone_exe, _ = alone.executable(*args)
+    saved = alone_exe.memory_analysis().argument_size_in_bytes - (
+        exe.memory_analysis().argument_size_in_bytes
+    )
+    assert saved == _bytes_per_device(alone, args, mesh, split) // 2
+    assert alone.estimate("h100-8").parameter_bytes - (
+        lowered.estimate("h100-8").parameter_bytes
+    ) == saved
 
 
 def test_zero_beside_a_pipeline_is_on_the_data_axis_with_its_default_selectors() -> None:

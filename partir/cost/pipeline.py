@@ -178,7 +178,12 @@ def estimate_pipeline(
     )
     data = 0.0
     if data_axis is not None:
-        ys = _nbytes(v.aval for v in bwd.outvars[bwd.params["num_carry"] :])
+        split = segments.backward.result_dims if segments is not None else ()
+        ys = sum(  # the stacked gradients, each stage's model shard of them with Megatron
+            _nbytes([v.aval]) // (segments.parts if segments and split[j] is not None else 1)
+            for j, v in enumerate(bwd.outvars)
+            if j >= bwd.params["num_carry"]
+        )
         data_link = profile.axis_levels(axes, (data_axis,))
         data = (
             collective_seconds("reduce_scatter", ys, data_link)
@@ -193,12 +198,12 @@ def estimate_pipeline(
     if parts > 1 and zero == 3:
         shared = set(structure.stacked)
     model = segments.leaf_dims if segments is not None else {}
-    stacked = _nbytes(
-        invars[i].aval for i in structure.stacked if i not in shared and i not in model
+    stacked = sum(
+        _nbytes([invars[i].aval])
+        // (parts if i in shared else 1)
+        // (segments.parts if segments is not None and i in model else 1)
+        for i in structure.stacked
     )
-    stacked += _nbytes(invars[i].aval for i in shared) // parts
-    if segments is not None:
-        stacked += _nbytes(invars[i].aval for i in model) // segments.parts
     return PipelineEstimate(
         profile.name,
         schedule.name,

@@ -262,20 +262,23 @@ class _Body:
         return [_read(env, v) for v in jaxpr.outvars]
 
     def sharded_update(self, env: Env) -> list[Any]:
-        """ZeRO-1: the update on this data shard's share of the stage's layers
+        """ZeRO: the update on this data shard's share of the stage's layers
         (the `zero` trace's update: its optimizer state is that share, its
-        gradients were reduce-scattered to it, its parameters are cut to it),
-        and the stacked results gathered back over the data axis."""
-        zero, data_axis = self.s.zero, self.p.data_axis
+        gradients were reduce-scattered to it, its parameters are cut to it;
+        with Megatron, partitioned over the model axis too), and at ZeRO
+        stage 1 the stacked results gathered back over the data axis."""
+        zero, data_axis, segments = self.s.zero, self.p.data_axis, self.p.segments
         assert zero is not None and data_axis is not None
         update = zero.jaxpr.eqns[self.s.backward + 1 :]
         stands_for = self.s.zero_vars()
         zenv: Env = dict(zip(zero.jaxpr.constvars, zero.consts, strict=True))
-        for var in inputs_of(update, zero.jaxpr.outvars):
+        inputs = inputs_of(update, zero.jaxpr.outvars)
+        model_dims = segments.update.operand_dims if segments else (None,) * len(inputs)
+        for var, model_dim in zip(inputs, model_dims, strict=True):
             if var in zenv:
                 continue
             value = env[stands_for[var]]
-            shape = tuple(getattr(var.aval, "shape", ()))
+            shape = self.part_shape(var, model_dim)
             cut = [d for d, (a, b) in enumerate(zip(value.shape, shape, strict=True)) if a != b]
             if len(cut) > 1:
                 raise UnsupportedError(
@@ -286,8 +289,11 @@ class _Body:
             for d in cut:  # the layer dim of a stacked value: this shard's share of it
                 value = lax.dynamic_slice_in_dim(value, self.shard * shape[d], shape[d], d)
             zenv[var] = value
-        run_eqns(update, zenv)
-        results = read_atoms(zenv, zero.jaxpr.outvars)
+        if segments is not None:
+            results = segments.update(read_atoms(zenv, segments.update_inputs))
+        else:
+            run_eqns(update, zenv)
+            results = read_atoms(zenv, zero.jaxpr.outvars)
         if self.p.zero >= 2:  # the updated layers stay split, as the specs say
             return results
         return [

@@ -51,10 +51,11 @@ class PipelinedCompiled:
         return jax.tree_util.tree_unflatten(self.out_tree, list(self.run(*leaves)))
 
 
-def _spec(stage_axis: str | None, model_dim: int | None, segments: Any) -> P:
-    """A leaf's spec: dim 0 over the stage axis (if given), `model_dim` over
-    the model axis (if any)."""
-    entries: list[Any] = [stage_axis]
+def _spec(layer_axes: Any, model_dim: int | None, segments: Any) -> P:
+    """A leaf's spec: dim 0 over `layer_axes` (the stage axis, or with ZeRO's
+    share the stage and data axes; None: whole), `model_dim` over the model
+    axis (if any)."""
+    entries: list[Any] = [layer_axes]
     if model_dim is not None:
         entries += [None] * (model_dim + 1 - len(entries))
         entries[model_dim] = segments.axis
@@ -103,9 +104,9 @@ class PipelinedLowered:
             sharded = set(s.stacked)
         segments = self.program.segments
         model = segments.leaf_dims if segments is not None else {}
+        split = (axis, self.program.data_axis)
         return [
-            P((axis, self.program.data_axis)) if i in sharded
-            else _spec(axis, model.get(i), segments) if i in s.stacked
+            _spec(split if i in sharded else axis, model.get(i), segments) if i in s.stacked
             else P()
             for i in range(len(s.arg_names))
         ]
@@ -115,11 +116,12 @@ class PipelinedLowered:
         count = len(self.structure.local.jaxpr.outvars)
         segments = self.program.segments
         dims = segments.update.result_dims if segments is not None else (None,) * count
-        split = (self.tactic.axis, self.program.data_axis)
+        layer_axes = (
+            (self.tactic.axis, self.program.data_axis) if self.program.zero >= 2
+            else self.tactic.axis
+        )
         return [
-            P(split) if i in self.structure.stacked_results and self.program.zero >= 2
-            else _spec(self.tactic.axis, dims[i], segments) if i in self.structure.stacked_results
-            else _spec(None, dims[i], segments)
+            _spec(layer_axes if i in self.structure.stacked_results else None, dims[i], segments)
             for i in range(count)
         ]
 

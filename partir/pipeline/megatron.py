@@ -99,7 +99,8 @@ class StageSegments:
     backward: Segment
     update: Segment
     update_inputs: tuple[Any, ...]
-    """The local trace's variables the update reads, in its operands' order."""
+    """The variables the update reads, in its operands' order: of the local
+    trace, or with ZeRO of the ZeRO trace."""
     leaf_dims: dict[int, int]
     """Argument leaf -> the dim split over the model axis."""
 
@@ -109,7 +110,8 @@ def stage_segments(
     axis: str, parts: int,
 ) -> StageSegments:
     """Partition the three pieces (`source` is the backward loop's operand
-    layout, `partir.pipeline.engine.backward_layout`)."""
+    layout, `partir.pipeline.engine.backward_layout`). With ZeRO (`s.zero`)
+    the update is the ZeRO trace's, on a data shard's share of the layers."""
     micro_args = {v: i for i, v in enumerate(s.micro.jaxpr.invars)}
     fwd, bwd = s.micro_forward, s.micro_backward
 
@@ -148,20 +150,26 @@ def stage_segments(
 def _update_segment(
     s: StepStructure, backward: Segment, leaf_dims: dict[int, int], axis: str, parts: int
 ) -> tuple[Segment, tuple[Any, ...]]:
-    """The equations after the backward loop, as a function of what they read."""
+    """The equations after the backward loop, as a function of what they read:
+    those of the stage-local trace, or with ZeRO of the trace whose stacked
+    leaves are a data shard's share (its variables align with the local
+    trace's, `StepStructure.zero_vars`, which is how its operands are found)."""
     from partir.pipeline.engine import inputs_of, read_atoms, run_eqns
 
-    jaxpr = s.local.jaxpr
+    jaxpr = (s.zero or s.local).jaxpr
+    stands_for = s.zero_vars() if s.zero is not None else {}
     eqns = jaxpr.eqns[s.backward + 1 :]
     inputs = inputs_of(eqns, jaxpr.outvars)
-    local_args = {v: i for i, v in enumerate(jaxpr.invars)}
+    local_args = {v: i for i, v in enumerate(s.local.jaxpr.invars)}
     grads = {v: j for j, v in enumerate(s.backward_eqn.outvars)}
     dims: dict[int, int] = {}
-    for k, var in enumerate(inputs):
+    for k, mine in enumerate(inputs):
+        var = stands_for.get(mine, mine)
         if local_args.get(var) in leaf_dims:
             dims[k] = leaf_dims[local_args[var]]
         elif var in grads and (split := backward.result_dims[grads[var]]) is not None:
             dims[k] = split
+
     def update(*values: Any) -> list[Any]:
         env = dict(zip(inputs, values, strict=True))
         run_eqns(eqns, env)

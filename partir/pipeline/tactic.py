@@ -17,7 +17,9 @@ shard updates its share of the stage's layers: the stacked gradients are
 reduce-scattered to it and the updated layers all-gathered back; from
 stage 2 the updates it returns stay split, at 3 the parameters too). A
 `Megatron(axis)` on an axis of its own splits each stage's layers over it,
-the loops and the update partitioned by partir (`partir.pipeline.megatron`).
+the loops and the update partitioned by partir (`partir.pipeline.megatron`);
+with a ZeRO too, each data shard's share of a stage's layers is split over
+the model axis as well.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class Pipeline(Tactic):
                 continue
             if not isinstance(other, BatchParallel) or other.inputs is not None or other.dim != 0:
                 raise TacticError(
-                    f"Pipeline composes with BatchParallel(axis), ZeRO(axis, stage=1) and "
+                    f"Pipeline composes with BatchParallel(axis), ZeRO(axis, stage) and "
                     f"Megatron(axis) on other axes; {other!r} on the pipelined step is not "
                     "supported yet: drop it, or partition without Pipeline"
                 )
@@ -107,10 +109,10 @@ class Pipeline(Tactic):
         megatron = megatrons[0] if megatrons else None
         model_parts = 1
         if megatron is not None:
-            if len(megatrons) > 1 or megatron.axis in (self.axis, data_axis) or zeros:
+            if len(megatrons) > 1 or megatron.axis in (self.axis, data_axis):
                 raise TacticError(
                     f"Pipeline composes with one Megatron(axis) on an axis of its own (not "
-                    f"the stage or the data axis), without ZeRO; got {megatron!r} beside "
+                    f"the stage or the data axis); got {megatron!r} beside "
                     f"{', '.join(repr(t) for t in others if t is not megatron)}"
                 )
             model_parts = mesh.check_axis(megatron.axis, megatron.name)
