@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -202,7 +203,7 @@ def test_report_draws_the_schedule_and_the_estimate_has_the_bubble() -> None:
     text = str(lowered.report("h100-8"))
     assert "1f1b schedule: 4 stages, 8 microbatches, 22 time steps, bubble 27.3%" in text
     assert 'transfers on "stage": 48 (2 x (stages - 1) x microbatches)' in text
-    assert '"opt_state/m/w_in"' in text
+    assert re.search(r'"opt_state/m/w_in" +dim 0 over "stage"\n', text)  # what splits it
     est = lowered.estimate("h100-8")
     assert math.isclose(est.bubble, 3 / 11)
     assert math.isclose(est.idle_seconds, 3 / 11 * est.loop_seconds)
@@ -429,6 +430,8 @@ def test_megatron_and_zero_beside_the_pipeline(name: str, stage: int, schedule: 
     assert alone.estimate("h100-8").parameter_bytes - (
         lowered.estimate("h100-8").parameter_bytes
     ) == saved
+    assert re.search(r'"opt_state/\S+" +dim 0 over "stage" x "batch", dim \d over "model"\n',
+                     str(lowered.report()))
 
 
 def test_zero_beside_a_pipeline_is_on_the_data_axis_with_its_default_selectors() -> None:

@@ -99,8 +99,8 @@ class PipelineEstimate:
             f"{self.backward_seconds * ms:.4f} ms, idle {self.idle_seconds * ms:.3f} ms "
             f"(bubble {self.bubble:.1%})\n"
             f"  outside      {self.other_seconds * ms:.3f} ms (head, update)\n"
-            f"  permutes     {self.permute_seconds * ms:.3f} ms; data all-reduce "
-            f"{self.data_seconds * ms:.3f} ms\n"
+            f"  permutes     {self.permute_seconds * ms:.3f} ms; stacked gradients over "
+            f"the data axis {self.data_seconds * ms:.3f} ms\n"
             f"  memory/stage {self.activation_bytes / 2**20:.2f} MiB in-flight microbatches + "
             f"{self.parameter_bytes / 2**20:.2f} MiB stacked leaves"
         )

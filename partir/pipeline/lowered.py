@@ -163,6 +163,7 @@ class PipelinedLowered:
             self.tactic,
             self.schedule,
             self.structure,
+            tuple(self.in_specs),
             self.estimate(chosen) if chosen is not None else None,
         )
 

@@ -24,11 +24,26 @@ def _nbytes(aval: Any) -> int:
     return int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
 
 
+def _split(spec: Any) -> str:
+    """`P(("stage", "batch"), None, "model")` as `dim 0 over "stage" x "batch",
+    dim 2 over "model"` (axis names escaped)."""
+    parts = []
+    for dim, entry in enumerate(spec):
+        if entry is None:
+            continue
+        axes = entry if isinstance(entry, tuple) else (entry,)
+        parts.append(f"dim {dim} over " + " x ".join(quoted(a) for a in axes))
+    return ", ".join(parts)
+
+
 @dataclass(frozen=True)
 class PipelineReport:
     tactic: Pipeline
     schedule: Schedule
     structure: StepStructure
+    in_specs: tuple[Any, ...]
+    """Each argument leaf's PartitionSpec (the stage axis on the layer dim,
+    with ZeRO the data axis too, with Megatron the model axis on its dim)."""
     estimate: PipelineEstimate | None = None
 
     @property
@@ -52,8 +67,11 @@ class PipelineReport:
         )
         stacked = Table(
             f"split over {quoted(self.tactic.axis)} on the layer dim",
-            ("leaf",),
-            [(quoted(display_path(s.arg_names[i])),) for i in s.stacked],
+            ("leaf", "split"),
+            [
+                (quoted(display_path(s.arg_names[i])), _split(self.in_specs[i]))
+                for i in s.stacked
+            ],
         )
         return [stages, stacked]
 
