@@ -144,21 +144,24 @@ def flax_scanned_stack() -> Client:
 # hk.transform, trained with optax's Adam
 
 
+def _haiku_block(x):
+    import haiku as hk
+
+    h = hk.LayerNorm(-1, create_scale=True, create_offset=True)(x)
+    attention = hk.MultiHeadAttention(
+        num_heads=HEADS, key_size=WIDTH // HEADS, with_bias=False,
+        w_init=hk.initializers.VarianceScaling(),
+    )
+    x = x + attention(h, h, h)
+    h = hk.LayerNorm(-1, create_scale=True, create_offset=True)(x)
+    return x + hk.nets.MLP([HIDDEN, WIDTH], activation=jax.nn.gelu)(h)
+
+
 def haiku_block() -> Client:
     import haiku as hk
     import optax
 
-    def forward(x):
-        h = hk.LayerNorm(-1, create_scale=True, create_offset=True)(x)
-        attention = hk.MultiHeadAttention(
-            num_heads=HEADS, key_size=WIDTH // HEADS, with_bias=False,
-            w_init=hk.initializers.VarianceScaling(),
-        )
-        x = x + attention(h, h, h)
-        h = hk.LayerNorm(-1, create_scale=True, create_offset=True)(x)
-        return x + hk.nets.MLP([HIDDEN, WIDTH], activation=jax.nn.gelu)(h)
-
-    model, optimizer = hk.without_apply_rng(hk.transform(forward)), optax.adam(1e-2)
+    model, optimizer = hk.without_apply_rng(hk.transform(_haiku_block)), optax.adam(1e-2)
 
     def init():
         x, y = _tokens(1)
@@ -176,6 +179,27 @@ def haiku_block() -> Client:
         row=["params['multi_head_attention/linear']['w']", "params['mlp/~/linear_1']['w']"],
     )
     return Client("haiku", _optax_step(model.apply, optimizer), init, megatron)
+
+
+def haiku_layer_stack() -> Client:
+    """`LAYERS` blocks under `hk.layer_stack`, haiku's scan over stacked
+    layers (its parameters: `params['__layer_stack_no_per_layer/...']`)."""
+    import haiku as hk
+    import optax
+
+    def forward(x):
+        return hk.layer_stack(LAYERS)(_haiku_block)(x)
+
+    model, optimizer = hk.without_apply_rng(hk.transform(forward)), optax.adam(1e-2)
+
+    def init():
+        x, y = _tokens(2)
+        params = jax.jit(model.init)(jax.random.key(2), x)
+        return params, optimizer.init(params), x, y
+
+    return Client(
+        "haiku layer_stack", _optax_step(model.apply, optimizer), init, partir.Megatron("model")
+    )
 
 
 # --------------------------------------------------------------------------

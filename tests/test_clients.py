@@ -66,6 +66,11 @@ STACKS: dict[str, tuple[str, Callable[[], client_models.Client]]] = {
     "equinox lax.scan": ("equinox", client_models.equinox_scanned_stack),
 }
 MODELS = {**BLOCKS, **STACKS}
+PIPELINED: dict[str, tuple[str, Callable[[], client_models.Client]]] = {
+    **STACKS,
+    "haiku hk.layer_stack": ("haiku", client_models.haiku_layer_stack),
+}
+"""The libraries' own ways to stack layers, which `Pipeline` splits over stages."""
 BY_MODEL = [pytest.param(name, marks=pytest.mark.xdist_group(name)) for name in sorted(MODELS)]
 """Each model's tests run on one worker (`make test`'s `--dist loadgroup`),
 which builds the model, its arguments and `jax.jit`'s result once."""
@@ -85,7 +90,7 @@ CLI_STRATEGIES = {
 
 @functools.cache
 def _client(name: str) -> client_models.Client:
-    library, build = MODELS[name]
+    library, build = {**MODELS, **PIPELINED}[name]
     pytest.importorskip(library, reason=f"the {name} model needs {library}")
     pytest.importorskip("optax", reason="the client models train with optax")
     return build()
@@ -285,3 +290,35 @@ def test_partir_opt_partitions_the_jax_text_of_each_model(name, strategy, tmp_pa
         return collections.Counter((c.kind, c.axes, c.operand, c.result) for c in found)
 
     assert signature(collectives(module)) == signature(lowered(name, strategy).collectives)
+
+
+# --------------------------------------------------------------------------
+# Pipeline over each library's stack
+
+
+@pytest.mark.parametrize(("name", "axes"), [
+    pytest.param("flax nn.scan", {"stage": 2, "batch": 2}, marks=pytest.mark.xdist_group("flax nn.scan")),
+    pytest.param("haiku hk.layer_stack", {"stage": 2, "batch": 2}),
+    pytest.param("equinox lax.scan", {"stage": 2, "batch": 2, "model": 2},
+                 marks=pytest.mark.xdist_group("equinox lax.scan")),
+])
+def test_pipeline_splits_each_library_s_stack_over_stages(name, axes):
+    """`Pipeline` on the stacks the libraries make (flax's `nn.scan`, which
+    fixes its layer count, so each stage runs the step's jaxpr at its layers:
+    `partir.pipeline.replay`; haiku's `hk.layer_stack`; equinox's vmapped
+    layers under `lax.scan`, with `Megatron` inside each stage): every
+    stacked leaf and its optimizer state split over "stage" on the layer dim,
+    and the loss, parameters and optax state are jax.jit's."""
+    client = _client(name)
+    args, want = _case(name)
+    tactics = [partir.Pipeline("stage", 2), DATA]
+    if "model" in axes:
+        tactics.append(client.megatron)
+    lowered = partir.jit(client.step, mesh=partir.Mesh(axes), tactics=tactics).lower(*args)
+    s = lowered.structure
+    stacked = {i for i, x in enumerate(jax.tree.leaves(args[:2])) if x.ndim and x.shape[0] == 2}
+    assert set(s.stacked) == stacked
+    assert all(lowered.in_specs[i][0] == "stage" for i in s.stacked)
+    exe, placed = lowered.executable(*args)
+    assert_leaves_close(jax.tree.leaves(lowered.unflatten(exe(*placed))), jax.tree.leaves(want),
+                        what=f"{name}, pipelined")

@@ -450,6 +450,61 @@ def test_zero_beside_a_pipeline_is_on_the_data_axis_with_its_default_selectors()
               partir.BatchParallel("batch"), partir.ZeRO("batch", 1))
 
 
+LAYERS = 8
+
+
+@jax.jit  # the loop inside a call: the jaxpr replayed at a stage's layers inlines it
+def _fixed_length_stack(blocks: Any, x: Any) -> Any:
+    """`mlp_program` with the scan's length fixed, as flax's `nn.scan(length=...)` does."""
+    step = lambda h, p: (scanned_stack.mlp_layer(p, h), None)  # noqa: E731
+    return jax.lax.scan(step, x, blocks, length=LAYERS)[0]
+
+
+def test_step_that_fixes_its_layer_count_runs_as_its_jaxpr_at_each_stage() -> None:
+    """Called with a stage's layers the step fails (`lax.scan` gets length 8 and
+    4 layers); Pipeline runs its jaxpr there instead (`partir.pipeline.replay`:
+    each scan takes its length from its stacked operands), so it pipelines with
+    jax.jit's numbers, ZeRO-3 included."""
+
+    def loss(params, x, y):
+        return jax.numpy.mean((_fixed_length_stack(params, x) - y) ** 2)
+
+    def step(params, opt_state, x, y):
+        return scanned_stack.adam_step(loss, params, opt_state, x, y)
+
+    args = scanned_stack.mlp_train_args(layers_=LAYERS, batch=16, width=8, hidden=8)
+    half = jax.tree.map(lambda a: a[: LAYERS // 2], args[0])
+    with pytest.raises(ValueError, match="length"):
+        jax.make_jaxpr(_fixed_length_stack)(half, args[2])
+    want = jax.jit(step)(*args)
+    mesh = {"stage": 2, "batch": 2}
+    for more in ([], [partir.ZeRO("batch", 3)]):
+        lowered = lower(step, args, mesh, partir.Pipeline("stage", 2), partir.BatchParallel("batch"),
+                        *more)
+        stacked = {i for i, a in enumerate(jax.tree.leaves(args[:2])) if np.ndim(a) > 0}
+        assert set(lowered.structure.stacked) == stacked  # all but Adam's count
+        exe, placed = lowered.executable(*args)
+        assert_leaves_close(jax.tree.leaves(lowered.unflatten(exe(*placed))), jax.tree.leaves(want),
+                            what=f"fixed-length scan, {more}")
+
+
+def test_step_that_fixes_its_layer_count_in_a_shape_is_refused() -> None:
+    """A reshape to the whole stack's size cannot run at a stage's layers, as
+    called or as its jaxpr: the error says the step fixes a size it cuts."""
+
+    def step(params, opt_state, x, y):
+        flat = params["w_in"].reshape(LAYERS, -1)  # fixes the layer count in a shape
+        scale = 1 + 0 * flat.sum(1).reshape(LAYERS, 1, 1)
+        params = {**params, "w_in": params["w_in"] * scale}
+        return scanned_stack.adam_step(scanned_stack.mlp_loss, params, opt_state, x, y)
+
+    args = scanned_stack.mlp_train_args(layers_=LAYERS, batch=16, width=8, hidden=8)
+    with pytest.raises(partir.PartirValueError,
+                       match=r"with one stage's 4 layers: tracing the step .* failed .*take "
+                             r"those sizes from the arguments' shapes"):
+        lower(step, args, {"stage": 2}, partir.Pipeline("stage", 2))
+
+
 def test_update_mixing_layers_is_refused() -> None:
     """Global-norm clipping reads every layer: a stage alone cannot compute it."""
 

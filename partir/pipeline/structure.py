@@ -20,6 +20,11 @@ which dim of each loop operand is the batch (it shrinks with the
 microbatch), which results are stacked (they shrink with the layers), and
 whether an op outside the loops mixes layers (its operand shrinks, its
 result does not: a stage would then see only its own layers' part).
+
+Each trace has its calls inlined, so a loop inside a jitted helper is found.
+A step that fixes its layer count (flax's `nn.scan(length=...)`) cannot be
+called with a stage's layers; then it is traced with every layer, at each
+batch, and those jaxprs run with the layers cut (`partir.pipeline.replay`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from xdsl.dialects.builtin import StringAttr
 from dialects.errors import PartirValueError, UnsupportedError
 from dialects.escaping import quoted
 from partir.importer import argument_paths, result_paths
+from partir.pipeline.replay import replay
 from partir.roles import Roles
 from partir.selectors import display_path, select, slash_path
 
@@ -147,8 +153,51 @@ def _flat(fn: Callable[..., Any], tree: Any) -> Callable[..., Any]:
     return flat
 
 
+def _dtype(x: Any) -> Any:
+    return jax.dtypes.canonicalize_dtype(getattr(x, "dtype", None) or np.result_type(x))
+
+
 def _trace(fn: Callable[..., Any], shapes: Sequence[jax.ShapeDtypeStruct]) -> ClosedJaxpr:
-    return jax.make_jaxpr(fn)(*shapes)
+    """`fn`'s jaxpr with its calls inlined (`partir.pipeline.replay`): a layer
+    loop inside a jitted helper is then an equation of the step itself."""
+    return replay(jax.make_jaxpr(fn)(*shapes), shapes)
+
+
+def _trace_cut(
+    fn: Callable[..., Any], shapes: Sequence[jax.ShapeDtypeStruct], what: str
+) -> ClosedJaxpr:
+    """`fn` traced at cut shapes, or a `PipelineError` saying the step fixes a
+    size the Pipeline cuts (it runs the step's own code at those shapes)."""
+    try:
+        return _trace(fn, shapes)
+    except PartirValueError:
+        raise
+    except Exception as err:  # the user's code, at shapes it was not written for
+        raise _fixes_a_size(what, err) from err
+
+
+def _replayed(
+    closed: ClosedJaxpr, shapes: Sequence[jax.ShapeDtypeStruct], what: str, first: Exception
+) -> ClosedJaxpr:
+    """`closed` run again at cut shapes (`partir.pipeline.replay`), or the
+    error of calling the step there (`first`), since replaying failed too."""
+    try:
+        return replay(closed, shapes)
+    except Exception as err:
+        raise _fixes_a_size(what, first) from err
+
+
+def _fixes_a_size(what: str, err: Exception) -> PipelineError:
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else ""
+    return PipelineError(
+        f"{what}: tracing the step at those shapes failed ({type(err).__name__}: "
+        f"{quoted(first)}), and so did running its jaxpr there. Pipeline runs the step "
+        "with each stacked leaf cut to a stage's layers and the batch cut to a "
+        "microbatch; a step that fixes its layer count in a shape (a reshape or a "
+        "broadcast to a fixed size), or its batch anywhere, cannot run there: take "
+        "those sizes from the arguments' shapes"
+    )
 
 
 def _is_scan(eqn: JaxprEqn) -> bool:
@@ -172,7 +221,7 @@ def find_structure(
     names = argument_paths(fn, args)
     flat = _flat(fn, tree)
     shapes = [
-        jax.ShapeDtypeStruct(np.shape(x), jax.dtypes.canonicalize_dtype(np.result_type(x)))
+        jax.ShapeDtypeStruct(np.shape(x), _dtype(x))
         for x in leaves
     ]
     full = _trace(flat, shapes)
@@ -224,7 +273,26 @@ def find_structure(
         jax.ShapeDtypeStruct((batch // parts, *s.shape[1:]), s.dtype) if i in data_index else s
         for i, s in enumerate(local_shapes)
     ]
-    local, micro = _trace(flat, local_shapes), _trace(flat, micro_shapes)
+    here = f"Pipeline({quoted(axis)})"
+    at_stage = f"{here} with one stage's {per_stage} layers"
+    at_micro = f"{here} with one microbatch of {batch // parts} rows"
+    replaying: Exception | None = None
+    try:
+        local = _trace(flat, local_shapes)
+        micro = _trace_cut(flat, micro_shapes, at_micro)
+    except PartirValueError:
+        raise
+    except Exception as err:
+        # The step fixes its layer count (flax's nn.scan(length=...)): trace it with
+        # every layer at each batch, and run those jaxprs with the layers cut.
+        replaying = err
+        local = _replayed(full, local_shapes, at_stage, err)
+        every_layer = [
+            jax.ShapeDtypeStruct((batch // parts, *s.shape[1:]), s.dtype)
+            if i in data_index else s
+            for i, s in enumerate(shapes)
+        ]
+        micro = _replayed(_trace_cut(flat, every_layer, at_micro), micro_shapes, at_micro, err)
     _check_aligned(full, local)
     zero = None
     if zero_parts > 1:
@@ -235,11 +303,16 @@ def find_structure(
                 "the optimizer state on the layer dim: use a stack of a multiple of "
                 f"{stages * zero_parts} layers"
             )
-        zero = _trace(flat, [
+        share = [
             jax.ShapeDtypeStruct((per_stage // zero_parts, *s.shape[1:]), s.dtype)
             if i in mirrored else s
             for i, s in enumerate(shapes)
-        ])
+        ]
+        at_share = f"{here} with ZeRO's share of {per_stage // zero_parts} layers"
+        zero = (
+            _replayed(full, share, at_share, replaying) if replaying
+            else _trace_cut(flat, share, at_share)
+        )
         _check_aligned(local, zero)
     backward = _find_backward(local, forward)
     _check_layerwise(full, local, forward, backward)
