@@ -505,13 +505,73 @@ def test_step_that_fixes_its_layer_count_in_a_shape_is_refused() -> None:
         lower(step, args, {"stage": 2}, partir.Pipeline("stage", 2))
 
 
-def test_update_mixing_layers_is_refused() -> None:
-    """Global-norm clipping reads every layer: a stage alone cannot compute it."""
+def _clipped_step(params, opt_state, x, y):
+    """The MLP stack's step with its gradients clipped to a global norm of 1e-3 (a
+    sum over every layer of every stacked gradient) and skipped unless all are
+    finite (an `and` over every layer)."""
+    loss, g = jax.value_and_grad(scanned_stack.mlp_loss)(params, x, y)
+    leaves = jax.tree.leaves(g)
+    norm = jax.numpy.sqrt(sum(jax.numpy.sum(v * v) for v in leaves))
+    finite = jax.numpy.all(jax.numpy.stack([jax.numpy.isfinite(v).all() for v in leaves]))
+    scale = jax.numpy.where(finite, jax.numpy.minimum(1.0, 1e-3 / norm), 0.0)
+    new = jax.tree.map(lambda p, v: p - 0.1 * scale * v, params, g)
+    return loss, new, opt_state
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_update_reducing_over_all_layers_sums_the_stages(zero: int) -> None:
+    """A global gradient norm and an all-finite check read every layer: each
+    stage reduces its own layers and the stages' partials are combined (over
+    the data axis too when ZeRO splits the layers there); jax.jit's numbers."""
+    args = scanned_stack.mlp_train_args(layers_=LAYERS, batch=16, width=8, hidden=8)
+    more = [partir.ZeRO("batch", zero)] if zero else []
+    lowered = lower(_clipped_step, args, {"stage": 4, "batch": 2}, partir.Pipeline("stage", 2),
+                    partir.BatchParallel("batch"), *more)
+    combines = sorted(lowered.structure.across_layers.values())
+    assert combines == ["min"] * 3 + ["sum"] * 3  # per stacked gradient: all finite, squares
+    exe, placed = lowered.executable(*args)
+    assert_leaves_close(jax.tree.leaves(lowered.unflatten(exe(*placed))),
+                        jax.tree.leaves(jax.jit(_clipped_step)(*args)), what="clipped step")
+    megatron = partir.Megatron("model", column=["params/w_in", "params/b_in"], row=["params/w_out"])
+    with pytest.raises(partir.PartirValueError, match=r"the update reduces over the layers"):
+        lower(_clipped_step, args, {"stage": 4, "model": 2}, partir.Pipeline("stage", 2), megatron)
+
+
+def test_optax_clip_by_global_norm_pipelines() -> None:
+    """optax's own global-norm clipping before AdamW, as LLM training steps
+    write it, pipelined with ZeRO-1: jax.jit's loss, parameters and state."""
+    optax = pytest.importorskip("optax")
+    optimizer = optax.chain(optax.clip_by_global_norm(1e-3), optax.adamw(1e-2))
 
     def step(params, opt_state, x, y):
         loss, g = jax.value_and_grad(scanned_stack.mlp_loss)(params, x, y)
-        norm = jax.numpy.sqrt(sum(jax.numpy.sum(v * v) for v in jax.tree.leaves(g)))
-        return loss, jax.tree.map(lambda p, v: p - 0.1 * v / norm, params, g), opt_state
+        updates, opt_state = optimizer.update(g, opt_state, params)
+        return loss, optax.apply_updates(params, updates), opt_state
+
+    params, _, x, y = scanned_stack.mlp_train_args(layers_=LAYERS, batch=16, width=8, hidden=8)
+    args = (params, optimizer.init(params), x, y)
+    args = (*jax.jit(step)(*args)[1:], x, y)  # one step in: Adam's moments are not zero
+    lowered = lower(step, args, {"stage": 4, "batch": 2}, partir.Pipeline("stage", 2),
+                    partir.BatchParallel("batch"), partir.ZeRO("batch", 1))
+    assert "sum" in lowered.structure.across_layers.values()
+    exe, placed = lowered.executable(*args)
+    assert_leaves_close(jax.tree.leaves(lowered.unflatten(exe(*placed))),
+                        jax.tree.leaves(jax.jit(step)(*args)), what="optax clipped AdamW")
+
+
+@pytest.mark.parametrize("mix", [
+    pytest.param(lambda v: v[::-1], id="reversed"),
+    pytest.param(lambda v: jax.numpy.cumsum(v, axis=0), id="cumsum"),
+    pytest.param(lambda v: jax.numpy.roll(v, 1, axis=0), id="roll"),
+    pytest.param(lambda v: jax.numpy.tensordot(jax.numpy.ones(v.shape[0]), v, 1) + v, id="contract"),
+])
+def test_update_mixing_layers_is_refused(mix: Any) -> None:
+    """An update that moves, scans or contracts along the layers would be
+    wrong on a stage that holds only its own: refused, never run."""
+
+    def step(params, opt_state, x, y):
+        loss, g = jax.value_and_grad(scanned_stack.mlp_loss)(params, x, y)
+        return loss, jax.tree.map(lambda p, v: p - 0.1 * mix(v), params, g), opt_state
 
     params, opt_state, x, y = scanned_stack.mlp_train_args(layers_=4, batch=8, width=8, hidden=8)
     with pytest.raises(partir.PartirValueError, match=r"combines the layers of a stacked value"):

@@ -97,6 +97,15 @@ def run_eqns(eqns: list[JaxprEqn], env: Env) -> None:
                 env[var] = value
 
 
+def across(value: Any, combine: str, axes: tuple[str, ...]) -> Any:
+    """`value`, each device's partial reduction, combined over `axes` ("sum",
+    "max" or "min"; a boolean's and/or as min/max of 0 and 1)."""
+    if value.dtype == jnp.bool_:
+        return across(value.astype(jnp.int32), combine, axes).astype(jnp.bool_)
+    reduce = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[combine]
+    return reduce(value, axes)
+
+
 def _needed(eqns: list[JaxprEqn], targets: set[Any]) -> list[JaxprEqn]:
     """The equations `targets` depend on, in order."""
     wanted, chosen = set(targets), []
@@ -258,8 +267,23 @@ class _Body:
         if self.p.segments is not None:
             update = self.p.segments.update
             return update(read_atoms(env, self.p.segments.update_inputs))
-        run_eqns(jaxpr.eqns[self.s.backward + 1 :], env)
+        self.run_update(jaxpr.eqns[self.s.backward + 1 :], env, (self.p.axis,))
         return [_read(env, v) for v in jaxpr.outvars]
+
+    def run_update(self, eqns: Sequence[JaxprEqn], env: Env, axes: tuple[str, ...]) -> None:
+        """The update's equations on this device's layers. A reduction over the
+        layers of a stacked value (`StepStructure.across_layers`: a global
+        gradient norm) reduces only those, so its result is completed across
+        `axes`, the axes the layers are split over."""
+        first = self.s.backward + 1
+        for j, eqn in enumerate(eqns):
+            outs = run_eqn(eqn, read_atoms(env, eqn.invars))
+            combine = self.s.across_layers.get(first + j)
+            if combine is not None:
+                outs = [across(x, combine, axes) for x in outs]
+            for var, value in zip(eqn.outvars, outs, strict=True):
+                if not isinstance(var, DropVar):
+                    env[var] = value
 
     def sharded_update(self, env: Env) -> list[Any]:
         """ZeRO: the update on this data shard's share of the stage's layers
@@ -292,7 +316,7 @@ class _Body:
         if segments is not None:
             results = segments.update(read_atoms(zenv, segments.update_inputs))
         else:
-            run_eqns(update, zenv)
+            self.run_update(update, zenv, (self.p.axis, data_axis))
             results = read_atoms(zenv, zero.jaxpr.outvars)
         if self.p.zero >= 2:  # the updated layers stay split, as the specs say
             return results

@@ -22,6 +22,7 @@ import jax
 from jax.extend.core import JaxprEqn, Var
 
 from dialects.errors import UnsupportedError
+from dialects.escaping import quoted
 from dialects.mesh import Mesh
 from lowering.loader import load_source
 from partir.pipeline.structure import StepStructure
@@ -112,6 +113,13 @@ def stage_segments(
     """Partition the three pieces (`source` is the backward loop's operand
     layout, `partir.pipeline.engine.backward_layout`). With ZeRO (`s.zero`)
     the update is the ZeRO trace's, on a data shard's share of the layers."""
+    if s.across_layers:
+        raise UnsupportedError(
+            f"Pipeline with Megatron({quoted(axis)}): the update reduces over the layers of "
+            "a stacked value (a global gradient norm, for one), which partir's split of the "
+            "update over the model axis cannot complete across stages yet; drop Megatron "
+            "beside the Pipeline, or the reduction"
+        )
     micro_args = {v: i for i, v in enumerate(s.micro.jaxpr.invars)}
     fwd, bwd = s.micro_forward, s.micro_backward
 

@@ -18,8 +18,9 @@ stage's layers; and with that and the data cut to one microbatch of one
 data-parallel shard. The traces align op for op, so comparing them says
 which dim of each loop operand is the batch (it shrinks with the
 microbatch), which results are stacked (they shrink with the layers), and
-whether an op outside the loops mixes layers (its operand shrinks, its
-result does not: a stage would then see only its own layers' part).
+whether each op outside the loops keeps the layers apart
+(`partir.pipeline.layerwise`; a stage sees only its own layers), or, in the
+update, reduces over them (completed across stages by the engine).
 
 Each trace has its calls inlined, so a loop inside a jitted helper is found.
 A step that fixes its layer count (flax's `nn.scan(length=...)`) cannot be
@@ -30,7 +31,7 @@ batch, and those jaxprs run with the layers cut (`partir.pipeline.replay`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -41,6 +42,7 @@ from xdsl.dialects.builtin import StringAttr
 from dialects.errors import PartirValueError, UnsupportedError
 from dialects.escaping import quoted
 from partir.importer import argument_paths, result_paths
+from partir.pipeline.layerwise import ACROSS, LAYER_REDUCTIONS, keeps_layers_apart
 from partir.pipeline.replay import replay
 from partir.roles import Roles
 from partir.selectors import display_path, select, slash_path
@@ -97,6 +99,12 @@ class StepStructure:
     zero: ClosedJaxpr | None = None
     """With ZeRO beside the Pipeline: the step with each stacked leaf cut to
     one data shard's share of one stage's layers (its update runs on that)."""
+    across_layers: dict[int, str] = field(default_factory=dict)
+    """Update equations (by index, the same in `local` and `zero`) that reduce
+    a stacked value over its layers, by how their partial results combine
+    (`partir.pipeline.layerwise.LAYER_REDUCTIONS`): a global gradient norm,
+    an all-finite check. A stage
+    reduces its own layers; the engine completes it across stages."""
 
     @property
     def forward_eqn(self) -> JaxprEqn:
@@ -315,7 +323,7 @@ def find_structure(
         )
         _check_aligned(local, zero)
     backward = _find_backward(local, forward)
-    _check_layerwise(full, local, forward, backward)
+    across_layers = _check_layerwise(full, local, forward, backward)
     micro_loops = (_same_loop(local, micro, forward), _same_loop(local, micro, backward))
     operand_dims, result_dims = {}, {}
     for index, micro_index in zip((forward, backward), micro_loops, strict=True):
@@ -350,6 +358,7 @@ def find_structure(
         tuple(names),
         tuple(sorted(mirrored - params)),
         zero,
+        across_layers,
     )
     _check_carries(structure, axis)
     return structure
@@ -484,25 +493,44 @@ def _batch_dim(big: tuple[int, ...], small: tuple[int, ...]) -> int | None:
     return dims[0] if dims else None
 
 
-def _check_layerwise(full: ClosedJaxpr, local: ClosedJaxpr, forward: int, backward: int) -> None:
-    """Outside the loops, an op reading a stacked value must keep its layers apart
-    (its result shrinks with the layers too): each stage runs it on its own."""
+def _check_layerwise(
+    full: ClosedJaxpr, local: ClosedJaxpr, forward: int, backward: int
+) -> dict[int, str]:
+    """Outside the loops, an op reading a stacked value must keep its layers
+    apart (`partir.pipeline.layerwise`): each stage runs it on its own. In the
+    update a reduction over the layers is allowed (a stage reduces its own, the
+    stages' partials combine); returns those, by how they combine."""
+    across: dict[int, str] = {}
     for i, (a, b) in enumerate(zip(full.jaxpr.eqns, local.jaxpr.eqns, strict=True)):
         if i in (forward, backward):
             continue
-        shrinks = any(
-            not isinstance(x, Literal) and x.aval.shape != y.aval.shape
-            for x, y in zip(a.invars, b.invars, strict=True)
-        )
-        kept = [
-            x for x, y in zip(a.outvars, b.outvars, strict=True) if x.aval.shape == y.aval.shape
-        ]
-        if shrinks and kept:
+        operands = [_cut(x, y) for x, y in zip(a.invars, b.invars, strict=True)]
+        if not any(operands):
+            continue
+        results = [_cut(x, y) for x, y in zip(a.outvars, b.outvars, strict=True)]
+        kept = keeps_layers_apart(a, operands, results)
+        if kept == ACROSS and i > backward:
+            across[i] = LAYER_REDUCTIONS[a.primitive.name]
+        elif kept is not True:
             raise UnsupportedError(
-                f"Pipeline: `{a.primitive.name}` outside the layer loop combines the layers of "
-                "a stacked value (a norm over all gradients, for one); each stage holds only "
-                "its own layers, so compute it per layer or inside the loop"
+                f"Pipeline: `{a.primitive.name}` outside the layer loop combines the layers "
+                "of a stacked value (it reads other layers than the one it makes, or none); "
+                "each stage holds only its own layers, so compute it per layer or inside "
+                "the loop (a sum, max or min over the layers in the update, such as a "
+                "global gradient norm, is supported)"
             )
+    return across
+
+
+def _cut(full: Any, local: Any) -> set[int]:
+    """The dims where a value's stage-local shape is smaller."""
+    if isinstance(full, Literal):
+        return set()
+    return {
+        d
+        for d, (m, n) in enumerate(zip(full.aval.shape, local.aval.shape, strict=True))
+        if m != n
+    }
 
 
 def _check_carries(s: StepStructure, axis: str) -> None:
