@@ -578,6 +578,58 @@ def test_update_mixing_layers_is_refused(mix: Any) -> None:
         lower(step, (params, opt_state, x, y), {"stage": 4}, partir.Pipeline("stage", 2))
 
 
+def _rows_step(layer_norm_over_batch: bool, loss_kind: str) -> Any:
+    """The MLP stack's step, with a batch statistic in its layer, or a loss
+    whose gradient for one example reads the others."""
+    jnp = jax.numpy
+
+    def layer(p, h):
+        z = h @ p["w_in"] + p["b_in"]
+        if layer_norm_over_batch:
+            z = (z - z.mean(0)) / (z.std(0) + 1)
+        return h + jnp.tanh(z) @ p["w_out"]
+
+    def loss(params, x, y):
+        out = jax.lax.scan(lambda h, p: (layer(p, h), None), x, params)[0]
+        if loss_kind == "contrastive":
+            rows = jnp.arange(out.shape[0])
+            return -jnp.mean(jax.nn.log_softmax(out @ out.T)[rows, rows])
+        if loss_kind == "batch-scaled":
+            e = jnp.sum((out - y) ** 2, axis=1)
+            return jnp.mean(e * e / jax.lax.stop_gradient(e.mean()))
+        return jnp.mean((out - y) ** 2)
+
+    def step(params, opt_state, x, y):
+        value, g = jax.value_and_grad(loss)(params, x, y)
+        return value, jax.tree.map(lambda p, v: p - 0.1 * v, params, g), opt_state
+
+    return step
+
+
+@pytest.mark.parametrize(("in_layer", "loss_kind", "message"), [
+    (True, "mse", r"the layer loop reads across the examples of the batch"),
+    (False, "contrastive", r"the gradient the loss hands the layer loop for one example reads"),
+    (False, "batch-scaled", r"the gradient the loss hands the layer loop for one example reads"),
+])
+def test_steps_whose_examples_depend_on_each_other_are_refused(
+    in_layer: bool, loss_kind: str, message: str
+) -> None:
+    """Microbatching changes a batch statistic inside the loop and a loss that
+    pairs or scales examples by the batch: refused (they used to run, wrong);
+    the same step with neither runs and matches jax.jit. The 1-row microbatch
+    (M = 8) is checked against a 2-row trace, since one row traces apart."""
+    args = scanned_stack.mlp_train_args(layers_=4, batch=8, width=8, hidden=8)
+    for microbatches in (2, 8):
+        with pytest.raises(partir.PartirValueError, match=message):
+            lower(_rows_step(in_layer, loss_kind), args, {"stage": 4},
+                  partir.Pipeline("stage", microbatches))
+    plain = _rows_step(False, "mse")
+    lowered = lower(plain, args, {"stage": 4}, partir.Pipeline("stage", 8))
+    exe, placed = lowered.executable(*args)
+    assert_leaves_close(jax.tree.leaves(lowered.unflatten(exe(*placed))),
+                        jax.tree.leaves(jax.jit(plain)(*args)), what="per-example step")
+
+
 def test_escaped_axis_name_in_errors() -> None:
     args = scanned_stack.mlp_train_args(layers_=6, batch=8, width=8, hidden=8)
     with pytest.raises(partir.PartirValueError, match=r'Pipeline\("st\\0Aage"\): 6 layers'):

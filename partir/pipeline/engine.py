@@ -20,7 +20,8 @@ segments (`partir.pipeline.structure`) run as follows:
 - the last stage turns a microbatch's output into the backward's input
   with the head run on its rows (the head treats examples apart, as
   microbatching itself assumes: the gradient of rows depends on those
-  rows alone), and at the end runs the head once on the whole output,
+  rows alone, which `find_structure` checks), and at the end runs the
+  head once on the whole output,
   for the loss and the gradients of the parameters after the loop; the
   values the update reads from it go to every stage;
 - the backward's gradients of stacked leaves add up over microbatches on

@@ -19,7 +19,7 @@ data-parallel shard. The traces align op for op, so comparing them says
 which dim of each loop operand is the batch (it shrinks with the
 microbatch), which results are stacked (they shrink with the layers), and
 whether each op outside the loops keeps the layers apart
-(`partir.pipeline.layerwise`; a stage sees only its own layers), or, in the
+(`partir.pipeline.apart`; a stage sees only its own layers), or, in the
 update, reduces over them (completed across stages by the engine).
 
 Each trace has its calls inlined, so a loop inside a jitted helper is found.
@@ -36,13 +36,23 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, JaxprEqn, Literal, Var
+from jax.extend.core import ClosedJaxpr, JaxprEqn, Var
 from xdsl.dialects.builtin import StringAttr
 
 from dialects.errors import PartirValueError, UnsupportedError
 from dialects.escaping import quoted
 from partir.importer import argument_paths, result_paths
-from partir.pipeline.layerwise import ACROSS, LAYER_REDUCTIONS, keeps_layers_apart
+from partir.pipeline.apart import (
+    ACROSS,
+    CLEAN,
+    LAYER_REDUCTIONS,
+    MIXED,
+    SUMMED,
+    cut_dims,
+    keeps_apart,
+    reads_across,
+    reads_across_eqns,
+)
 from partir.pipeline.replay import replay
 from partir.roles import Roles
 from partir.selectors import display_path, select, slash_path
@@ -102,7 +112,7 @@ class StepStructure:
     across_layers: dict[int, str] = field(default_factory=dict)
     """Update equations (by index, the same in `local` and `zero`) that reduce
     a stacked value over its layers, by how their partial results combine
-    (`partir.pipeline.layerwise.LAYER_REDUCTIONS`): a global gradient norm,
+    (`partir.pipeline.apart.LAYER_REDUCTIONS`): a global gradient norm,
     an all-finite check. A stage
     reduces its own layers; the engine completes it across stages."""
 
@@ -277,17 +287,11 @@ def find_structure(
         jax.ShapeDtypeStruct((per_stage, *s.shape[1:]), s.dtype) if i in mirrored else s
         for i, s in enumerate(shapes)
     ]
-    micro_shapes = [
-        jax.ShapeDtypeStruct((batch // parts, *s.shape[1:]), s.dtype) if i in data_index else s
-        for i, s in enumerate(local_shapes)
-    ]
     here = f"Pipeline({quoted(axis)})"
     at_stage = f"{here} with one stage's {per_stage} layers"
-    at_micro = f"{here} with one microbatch of {batch // parts} rows"
     replaying: Exception | None = None
     try:
         local = _trace(flat, local_shapes)
-        micro = _trace_cut(flat, micro_shapes, at_micro)
     except PartirValueError:
         raise
     except Exception as err:
@@ -295,12 +299,23 @@ def find_structure(
         # every layer at each batch, and run those jaxprs with the layers cut.
         replaying = err
         local = _replayed(full, local_shapes, at_stage, err)
-        every_layer = [
-            jax.ShapeDtypeStruct((batch // parts, *s.shape[1:]), s.dtype)
-            if i in data_index else s
-            for i, s in enumerate(shapes)
-        ]
-        micro = _replayed(_trace_cut(flat, every_layer, at_micro), micro_shapes, at_micro, err)
+
+    def at_rows(rows: int) -> ClosedJaxpr:
+        """The stage-local step traced with `rows` examples of the batch."""
+        what = f"{here} with one microbatch of {rows} rows"
+
+        def cut(base: Sequence[jax.ShapeDtypeStruct]) -> list[jax.ShapeDtypeStruct]:
+            return [
+                jax.ShapeDtypeStruct((rows, *s.shape[1:]), s.dtype) if i in data_index else s
+                for i, s in enumerate(base)
+            ]
+
+        if replaying is None:
+            return _trace_cut(flat, cut(local_shapes), what)
+        every_layer = _trace_cut(flat, cut(shapes), what)
+        return _replayed(every_layer, cut(local_shapes), what, replaying)
+
+    micro = at_rows(batch // parts)
     _check_aligned(full, local)
     zero = None
     if zero_parts > 1:
@@ -361,6 +376,12 @@ def find_structure(
         across_layers,
     )
     _check_carries(structure, axis)
+    if parts > 1:  # a microbatch is not the whole batch: is each example apart?
+        # (one row can trace differently, dropping size-1 broadcasts: probe with 2 then)
+        rows = batch // parts if batch // parts > 1 else 2 if batch != 2 else 4
+        probe = micro if rows == batch // parts else at_rows(rows)
+        loops = (_same_loop(local, probe, forward), _same_loop(local, probe, backward))
+        _check_rows_apart(structure, axis, probe, loops)
     return structure
 
 
@@ -497,18 +518,18 @@ def _check_layerwise(
     full: ClosedJaxpr, local: ClosedJaxpr, forward: int, backward: int
 ) -> dict[int, str]:
     """Outside the loops, an op reading a stacked value must keep its layers
-    apart (`partir.pipeline.layerwise`): each stage runs it on its own. In the
+    apart (`partir.pipeline.apart`): each stage runs it on its own. In the
     update a reduction over the layers is allowed (a stage reduces its own, the
     stages' partials combine); returns those, by how they combine."""
     across: dict[int, str] = {}
     for i, (a, b) in enumerate(zip(full.jaxpr.eqns, local.jaxpr.eqns, strict=True)):
         if i in (forward, backward):
             continue
-        operands = [_cut(x, y) for x, y in zip(a.invars, b.invars, strict=True)]
+        operands = [cut_dims(x, y) for x, y in zip(a.invars, b.invars, strict=True)]
         if not any(operands):
             continue
-        results = [_cut(x, y) for x, y in zip(a.outvars, b.outvars, strict=True)]
-        kept = keeps_layers_apart(a, operands, results)
+        results = [cut_dims(x, y) for x, y in zip(a.outvars, b.outvars, strict=True)]
+        kept = keeps_apart(a, operands, results)
         if kept == ACROSS and i > backward:
             across[i] = LAYER_REDUCTIONS[a.primitive.name]
         elif kept is not True:
@@ -522,15 +543,42 @@ def _check_layerwise(
     return across
 
 
-def _cut(full: Any, local: Any) -> set[int]:
-    """The dims where a value's stage-local shape is smaller."""
-    if isinstance(full, Literal):
-        return set()
-    return {
-        d
-        for d, (m, n) in enumerate(zip(full.aval.shape, local.aval.shape, strict=True))
-        if m != n
-    }
+def _check_rows_apart(
+    s: StepStructure, axis: str, probe: ClosedJaxpr, loops: tuple[int, int]
+) -> None:
+    """Microbatching keeps the step's meaning only if the layer loops treat
+    each example apart (the backward may sum over them, into the gradients
+    that add up over microbatches anyway), and the gradient the head hands the
+    backward loop for an example reads that example's output alone
+    (`partir.pipeline.apart`: the stage-local trace against `probe`, the same
+    traced with fewer rows, its loops at `loops`)."""
+    here = f"Pipeline({quoted(axis)})"
+    for index, probe_index in zip((s.forward, s.backward), loops, strict=True):
+        big, small = s.local.jaxpr.eqns[index], probe.jaxpr.eqns[probe_index]
+        states, first = reads_across(big.params["jaxpr"].jaxpr, small.params["jaxpr"].jaxpr)
+        for j, state in enumerate(states):
+            summed = index == s.backward and (index, j) not in s.result_batch_dim
+            if state == MIXED or (state == SUMMED and not summed):
+                raise PipelineError(
+                    f"{here}: the layer loop reads across the examples of the batch "
+                    f"(`{first or 'a sum over them'}`: a batch norm's statistics, for one), so "
+                    "one microbatch at a time would give another result; keep each example "
+                    "apart inside the loop (normalise over features), or partition without "
+                    "Pipeline"
+                )
+    head = s.local.jaxpr.eqns[s.forward + 1 : s.backward]
+    micro_head = probe.jaxpr.eqns[loops[0] + 1 : loops[1]]
+    made = {v for eqn in head for v in eqn.outvars}
+    handed = [v for v in s.backward_eqn.invars if isinstance(v, Var) and v in made]
+    states, first = reads_across_eqns(head, micro_head, handed)
+    if any(state != CLEAN for state in states):
+        raise PipelineError(
+            f"{here}: the gradient the loss hands the layer loop for one example reads "
+            f"other examples (`{first or 'a sum over them'}`: a contrastive loss, or a loss "
+            "scaled by a batch statistic), so it cannot be taken one microbatch at a "
+            "time; make each example's loss term depend on that example alone, or "
+            "partition without Pipeline"
+        )
 
 
 def _check_carries(s: StepStructure, axis: str) -> None:

@@ -1,0 +1,282 @@
+"""Which ops keep the slices of a split dim apart: layers, and rows.
+
+A pipelined step runs code on a part of a dim and means the whole:
+
+- each stage runs the ops outside the layer loops (embedding, head, update)
+  on its own layers of every stacked value;
+- each time step runs the layer loops on one microbatch's rows, and the
+  head's gradient of one microbatch is read from its rows alone.
+
+That is the step's meaning only when the op treats the slices apart: a result
+slice reads only the same slice of its operands. Two traces of the step that
+differ only in that dim's size align op for op, so each value's *cut* dims
+(where its size differs) are known; an op keeps them apart when its rule
+(below) maps every cut operand dim to a cut result dim without moving,
+mixing or slicing along it. `p - lr * g` does; `g[::-1]`, `jnp.cumsum(g, 0)`,
+a matmul contracting the layers, or `out @ out.T` over the rows do not. An op
+without a rule that reads a cut value does not either: a stage's answer would
+be silently wrong otherwise.
+
+A reduction over the cut dims is `ACROSS` (`keeps_apart`): the update may
+reduce over the layers (a global gradient norm; the engine combines the
+stages' partials, `LAYER_REDUCTIONS`). Over the rows, `reads_across` follows
+each value: the backward loop may sum over the examples into the gradients
+(they add up over microbatches anyway), and the loss may sum them, so long as
+the gradient it hands the loop does not read the sum. Calls and scans are
+looked into.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jax.extend.core import Literal
+
+from partir.pipeline.replay import INLINED
+
+ELEMENTWISE = frozenset(
+    """
+    abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp complex
+    conj convert_element_type copy copy_p cos cosh digamma div eq erf erf_inv erfc exp
+    exp2 expm1 floor ge gt igamma imag integer_pow is_finite le lgamma log log1p logistic
+    lt max min mul ne neg nextafter not or population_count pow real reduce_precision rem
+    round rsqrt select_n shift_left shift_right_arithmetic shift_right_logical sign sin
+    sinh sqrt square stop_gradient sub tan tanh xor
+    """.split()
+)
+"""jaxpr primitives that act on each element apart (scalar operands broadcast)."""
+
+LAYER_REDUCTIONS = {
+    "reduce_sum": "sum",
+    "reduce_max": "max",
+    "reduce_min": "min",
+    "reduce_and": "min",
+    "reduce_or": "max",
+}
+"""Reductions the update may run over the layers of a stacked value, by how
+stages' partial results combine."""
+
+Cut = list[set[int]]
+"""Per operand (or result), the dims whose stage-local size is smaller."""
+
+ACROSS = "across"
+"""What `keeps_apart` says of a reduction over the cut dims."""
+
+
+def keeps_apart(eqn: Any, operands: Cut, results: Cut) -> bool | str:
+    """Whether `eqn` keeps the slices of its cut operand dims apart; `ACROSS`
+    for a reduction over them."""
+    rule = _RULES.get(eqn.primitive.name)
+    if rule is None:
+        return eqn.primitive.name in ELEMENTWISE and _same_dims(operands, results)
+    return rule(eqn.params, operands, results)
+
+
+def _same_dims(operands: Cut, results: Cut) -> bool:
+    """Elementwise: every cut operand dim is cut in every result."""
+    cut = set().union(*operands)
+    return all(cut <= r for r in results)
+
+
+def _mapped(cut: set[int], to: Callable[[int], int | None], result: set[int]) -> bool:
+    """Each cut dim maps (by `to`; None: dropped) to a cut result dim."""
+    return all((d := to(c)) is not None and d in result for c in cut)
+
+
+def _broadcast(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
+    dims = params["broadcast_dimensions"]
+    return _mapped(operands[0], lambda d: dims[d], results[0])
+
+
+def _transpose(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
+    where = {src: dst for dst, src in enumerate(params["permutation"])}
+    return _mapped(operands[0], where.get, results[0])
+
+
+def _squeeze(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
+    gone = set(params["dimensions"])
+    return _mapped(operands[0], lambda d: None if d in gone else d - sum(g < d for g in gone),
+                   results[0])
+
+
+def _reduce(name: str, params: dict[str, Any], operands: Cut, results: Cut) -> bool | str:
+    axes = set(params["axes"])
+    cut = operands[0]
+    if not cut & axes:
+        return _mapped(cut, lambda d: d - sum(a < d for a in axes), results[0])
+    return ACROSS if cut <= axes and name in LAYER_REDUCTIONS else False
+
+
+def _along(key: str) -> Callable[[dict[str, Any], Cut, Cut], bool]:
+    """Ops that move, scan or sort along the dims `params[key]` names (an int
+    or a sequence): layerwise when none of those is cut."""
+
+    def rule(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
+        value = params[key]
+        dims = {value} if isinstance(value, int) else set(value)
+        return not any(c & dims for c in operands) and _same_dims(operands, results)
+
+    return rule
+
+
+def _dot(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
+    """Cut dims may be batch dims (of both) or free dims of one side: contracting
+    them sums across slices, and free on both sides pairs every slice with
+    every other (`out @ out.T` over the rows)."""
+    (lc, rc), (lb, rb) = params["dimension_numbers"]
+    lhs, rhs = operands
+    if lhs & set(lc) or rhs & set(rc):
+        return False
+    return not (lhs - set(lb) and rhs - set(rb)) and bool(results[0])
+
+
+def _reshape(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
+    """Only a reshape whose cut dim is the leading one in and out: row-major
+    order keeps each stage's block of layers one block of the result."""
+    return operands[0] <= {0} and results[0] == operands[0]
+
+
+def _pad(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
+    config: Sequence[tuple[int, int, int]] = params["padding_config"]
+    return not any(config[d] != (0, 0, 0) for d in operands[0]) and _same_dims(
+        operands[:1], results
+    )
+
+
+_RULES: dict[str, Callable[..., bool | str]] = {
+    "broadcast_in_dim": _broadcast,
+    "transpose": _transpose,
+    "squeeze": _squeeze,
+    "reshape": _reshape,
+    "dot_general": _dot,
+    "pad": _pad,
+    "concatenate": _along("dimension"),
+    "rev": _along("dimensions"),
+    "cumsum": _along("axis"),
+    "cumprod": _along("axis"),
+    "cummax": _along("axis"),
+    "cummin": _along("axis"),
+    "cumlogsumexp": _along("axis"),
+    "sort": _along("dimension"),
+    **{
+        name: functools.partial(_reduce, name)
+        for name in ("argmax", "argmin", "reduce_prod", *LAYER_REDUCTIONS)
+    },
+}
+"""Per primitive, how its operand dims reach its result dims."""
+
+
+def cut_dims(big: Any, small: Any) -> set[int]:
+    """The dims where a value of the smaller trace is smaller."""
+    if isinstance(big, Literal):
+        return set()
+    return {
+        d
+        for d, (m, n) in enumerate(zip(big.aval.shape, small.aval.shape, strict=True))
+        if m != n
+    }
+
+
+def _inner(eqn: Any, key: str) -> Any:
+    inner = eqn.params[key]
+    return getattr(inner, "jaxpr", inner)
+
+
+CLEAN, SUMMED, MIXED = 0, 1, 2
+"""How a value reads across the cut dims: not at all; as a sum over them
+followed only by linear ops (what adding up per-slice results gives too); or
+any other way."""
+
+LINEAR = frozenset(
+    """
+    add add_any sub neg convert_element_type copy copy_p transpose reshape
+    broadcast_in_dim squeeze reduce_sum concatenate mul div dot_general select_n
+    stop_gradient
+    """.split()
+)
+"""Ops linear in each operand (`mul`, `div` and `dot_general` in one of them:
+`_linear_in`), so a sum of per-slice values passes through them unchanged."""
+
+
+def _linear_in(name: str, states: list[int]) -> bool:
+    """Whether `name` is linear in its SUMMED operands."""
+    summed = [i for i, state in enumerate(states) if state == SUMMED]
+    if name in ("mul", "dot_general"):
+        return len(summed) == 1
+    if name == "div":
+        return summed == [0]
+    if name == "select_n":
+        return 0 not in summed
+    return True
+
+
+def _sums_cut(eqn: Any, operands: Cut) -> bool:
+    """A `reduce_sum` over the cut dims, or a `dot_general` contracting them."""
+    name = eqn.primitive.name
+    if name == "reduce_sum":
+        return operands[0] <= set(eqn.params["axes"])
+    if name == "dot_general":
+        (lc, rc), _ = eqn.params["dimension_numbers"]
+        lhs, rhs = operands
+        return bool(lhs or rhs) and lhs <= set(lc) and rhs <= set(rc)
+    return False
+
+
+def reads_across(big: Any, small: Any) -> tuple[list[int], str | None]:
+    """Per output of jaxpr `big` (against `small`, the same jaxpr traced with
+    the cut dims smaller), CLEAN, SUMMED or MIXED; and the first op that made
+    a value MIXED (`reads_across_eqns`)."""
+    return reads_across_eqns(big.eqns, small.eqns, big.outvars)
+
+
+def reads_across_eqns(
+    big: Sequence[Any], small: Sequence[Any], outvars: Sequence[Any]
+) -> tuple[list[int], str | None]:
+    """`reads_across` of a run of equations, for the values `outvars`. Calls
+    and scans are looked into: clean when nothing inside reads across. Runs
+    that do not align are MIXED throughout."""
+    if len(big) != len(small) or any(
+        a.primitive is not b.primitive for a, b in zip(big, small, strict=True)
+    ):
+        return [MIXED] * len(outvars), "an op traced differently per batch size"
+    state: dict[Any, int] = {}
+    first: str | None = None
+    for a, b in zip(big, small, strict=True):
+        name = a.primitive.name
+        states = [state.get(v, CLEAN) if not isinstance(v, Literal) else CLEAN for v in a.invars]
+        operands = [cut_dims(x, y) for x, y in zip(a.invars, b.invars, strict=True)]
+        if MIXED in states:
+            made = MIXED
+        elif SUMMED in states:
+            made = SUMMED if name in LINEAR and _linear_in(name, states) else MIXED
+        elif not any(operands):
+            made = CLEAN
+        elif name in INLINED or name == "scan":
+            made = CLEAN if _inside_is_clean(a, b, operands) else MIXED
+        elif _sums_cut(a, operands):
+            made = SUMMED
+        else:
+            results = [cut_dims(x, y) for x, y in zip(a.outvars, b.outvars, strict=True)]
+            made = CLEAN if keeps_apart(a, operands, results) is True else MIXED
+        if made == MIXED and MIXED not in states and first is None:
+            first = name
+        for var in a.outvars:
+            state[var] = made
+    return [
+        CLEAN if isinstance(v, Literal) else state.get(v, CLEAN) for v in outvars
+    ], first
+
+
+def _inside_is_clean(a: Any, b: Any, operands: Cut) -> bool:
+    name = a.primitive.name
+    if name == "scan":
+        xs = operands[a.params["num_consts"] + a.params["num_carry"] :]
+        if any(0 in c for c in xs):
+            return False  # it steps along a cut dim: each step reads the ones before
+        inner, other = _inner(a, "jaxpr"), _inner(b, "jaxpr")
+    else:
+        inner, other = _inner(a, INLINED[name]), _inner(b, INLINED[name])
+    states, _ = reads_across(inner, other)
+    return all(state == CLEAN for state in states)
