@@ -559,34 +559,48 @@ def test_optax_clip_by_global_norm_pipelines() -> None:
                         jax.tree.leaves(jax.jit(step)(*args)), what="optax clipped AdamW")
 
 
-@pytest.mark.parametrize("mix", [
-    pytest.param(lambda v: v[::-1], id="reversed"),
-    pytest.param(lambda v: jax.numpy.cumsum(v, axis=0), id="cumsum"),
-    pytest.param(lambda v: jax.numpy.roll(v, 1, axis=0), id="roll"),
-    pytest.param(lambda v: jax.numpy.tensordot(jax.numpy.ones(v.shape[0]), v, 1) + v, id="contract"),
+MIXES = r"combines the layers of a stacked value"
+
+
+def _layer_index(v: Any) -> Any:
+    return v * jax.numpy.arange(v.shape[0]).reshape(-1, *[1] * (v.ndim - 1))
+
+
+@pytest.mark.parametrize(("mix", "message"), [
+    pytest.param(lambda v: v[::-1], MIXES, id="reversed"),
+    pytest.param(lambda v: jax.numpy.cumsum(v, axis=0), MIXES, id="cumsum"),
+    pytest.param(lambda v: jax.numpy.roll(v, 1, axis=0), MIXES, id="roll"),
+    pytest.param(lambda v: jax.numpy.tensordot(jax.numpy.ones(v.shape[0]), v, 1) + v, MIXES,
+                 id="contract"),
+    pytest.param(_layer_index, r"`iota` outside the layer loop makes a value along the layers",
+                 id="layer-index"),
 ])
-def test_update_mixing_layers_is_refused(mix: Any) -> None:
-    """An update that moves, scans or contracts along the layers would be
-    wrong on a stage that holds only its own: refused, never run."""
+def test_update_mixing_layers_is_refused(mix: Any, message: str) -> None:
+    """An update that moves, scans or contracts along the layers, or numbers
+    them, would be wrong on a stage that holds only its own: refused, never run."""
 
     def step(params, opt_state, x, y):
         loss, g = jax.value_and_grad(scanned_stack.mlp_loss)(params, x, y)
         return loss, jax.tree.map(lambda p, v: p - 0.1 * mix(v), params, g), opt_state
 
     params, opt_state, x, y = scanned_stack.mlp_train_args(layers_=4, batch=8, width=8, hidden=8)
-    with pytest.raises(partir.PartirValueError, match=r"combines the layers of a stacked value"):
+    with pytest.raises(partir.PartirValueError, match=message):
         lower(step, (params, opt_state, x, y), {"stage": 4}, partir.Pipeline("stage", 2))
 
 
-def _rows_step(layer_norm_over_batch: bool, loss_kind: str) -> Any:
-    """The MLP stack's step, with a batch statistic in its layer, or a loss
-    whose gradient for one example reads the others."""
+def _rows_step(layer_kind: str, loss_kind: str) -> Any:
+    """The MLP stack's step, with a batch statistic or a dropout mask drawn
+    for the batch in its layer, or a loss whose gradient for one example
+    reads the others."""
     jnp = jax.numpy
 
     def layer(p, h):
         z = h @ p["w_in"] + p["b_in"]
-        if layer_norm_over_batch:
+        if layer_kind == "batch-norm":
             z = (z - z.mean(0)) / (z.std(0) + 1)
+        if layer_kind == "dropout":  # a key per layer, drawn inside the loop
+            key = jax.random.fold_in(jax.random.key(0), p["b_in"][0].astype(jnp.int32))
+            z = jnp.where(jax.random.bernoulli(key, 0.9, z.shape), z / 0.9, 0)
         return h + jnp.tanh(z) @ p["w_out"]
 
     def loss(params, x, y):
@@ -606,24 +620,26 @@ def _rows_step(layer_norm_over_batch: bool, loss_kind: str) -> Any:
     return step
 
 
-@pytest.mark.parametrize(("in_layer", "loss_kind", "message"), [
-    (True, "mse", r"the layer loop reads across the examples of the batch"),
-    (False, "contrastive", r"the gradient the loss hands the layer loop for one example reads"),
-    (False, "batch-scaled", r"the gradient the loss hands the layer loop for one example reads"),
+@pytest.mark.parametrize(("layer_kind", "loss_kind", "message"), [
+    ("batch-norm", "mse", r"the layer loop reads across the examples of the batch"),
+    ("dropout", "mse", r"reads across the examples of the batch \(`random_bits`"),
+    ("plain", "contrastive", r"the gradient the loss hands the layer loop for one example reads"),
+    ("plain", "batch-scaled", r"the gradient the loss hands the layer loop for one example reads"),
 ])
 def test_steps_whose_examples_depend_on_each_other_are_refused(
-    in_layer: bool, loss_kind: str, message: str
+    layer_kind: str, loss_kind: str, message: str
 ) -> None:
-    """Microbatching changes a batch statistic inside the loop and a loss that
-    pairs or scales examples by the batch: refused (they used to run, wrong);
-    the same step with neither runs and matches jax.jit. The 1-row microbatch
-    (M = 8) is checked against a 2-row trace, since one row traces apart."""
+    """Microbatching changes a batch statistic inside the loop, a dropout mask
+    drawn there for the whole batch, and a loss that pairs or scales examples
+    by the batch: refused (they used to run, wrong); the same step with none
+    runs and matches jax.jit. The 1-row microbatch (M = 8) is checked against
+    a 2-row trace, since one row traces apart."""
     args = scanned_stack.mlp_train_args(layers_=4, batch=8, width=8, hidden=8)
     for microbatches in (2, 8):
         with pytest.raises(partir.PartirValueError, match=message):
-            lower(_rows_step(in_layer, loss_kind), args, {"stage": 4},
+            lower(_rows_step(layer_kind, loss_kind), args, {"stage": 4},
                   partir.Pipeline("stage", microbatches))
-    plain = _rows_step(False, "mse")
+    plain = _rows_step("plain", "mse")
     lowered = lower(plain, args, {"stage": 4}, partir.Pipeline("stage", 8))
     exe, placed = lowered.executable(*args)
     assert_leaves_close(jax.tree.leaves(lowered.unflatten(exe(*placed))),

@@ -74,6 +74,19 @@ def keeps_apart(eqn: Any, operands: Cut, results: Cut) -> bool | str:
     return rule(eqn.params, operands, results)
 
 
+def makes_along_cut(eqn: Any, results: Cut) -> bool:
+    """Whether `eqn`, reading no cut value, makes one that differs along its
+    cut dims (random bits, an iota along them): a part of the batch or a
+    stage's layers would then get other values than its part of the whole.
+    A broadcast copies along them, so it does not."""
+    if not any(results):
+        return False
+    name = eqn.primitive.name
+    if name == "iota":
+        return eqn.params["dimension"] in results[0]
+    return name not in ("broadcast_in_dim", *ELEMENTWISE)
+
+
 def _same_dims(operands: Cut, results: Cut) -> bool:
     """Elementwise: every cut operand dim is cut in every result."""
     cut = set().union(*operands)
@@ -216,7 +229,7 @@ def _sums_cut(eqn: Any, operands: Cut) -> bool:
     """A `reduce_sum` over the cut dims, or a `dot_general` contracting them."""
     name = eqn.primitive.name
     if name == "reduce_sum":
-        return operands[0] <= set(eqn.params["axes"])
+        return bool(operands[0]) and operands[0] <= set(eqn.params["axes"])
     if name == "dot_general":
         (lc, rc), _ = eqn.params["dimension_numbers"]
         lhs, rhs = operands
@@ -251,15 +264,18 @@ def reads_across_eqns(
             made = MIXED
         elif SUMMED in states:
             made = SUMMED if name in LINEAR and _linear_in(name, states) else MIXED
-        elif not any(operands):
-            made = CLEAN
         elif name in INLINED or name == "scan":
-            made = CLEAN if _inside_is_clean(a, b, operands) else MIXED
+            inside = _inside(a, b, operands)
+            made = CLEAN if inside is None else MIXED
+            name = inside or name
         elif _sums_cut(a, operands):
             made = SUMMED
         else:
             results = [cut_dims(x, y) for x, y in zip(a.outvars, b.outvars, strict=True)]
-            made = CLEAN if keeps_apart(a, operands, results) is True else MIXED
+            if not any(operands):
+                made = MIXED if makes_along_cut(a, results) else CLEAN
+            else:
+                made = CLEAN if keeps_apart(a, operands, results) is True else MIXED
         if made == MIXED and MIXED not in states and first is None:
             first = name
         for var in a.outvars:
@@ -269,14 +285,17 @@ def reads_across_eqns(
     ], first
 
 
-def _inside_is_clean(a: Any, b: Any, operands: Cut) -> bool:
+def _inside(a: Any, b: Any, operands: Cut) -> str | None:
+    """What inside the call or scan `a` reads across the cut dims (None: nothing)."""
     name = a.primitive.name
     if name == "scan":
         xs = operands[a.params["num_consts"] + a.params["num_carry"] :]
         if any(0 in c for c in xs):
-            return False  # it steps along a cut dim: each step reads the ones before
+            return name  # it steps along a cut dim: each step reads the ones before
         inner, other = _inner(a, "jaxpr"), _inner(b, "jaxpr")
     else:
         inner, other = _inner(a, INLINED[name]), _inner(b, INLINED[name])
-    states, _ = reads_across(inner, other)
-    return all(state == CLEAN for state in states)
+    states, first = reads_across(inner, other)
+    if all(state == CLEAN for state in states):
+        return None
+    return first or "a sum over the cut dims"

@@ -50,6 +50,7 @@ from partir.pipeline.apart import (
     SUMMED,
     cut_dims,
     keeps_apart,
+    makes_along_cut,
     reads_across,
     reads_across_eqns,
 )
@@ -526,9 +527,16 @@ def _check_layerwise(
         if i in (forward, backward):
             continue
         operands = [cut_dims(x, y) for x, y in zip(a.invars, b.invars, strict=True)]
-        if not any(operands):
-            continue
         results = [cut_dims(x, y) for x, y in zip(a.outvars, b.outvars, strict=True)]
+        if not any(operands):
+            if makes_along_cut(a, results):
+                raise UnsupportedError(
+                    f"Pipeline: `{a.primitive.name}` outside the layer loop makes a value "
+                    "along the layers (random bits, or an iota over them): a stage would "
+                    "get the first layers' values rather than its own; make it inside the "
+                    "loop, or from a stacked argument"
+                )
+            continue
         kept = keeps_apart(a, operands, results)
         if kept == ACROSS and i > backward:
             across[i] = LAYER_REDUCTIONS[a.primitive.name]
@@ -561,10 +569,11 @@ def _check_rows_apart(
             if state == MIXED or (state == SUMMED and not summed):
                 raise PipelineError(
                     f"{here}: the layer loop reads across the examples of the batch "
-                    f"(`{first or 'a sum over them'}`: a batch norm's statistics, for one), so "
-                    "one microbatch at a time would give another result; keep each example "
-                    "apart inside the loop (normalise over features), or partition without "
-                    "Pipeline"
+                    f"(`{first or 'a sum over them'}`: a batch statistic, or random numbers "
+                    "drawn for the whole batch such as a dropout mask), so one microbatch at a "
+                    "time would give another result; keep each example apart inside the loop "
+                    "(normalise over features; draw per-example randomness outside it), or "
+                    "partition without Pipeline"
                 )
     head = s.local.jaxpr.eqns[s.forward + 1 : s.backward]
     micro_head = probe.jaxpr.eqns[loops[0] + 1 : loops[1]]
