@@ -608,6 +608,8 @@ def _rows_step(layer_kind: str, loss_kind: str) -> Any:
         if loss_kind == "contrastive":
             rows = jnp.arange(out.shape[0])
             return -jnp.mean(jax.nn.log_softmax(out @ out.T)[rows, rows])
+        if loss_kind == "shifted":  # drops the batch's first example, not each microbatch's
+            return jnp.mean((out[1:] - y[1:]) ** 2)
         if loss_kind == "batch-scaled":
             e = jnp.sum((out - y) ** 2, axis=1)
             return jnp.mean(e * e / jax.lax.stop_gradient(e.mean()))
@@ -625,6 +627,7 @@ def _rows_step(layer_kind: str, loss_kind: str) -> Any:
     ("dropout", "mse", r"reads across the examples of the batch \(`random_bits`"),
     ("plain", "contrastive", r"the gradient the loss hands the layer loop for one example reads"),
     ("plain", "batch-scaled", r"the gradient the loss hands the layer loop for one example reads"),
+    ("plain", "shifted", r"the gradient the loss hands the layer loop for one example reads"),
 ])
 def test_steps_whose_examples_depend_on_each_other_are_refused(
     layer_kind: str, loss_kind: str, message: str
@@ -644,6 +647,42 @@ def test_steps_whose_examples_depend_on_each_other_are_refused(
     exe, placed = lowered.executable(*args)
     assert_leaves_close(jax.tree.leaves(lowered.unflatten(exe(*placed))),
                         jax.tree.leaves(jax.jit(plain)(*args)), what="per-example step")
+
+
+def _labels_step(shuffle: bool) -> Any:
+    """The MLP stack's step under cross-entropy with integer labels (a gather
+    per row, and its scatter-add), or with the examples' rows shuffled."""
+    jnp = jax.numpy
+
+    def loss(params, x, labels):
+        out = scanned_stack.mlp_program(params, x)
+        if shuffle:
+            out = out[jnp.arange(out.shape[0])[::-1]]
+        picked = jnp.take_along_axis(jax.nn.log_softmax(out), labels[:, None], axis=1)
+        return -jnp.mean(picked)
+
+    def step(params, opt_state, x, labels):
+        value, g = jax.value_and_grad(loss)(params, x, labels)
+        return value, jax.tree.map(lambda p, v: p - 0.1 * v, params, g), opt_state
+
+    return step
+
+
+def test_cross_entropy_gathers_per_example_and_a_shuffle_is_refused() -> None:
+    """`take_along_axis` gathers each example's label apart (a batching dim), so
+    the usual LM loss pipelines with jax.jit's numbers; a loss that reorders
+    the examples reads across them and is refused."""
+    params, opt_state, x, _ = scanned_stack.mlp_train_args(layers_=4, batch=8, width=8, hidden=8)
+    args = (params, opt_state, x, np.arange(8, dtype=np.int32) % 8)
+    mesh = {"stage": 4, "batch": 2}
+    step = _labels_step(shuffle=False)
+    lowered = lower(step, args, mesh, partir.Pipeline("stage", 2), partir.BatchParallel("batch"))
+    exe, placed = lowered.executable(*args)
+    assert_leaves_close(jax.tree.leaves(lowered.unflatten(exe(*placed))),
+                        jax.tree.leaves(jax.jit(step)(*args)), what="cross-entropy step")
+    with pytest.raises(partir.PartirValueError, match=r"for one example reads other examples"):
+        lower(_labels_step(shuffle=True), args, mesh, partir.Pipeline("stage", 2),
+              partir.BatchParallel("batch"))
 
 
 def test_escaped_axis_name_in_errors() -> None:

@@ -71,7 +71,7 @@ def keeps_apart(eqn: Any, operands: Cut, results: Cut) -> bool | str:
     rule = _RULES.get(eqn.primitive.name)
     if rule is None:
         return eqn.primitive.name in ELEMENTWISE and _same_dims(operands, results)
-    return rule(eqn.params, operands, results)
+    return rule(eqn, operands, results)
 
 
 def makes_along_cut(eqn: Any, results: Cut) -> bool:
@@ -98,64 +98,159 @@ def _mapped(cut: set[int], to: Callable[[int], int | None], result: set[int]) ->
     return all((d := to(c)) is not None and d in result for c in cut)
 
 
-def _broadcast(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
-    dims = params["broadcast_dimensions"]
+def _broadcast(eqn: Any, operands: Cut, results: Cut) -> bool:
+    dims = eqn.params["broadcast_dimensions"]
     return _mapped(operands[0], lambda d: dims[d], results[0])
 
 
-def _transpose(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
-    where = {src: dst for dst, src in enumerate(params["permutation"])}
+def _transpose(eqn: Any, operands: Cut, results: Cut) -> bool:
+    where = {src: dst for dst, src in enumerate(eqn.params["permutation"])}
     return _mapped(operands[0], where.get, results[0])
 
 
-def _squeeze(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
-    gone = set(params["dimensions"])
+def _squeeze(eqn: Any, operands: Cut, results: Cut) -> bool:
+    gone = set(eqn.params["dimensions"])
     return _mapped(operands[0], lambda d: None if d in gone else d - sum(g < d for g in gone),
                    results[0])
 
 
-def _reduce(name: str, params: dict[str, Any], operands: Cut, results: Cut) -> bool | str:
-    axes = set(params["axes"])
+def _reduce(name: str, eqn: Any, operands: Cut, results: Cut) -> bool | str:
+    axes = set(eqn.params["axes"])
     cut = operands[0]
     if not cut & axes:
         return _mapped(cut, lambda d: d - sum(a < d for a in axes), results[0])
     return ACROSS if cut <= axes and name in LAYER_REDUCTIONS else False
 
 
-def _along(key: str) -> Callable[[dict[str, Any], Cut, Cut], bool]:
+def _along(key: str) -> Callable[[Any, Cut, Cut], bool]:
     """Ops that move, scan or sort along the dims `params[key]` names (an int
     or a sequence): layerwise when none of those is cut."""
 
-    def rule(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
-        value = params[key]
+    def rule(eqn: Any, operands: Cut, results: Cut) -> bool:
+        value = eqn.params[key]
         dims = {value} if isinstance(value, int) else set(value)
         return not any(c & dims for c in operands) and _same_dims(operands, results)
 
     return rule
 
 
-def _dot(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
+def _dot(eqn: Any, operands: Cut, results: Cut) -> bool:
     """Cut dims may be batch dims (of both) or free dims of one side: contracting
     them sums across slices, and free on both sides pairs every slice with
     every other (`out @ out.T` over the rows)."""
-    (lc, rc), (lb, rb) = params["dimension_numbers"]
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lhs, rhs = operands
     if lhs & set(lc) or rhs & set(rc):
         return False
     return not (lhs - set(lb) and rhs - set(rb)) and bool(results[0])
 
 
-def _reshape(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
+def _reshape(eqn: Any, operands: Cut, results: Cut) -> bool:
     """Only a reshape whose cut dim is the leading one in and out: row-major
     order keeps each stage's block of layers one block of the result."""
     return operands[0] <= {0} and results[0] == operands[0]
 
 
-def _pad(params: dict[str, Any], operands: Cut, results: Cut) -> bool:
-    config: Sequence[tuple[int, int, int]] = params["padding_config"]
+def _pad(eqn: Any, operands: Cut, results: Cut) -> bool:
+    config: Sequence[tuple[int, int, int]] = eqn.params["padding_config"]
     return not any(config[d] != (0, 0, 0) for d in operands[0]) and _same_dims(
         operands[:1], results
     )
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    return tuple(value.aval.shape)
+
+
+def _slice(eqn: Any, operands: Cut, results: Cut) -> bool:
+    """A slice keeps the cut dims apart when it takes them whole (start 0,
+    stride 1, to the end): `out[1:]` over the rows shifts them."""
+    params, size = eqn.params, _shape(eqn.invars[0])
+    strides = params["strides"] or (1,) * len(size)
+    return all(
+        params["start_indices"][d] == 0 and strides[d] == 1
+        and params["limit_indices"][d] == size[d]
+        for d in operands[0]
+    ) and _same_dims(operands[:1], results)
+
+
+def _dynamic_slice(eqn: Any, operands: Cut, results: Cut) -> bool:
+    """Whole along each cut dim (a start past 0 is clamped back to 0 then)."""
+    size = _shape(eqn.invars[0])
+    return all(eqn.params["slice_sizes"][d] == size[d] for d in operands[0]) and _same_dims(
+        operands[:1], results
+    )
+
+
+def _update_slice(eqn: Any, operands: Cut, results: Cut) -> bool:
+    """`dynamic_update_slice`: the update spans each cut dim of the operand."""
+    target, update = _shape(eqn.invars[0]), _shape(eqn.invars[1])
+    return all(update[d] == target[d] for d in operands[0]) and _same_dims(
+        operands[:2], results
+    )
+
+
+def _split(eqn: Any, operands: Cut, results: Cut) -> bool:
+    return eqn.params["axis"] not in operands[0] and _same_dims(operands, results)
+
+
+def _top_k(eqn: Any, operands: Cut, results: Cut) -> bool:
+    """`top_k` works along the last dim."""
+    return len(_shape(eqn.invars[0])) - 1 not in operands[0] and _same_dims(operands, results)
+
+
+def _skipping(taken: Sequence[int], count: int) -> list[int]:
+    """The first `count` positions not in `taken`, in order."""
+    found: list[int] = []
+    position = 0
+    while len(found) < count:
+        if position not in taken:
+            found.append(position)
+        position += 1
+    return found
+
+
+def _gather(eqn: Any, operands: Cut, results: Cut) -> bool:
+    """A gather keeps the cut dims apart when each is a batching dim (as
+    `take_along_axis` gathers per row) or a window dim taken whole (its
+    result dim is cut too: a fixed window would be a slice along it), and the
+    indices' cut dims are result batch dims (a per-row lookup)."""
+    dn = eqn.params["dimension_numbers"]
+    source, indices = operands
+    out = results[0]
+    skipped = (*dn.collapsed_slice_dims, *dn.operand_batching_dims)
+    windows = _skipping(skipped, len(eqn.params["slice_sizes"]) - len(skipped))
+    for d in source:
+        if d in dn.operand_batching_dims:
+            paired = dn.start_indices_batching_dims[dn.operand_batching_dims.index(d)]
+            if paired not in indices:
+                return False
+        elif d in dn.start_index_map or d in dn.collapsed_slice_dims:
+            return False
+        elif dn.offset_dims[windows.index(d)] not in out:
+            return False
+    batch = _skipping(dn.offset_dims, max(indices, default=-1) + 1)
+    return all(batch[i] in out for i in indices)
+
+
+def _scatter(eqn: Any, operands: Cut, results: Cut) -> bool:
+    """A scatter keeps the cut dims apart when each operand cut dim is a
+    batching dim or a window dim, and the updates' cut scatter dims belong to
+    the indices' batching dims (a row's updates land in that row); scattering
+    rows into shared slots would sum across them."""
+    dn = eqn.params["dimension_numbers"]
+    target, indices, updates = operands[0], operands[1], operands[2]
+    if results[0] != target:
+        return False
+    for d in target:
+        if d not in dn.operand_batching_dims and (
+            d in dn.inserted_window_dims or d in dn.scatter_dims_to_operand_dims
+        ):
+            return False
+    spread = sorted(u for u in updates if u not in dn.update_window_dims)
+    scatter_dims = _skipping(dn.update_window_dims, max(spread, default=-1) + 1)
+    batching = set(dn.scatter_indices_batching_dims)
+    return all(scatter_dims.index(u) in batching for u in spread) and indices <= batching
 
 
 _RULES: dict[str, Callable[..., bool | str]] = {
@@ -165,6 +260,15 @@ _RULES: dict[str, Callable[..., bool | str]] = {
     "reshape": _reshape,
     "dot_general": _dot,
     "pad": _pad,
+    "gather": _gather,
+    "slice": _slice,
+    "dynamic_slice": _dynamic_slice,
+    "split": _split,
+    "top_k": _top_k,
+    "dynamic_update_slice": _update_slice,
+    "scatter-add": _scatter,
+    "scatter_add": _scatter,
+    "scatter": _scatter,
     "concatenate": _along("dimension"),
     "rev": _along("dimensions"),
     "cumsum": _along("axis"),
