@@ -59,7 +59,8 @@ LAYER_REDUCTIONS = {
 stages' partial results combine."""
 
 Cut = list[set[int]]
-"""Per operand (or result), the dims whose stage-local size is smaller."""
+"""Per operand (or result), its cut dims: where its size differs between the
+two traces (a stage's layers against all; fewer rows against more)."""
 
 ACROSS = "across"
 """What `keeps_apart` says of a reduction over the cut dims."""
