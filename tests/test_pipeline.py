@@ -559,6 +559,39 @@ def test_optax_clip_by_global_norm_pipelines() -> None:
                         jax.tree.leaves(jax.jit(step)(*args)), what="optax clipped AdamW")
 
 
+def test_rematerialized_layers_and_metrics_over_all_layers() -> None:
+    """A rematerialized layer (`jax.checkpoint`: the backward loop calls it) and
+    metrics read over every layer: a norm per layer (stacked), the largest
+    gradient and the mean of a stacked parameter (combined across stages; the
+    mean divides by the whole stack's count, not a stage's), and gradients
+    scaled by the layer count; jax.jit's numbers."""
+    jnp = jax.numpy
+    layer = jax.checkpoint(scanned_stack.mlp_layer)
+
+    def loss(params, x, y):
+        out = jax.lax.scan(lambda h, p: (layer(p, h), None), x, params)[0]
+        return jnp.mean((out - y) ** 2)
+
+    def step(params, opt_state, x, y):
+        value, g = jax.value_and_grad(loss)(params, x, y)
+        metrics = {
+            "per_layer": jnp.sqrt(jnp.sum(g["w_in"] ** 2, axis=(1, 2))),
+            "largest": jnp.max(jnp.stack([jnp.max(jnp.abs(v)) for v in jax.tree.leaves(g)])),
+            "mean_w_in": jnp.mean(params["w_in"]),
+        }
+        count = params["w_in"].shape[0]
+        new = jax.tree.map(lambda p, v: p - 0.1 * v * 4 / count, params, g)
+        return value, new, opt_state, metrics
+
+    args = scanned_stack.mlp_train_args(layers_=LAYERS, batch=16, width=8, hidden=8)
+    lowered = lower(step, args, {"stage": 4, "batch": 2}, partir.Pipeline("stage", 4),
+                    partir.BatchParallel("batch"))
+    assert sorted(lowered.structure.across_layers.values()) == ["max"] * 3 + ["sum"]
+    exe, placed = lowered.executable(*args)
+    assert_leaves_close(jax.tree.leaves(lowered.unflatten(exe(*placed))),
+                        jax.tree.leaves(jax.jit(step)(*args)), what="metrics step")
+
+
 MIXES = r"combines the layers of a stacked value"
 
 

@@ -342,65 +342,77 @@ def _sums_cut(eqn: Any, operands: Cut) -> bool:
     return False
 
 
-def reads_across(big: Any, small: Any) -> tuple[list[int], str | None]:
+def reads_across(
+    big: Any, small: Any, given: Sequence[int] | None = None
+) -> tuple[list[int], str | None]:
     """Per output of jaxpr `big` (against `small`, the same jaxpr traced with
-    the cut dims smaller), CLEAN, SUMMED or MIXED; and the first op that made
-    a value MIXED (`reads_across_eqns`)."""
-    return reads_across_eqns(big.eqns, small.eqns, big.outvars)
+    the cut dims smaller), CLEAN, SUMMED or MIXED, its inputs being `given`
+    (CLEAN by default); and the first op that made a value MIXED."""
+    state = dict(zip(big.invars, given, strict=True)) if given is not None else {}
+    return _follow(big.eqns, small.eqns, big.outvars, state)
 
 
 def reads_across_eqns(
     big: Sequence[Any], small: Sequence[Any], outvars: Sequence[Any]
 ) -> tuple[list[int], str | None]:
-    """`reads_across` of a run of equations, for the values `outvars`. Calls
-    and scans are looked into: clean when nothing inside reads across. Runs
-    that do not align are MIXED throughout."""
+    """`reads_across` of a run of equations, for the values `outvars`."""
+    return _follow(big, small, outvars, {})
+
+
+def _follow(
+    big: Sequence[Any], small: Sequence[Any], outvars: Sequence[Any], state: dict[Any, int]
+) -> tuple[list[int], str | None]:
+    """Each value's state, equation by equation. Calls and scans are followed
+    inside, from their operands' states. Runs that do not align are MIXED."""
     if len(big) != len(small) or any(
         a.primitive is not b.primitive for a, b in zip(big, small, strict=True)
     ):
         return [MIXED] * len(outvars), "an op traced differently per batch size"
-    state: dict[Any, int] = {}
     first: str | None = None
     for a, b in zip(big, small, strict=True):
         name = a.primitive.name
-        states = [state.get(v, CLEAN) if not isinstance(v, Literal) else CLEAN for v in a.invars]
+        states = [CLEAN if isinstance(v, Literal) else state.get(v, CLEAN) for v in a.invars]
         operands = [cut_dims(x, y) for x, y in zip(a.invars, b.invars, strict=True)]
+        if name in INLINED or name == "scan":
+            made, inner_first = _inside(a, b, operands, states)
+            if MIXED in made and MIXED not in states and first is None:
+                first = inner_first or name
+            state.update(zip(a.outvars, made, strict=True))
+            continue
         if MIXED in states:
-            made = MIXED
+            one = MIXED
         elif SUMMED in states:
-            made = SUMMED if name in LINEAR and _linear_in(name, states) else MIXED
-        elif name in INLINED or name == "scan":
-            inside = _inside(a, b, operands)
-            made = CLEAN if inside is None else MIXED
-            name = inside or name
+            one = SUMMED if name in LINEAR and _linear_in(name, states) else MIXED
         elif _sums_cut(a, operands):
-            made = SUMMED
+            one = SUMMED
         else:
             results = [cut_dims(x, y) for x, y in zip(a.outvars, b.outvars, strict=True)]
             if not any(operands):
-                made = MIXED if makes_along_cut(a, results) else CLEAN
+                one = MIXED if makes_along_cut(a, results) else CLEAN
             else:
-                made = CLEAN if keeps_apart(a, operands, results) is True else MIXED
-        if made == MIXED and MIXED not in states and first is None:
+                one = CLEAN if keeps_apart(a, operands, results) is True else MIXED
+        if one == MIXED and MIXED not in states and first is None:
             first = name
         for var in a.outvars:
-            state[var] = made
-    return [
-        CLEAN if isinstance(v, Literal) else state.get(v, CLEAN) for v in outvars
-    ], first
+            state[var] = one
+    return [CLEAN if isinstance(v, Literal) else state.get(v, CLEAN) for v in outvars], first
 
 
-def _inside(a: Any, b: Any, operands: Cut) -> str | None:
-    """What inside the call or scan `a` reads across the cut dims (None: nothing)."""
+def _inside(a: Any, b: Any, operands: Cut, states: list[int]) -> tuple[list[int], str | None]:
+    """The states of the call or scan `a`'s results, from its operands'
+    `states`, and the first op inside that mixed. A scan's carries are
+    followed until their states settle (they only rise)."""
     name = a.primitive.name
-    if name == "scan":
-        xs = operands[a.params["num_consts"] + a.params["num_carry"] :]
-        if any(0 in c for c in xs):
-            return name  # it steps along a cut dim: each step reads the ones before
-        inner, other = _inner(a, "jaxpr"), _inner(b, "jaxpr")
-    else:
-        inner, other = _inner(a, INLINED[name]), _inner(b, INLINED[name])
-    states, first = reads_across(inner, other)
-    if all(state == CLEAN for state in states):
-        return None
-    return first or "a sum over the cut dims"
+    if name != "scan":
+        return reads_across(_inner(a, INLINED[name]), _inner(b, INLINED[name]), states)
+    consts, carries = a.params["num_consts"], a.params["num_carry"]
+    if any(0 in c for c in operands[consts + carries :]):
+        return [MIXED] * len(a.outvars), name  # it steps along a cut dim
+    given = list(states)
+    while True:
+        made, first = reads_across(_inner(a, "jaxpr"), _inner(b, "jaxpr"), given)
+        carried = [max(x, y) for x, y in zip(given[consts : consts + carries], made[:carries],
+                                              strict=True)]
+        if carried == given[consts : consts + carries]:
+            return [*carried, *made[carries:]], first
+        given[consts : consts + carries] = carried

@@ -36,7 +36,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, JaxprEqn, Var
+from jax.extend.core import ClosedJaxpr, JaxprEqn, Literal, Var
 from xdsl.dialects.builtin import StringAttr
 
 from dialects.errors import PartirValueError, UnsupportedError
@@ -318,6 +318,7 @@ def find_structure(
 
     micro = at_rows(batch // parts)
     _check_aligned(full, local)
+    local = _whole_literals(full, local)
     zero = None
     if zero_parts > 1:
         if per_stage % zero_parts:
@@ -338,6 +339,7 @@ def find_structure(
             else _trace_cut(flat, share, at_share)
         )
         _check_aligned(local, zero)
+        zero = _whole_literals(full, zero)
     backward = _find_backward(local, forward)
     across_layers = _check_layerwise(full, local, forward, backward)
     micro_loops = (_same_loop(local, micro, forward), _same_loop(local, micro, backward))
@@ -482,6 +484,32 @@ def _check_aligned(full: ClosedJaxpr, local: ClosedJaxpr) -> None:
             "Pipeline: the step traces to a different program for one stage's layers "
             "(its Python code branches on the number of layers); Pipeline needs one program"
         )
+    for a, b in zip(full.jaxpr.constvars, local.jaxpr.constvars, strict=True):
+        if a.aval.shape != b.aval.shape:
+            raise UnsupportedError(
+                "Pipeline: the step builds a constant sized by the number of layers (shape "
+                f"{tuple(a.aval.shape)}, e.g. np.arange of a stacked leaf's length); each "
+                "stage would get the first layers' part of it: make it from a stacked "
+                "argument, or inside the loop"
+            )
+
+
+def _whole_literals(full: ClosedJaxpr, cut: ClosedJaxpr) -> ClosedJaxpr:
+    """`cut` with the literals of `full` where they differ: a number the step
+    computed from a shape (`jnp.mean`'s count, `len(layers)`) means the whole
+    stack's, which a stage's trace has as its own part's."""
+    eqns = []
+    for a, b in zip(full.jaxpr.eqns, cut.jaxpr.eqns, strict=True):
+        swapped = [
+            x if isinstance(x, Literal) and isinstance(y, Literal) and not _same(x, y) else y
+            for x, y in zip(a.invars, b.invars, strict=True)
+        ]
+        eqns.append(b if swapped == list(b.invars) else b.replace(invars=swapped))
+    return ClosedJaxpr(cut.jaxpr.replace(eqns=eqns), cut.consts)
+
+
+def _same(x: Any, y: Any) -> bool:
+    return bool(np.array_equal(np.asarray(x.val), np.asarray(y.val)))
 
 
 def _same_loop(local: ClosedJaxpr, micro: ClosedJaxpr, index: int) -> int:
