@@ -122,11 +122,11 @@ def _loop_seconds(
     the model axis as `segment` is (its collectives included)."""
     import jax
 
-    from partir.pipeline.engine import run_eqn
+    from partir.pipeline.equations import eqn_function
     from partir.tactics import ManualPartition
 
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
-    fn = lambda *xs: run_eqn(eqn, list(xs))  # noqa: E731
+    fn = eqn_function(eqn)
     if segments is None or segment is None:
         return simulate(fn, avals, ONE_DEVICE, [], profile).compute_seconds
     spec = {
@@ -194,9 +194,7 @@ def estimate_pipeline(
     per_microbatch = act + _nbytes(v.aval for v in fwd.outvars) + grad
     invars = structure.local.jaxpr.invars
     parts = axes[data_axis] if zero and data_axis is not None else 1
-    shared = set(structure.optimizer_state) if parts > 1 else set()
-    if parts > 1 and zero == 3:
-        shared = set(structure.stacked)
+    shared = structure.zero_split(zero)
     model = segments.leaf_dims if segments is not None else {}
     stacked = sum(
         _nbytes([invars[i].aval])

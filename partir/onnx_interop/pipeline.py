@@ -31,7 +31,7 @@ from dialects.functions import entry_function
 from dialects.locations import source_location
 from partir.importer import import_lowered, name_arguments, name_results, result_paths
 from partir.onnx_interop.export import build_model
-from partir.pipeline.engine import read_atoms, run_eqn
+from partir.pipeline.equations import run_eqn, run_jaxpr
 
 if TYPE_CHECKING:
     from partir.pipeline.lowered import PipelinedLowered
@@ -60,23 +60,15 @@ def unrolled_step(
     indices) run one layer at a time, layer `l` under `layer_scope(l)`, and the
     equations in `scoped` under their scope."""
 
-    def run(*leaves: Any) -> list[Any]:
-        jaxpr = closed.jaxpr
-        env: dict[Any, Any] = dict(zip(jaxpr.constvars, closed.consts, strict=True))
-        env.update(zip(jaxpr.invars, leaves, strict=True))
-        for index, eqn in enumerate(jaxpr.eqns):
-            operands = read_atoms(env, eqn.invars)
-            if index in loops:
-                outs = _unrolled_scan(eqn, operands, layer_scope)
-            elif index in scoped:
-                with jax.named_scope(scoped[index]):
-                    outs = run_eqn(eqn, operands)
-            else:
-                outs = run_eqn(eqn, operands)
-            env.update(zip(eqn.outvars, outs, strict=True))
-        return read_atoms(env, jaxpr.outvars)
+    def step(index: int, eqn: JaxprEqn, operands: list[Any]) -> list[Any]:
+        if index in loops:
+            return _unrolled_scan(eqn, operands, layer_scope)
+        if index in scoped:
+            with jax.named_scope(scoped[index]):
+                return run_eqn(eqn, operands)
+        return run_eqn(eqn, operands)
 
-    return run
+    return lambda *leaves: run_jaxpr(closed.jaxpr, closed.consts, leaves, step)
 
 
 def _unrolled_scan(eqn: JaxprEqn, operands: list[Any], scope: Callable[[int], str]) -> list[Any]:

@@ -34,7 +34,7 @@ from typing import Any
 
 from jax.extend.core import Literal
 
-from partir.pipeline.replay import INLINED
+from partir.pipeline.equations import CALLS, called
 
 ELEMENTWISE = frozenset(
     """
@@ -297,11 +297,6 @@ def cut_dims(big: Any, small: Any) -> set[int]:
     }
 
 
-def _inner(eqn: Any, key: str) -> Any:
-    inner = eqn.params[key]
-    return getattr(inner, "jaxpr", inner)
-
-
 CLEAN, SUMMED, MIXED = 0, 1, 2
 """How a value reads across the cut dims: not at all; as a sum over them
 followed only by linear ops (what adding up per-slice results gives too); or
@@ -373,7 +368,7 @@ def _follow(
         name = a.primitive.name
         states = [CLEAN if isinstance(v, Literal) else state.get(v, CLEAN) for v in a.invars]
         operands = [cut_dims(x, y) for x, y in zip(a.invars, b.invars, strict=True)]
-        if name in INLINED or name == "scan":
+        if name in CALLS or name == "scan":
             made, inner_first = _inside(a, b, operands, states)
             if MIXED in made and MIXED not in states and first is None:
                 first = inner_first or name
@@ -404,13 +399,13 @@ def _inside(a: Any, b: Any, operands: Cut, states: list[int]) -> tuple[list[int]
     followed until their states settle (they only rise)."""
     name = a.primitive.name
     if name != "scan":
-        return reads_across(_inner(a, INLINED[name]), _inner(b, INLINED[name]), states)
+        return reads_across(called(a)[0], called(b)[0], states)
     consts, carries = a.params["num_consts"], a.params["num_carry"]
     if any(0 in c for c in operands[consts + carries :]):
         return [MIXED] * len(a.outvars), name  # it steps along a cut dim
     given = list(states)
     while True:
-        made, first = reads_across(_inner(a, "jaxpr"), _inner(b, "jaxpr"), given)
+        made, first = reads_across(called(a)[0], called(b)[0], given)
         carried = [max(x, y) for x, y in zip(given[consts : consts + carries], made[:carries],
                                               strict=True)]
         if carried == given[consts : consts + carries]:

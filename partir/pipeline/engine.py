@@ -41,16 +41,23 @@ from typing import TYPE_CHECKING, Any
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import DropVar, JaxprEqn, Literal, Var
+from jax.extend.core import DropVar, JaxprEqn, Var
 
 from dialects.errors import UnsupportedError
+from partir.pipeline.equations import (
+    Env,
+    inputs_of,
+    read_atom,
+    read_atoms,
+    run_eqn,
+    run_eqns,
+)
 from partir.pipeline.schedule import Schedule
 from partir.pipeline.structure import StepStructure
 
 if TYPE_CHECKING:
     from partir.pipeline.megatron import StageSegments
 
-Env = dict[Any, Any]
 IDLE, FORWARD, BACKWARD = 0, 1, 2
 
 
@@ -62,40 +69,6 @@ def zeros_of(var: Any) -> Any:
 
 def _dtype(var: Any) -> Any:
     return var.aval.dtype
-
-
-def _read(env: Env, v: Any) -> Any:
-    return v.val if isinstance(v, Literal) else env[v]
-
-
-def read_atoms(env: Env, atoms: Sequence[Any]) -> list[Any]:
-    """The values of jaxpr atoms (variables, or literals) in `env`."""
-    return [_read(env, v) for v in atoms]
-
-
-def inputs_of(eqns: Sequence[JaxprEqn], outvars: Sequence[Any]) -> list[Any]:
-    """The variables `eqns` (and `outvars`) read that they do not make, in
-    order of first read: what a run of a jaxpr's equations takes."""
-    made = {v for eqn in eqns for v in eqn.outvars}
-    found: dict[Any, None] = {}
-    for atom in [*(v for eqn in eqns for v in eqn.invars), *outvars]:
-        if isinstance(atom, Var) and atom not in made:
-            found.setdefault(atom)
-    return list(found)
-
-
-def run_eqn(eqn: JaxprEqn, operands: list[Any]) -> list[Any]:
-    """One jaxpr equation on `operands`, as `jax.core.eval_jaxpr` runs it."""
-    out = eqn.primitive.bind(*operands, **eqn.primitive.get_bind_params(eqn.params))
-    return list(out) if eqn.primitive.multiple_results else [out]
-
-
-def run_eqns(eqns: list[JaxprEqn], env: Env) -> None:
-    for eqn in eqns:
-        outs = run_eqn(eqn, [_read(env, v) for v in eqn.invars])
-        for var, value in zip(eqn.outvars, outs, strict=True):
-            if not isinstance(var, DropVar):
-                env[var] = value
 
 
 def across(value: Any, combine: str, axes: tuple[str, ...]) -> Any:
@@ -269,22 +242,20 @@ class _Body:
             update = self.p.segments.update
             return update(read_atoms(env, self.p.segments.update_inputs))
         self.run_update(jaxpr.eqns[self.s.backward + 1 :], env, (self.p.axis,))
-        return [_read(env, v) for v in jaxpr.outvars]
+        return read_atoms(env, jaxpr.outvars)
 
     def run_update(self, eqns: Sequence[JaxprEqn], env: Env, axes: tuple[str, ...]) -> None:
         """The update's equations on this device's layers. A reduction over the
         layers of a stacked value (`StepStructure.across_layers`: a global
         gradient norm) reduces only those, so its result is completed across
         `axes`, the axes the layers are split over."""
-        first = self.s.backward + 1
-        for j, eqn in enumerate(eqns):
-            outs = run_eqn(eqn, read_atoms(env, eqn.invars))
-            combine = self.s.across_layers.get(first + j)
-            if combine is not None:
-                outs = [across(x, combine, axes) for x in outs]
-            for var, value in zip(eqn.outvars, outs, strict=True):
-                if not isinstance(var, DropVar):
-                    env[var] = value
+
+        def run(i: int, eqn: JaxprEqn, operands: list[Any]) -> list[Any]:
+            outs = run_eqn(eqn, operands)
+            combine = self.s.across_layers.get(i)
+            return outs if combine is None else [across(x, combine, axes) for x in outs]
+
+        run_eqns(eqns, env, run, first=self.s.backward + 1)
 
     def sharded_update(self, env: Env) -> list[Any]:
         """ZeRO: the update on this data shard's share of the stage's layers
@@ -426,13 +397,13 @@ class _Body:
             dim = self.s.operand_batch_dim.get((self.s.forward, k))
             if k in self.fwd_carries:
                 assert dim is not None  # `find_structure` checked every carry has one
-                first = self.rows(_read(self.env, var), dim, m)
+                first = self.rows(read_atom(self.env, var), dim, m)
                 held = state["act"][self.fwd_carries.index(k)][slot]
                 operands.append(jnp.where(self.stage == 0, first, held))
             elif dim is not None:
-                operands.append(self.rows(_read(self.env, var), dim, m))
+                operands.append(self.rows(read_atom(self.env, var), dim, m))
             else:
-                operands.append(_read(self.env, var))
+                operands.append(read_atom(self.env, var))
         segments = self.p.segments
         outs = segments.forward(operands) if segments else run_eqn(self.mfwd, operands)
         res = [
@@ -488,7 +459,7 @@ class _Body:
                 operands.append(incoming[index])
             else:
                 dim = self.s.operand_batch_dim.get((self.s.backward, k))
-                value = _read(self.env, var)
+                value = read_atom(self.env, var)
                 operands.append(value if dim is None else self.rows(value, dim, m))
         segments = self.p.segments
         outs = segments.backward(operands) if segments else run_eqn(self.mbwd, operands)
@@ -545,6 +516,6 @@ class _Body:
                 total = lax.psum(total, self.p.data_axis)
             if j < self.n_bcarry:
                 # a gradient of a value every layer reads: each stage's layers add to it
-                init = _read(env, self.bwd.invars[consts + j])
+                init = read_atom(env, self.bwd.invars[consts + j])
                 total = lax.psum(total, self.p.axis) + init
             env[var] = total

@@ -99,9 +99,7 @@ class PipelinedLowered:
         ZeRO, the optimizer state's split again over the data axis; with
         Megatron, the leaves it splits over the model axis too."""
         s, axis = self.structure, self.tactic.axis
-        sharded = set(s.optimizer_state) if self.program.zero else set()
-        if self.program.zero == 3:  # the parameters too, gathered where the loops use them
-            sharded = set(s.stacked)
+        sharded = s.zero_split(self.program.zero)
         segments = self.program.segments
         model = segments.leaf_dims if segments is not None else {}
         split = (axis, self.program.data_axis)

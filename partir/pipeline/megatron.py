@@ -25,6 +25,7 @@ from dialects.errors import UnsupportedError
 from dialects.escaping import quoted
 from dialects.mesh import Mesh
 from lowering.loader import load_source
+from partir.pipeline.equations import eqn_function, inputs_of, read_atoms, run_eqns
 from partir.pipeline.structure import StepStructure
 
 
@@ -81,15 +82,6 @@ def partition_segment(
     return segment
 
 
-def _eqn_function(eqn: JaxprEqn) -> Callable[..., Any]:
-    from partir.pipeline.engine import run_eqn
-
-    def run(*operands: Any) -> list[Any]:
-        return run_eqn(eqn, list(operands))
-
-    return run
-
-
 @dataclass(frozen=True)
 class StageSegments:
     """The forward loop, the backward loop and the update, each partitioned."""
@@ -131,7 +123,7 @@ def stage_segments(
         }
 
     forward = partition_segment(
-        _eqn_function(fwd), [v.aval for v in fwd.invars], arg_dims(fwd), axis, parts, "forward"
+        eqn_function(fwd), [v.aval for v in fwd.invars], arg_dims(fwd), axis, parts, "forward"
     )
     carries = fwd.params["num_carry"]
     if any(d is not None for d in forward.result_dims[:carries]):
@@ -145,7 +137,7 @@ def stage_segments(
         if made is not None:
             backward_dims[k] = made  # kept as the forward made it
     backward = partition_segment(
-        _eqn_function(bwd), [v.aval for v in bwd.invars], backward_dims, axis, parts, "backward"
+        eqn_function(bwd), [v.aval for v in bwd.invars], backward_dims, axis, parts, "backward"
     )
     if any(d is not None for d in backward.result_dims[: bwd.params["num_carry"]]):
         raise UnsupportedError(
@@ -162,8 +154,6 @@ def _update_segment(
     those of the stage-local trace, or with ZeRO of the trace whose stacked
     leaves are a data shard's share (its variables align with the local
     trace's, `StepStructure.zero_vars`, which is how its operands are found)."""
-    from partir.pipeline.engine import inputs_of, read_atoms, run_eqns
-
     jaxpr = (s.zero or s.local).jaxpr
     stands_for = s.zero_vars() if s.zero is not None else {}
     eqns = jaxpr.eqns[s.backward + 1 :]

@@ -20,57 +20,28 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-from jax.extend.core import ClosedJaxpr, DropVar, Jaxpr
+from jax.extend.core import ClosedJaxpr, JaxprEqn
 
-INLINED = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "remat2": "jaxpr",
-    "checkpoint": "jaxpr",
-}
-"""Call primitives, by the parameter holding the jaxpr they call."""
+from partir.pipeline.equations import CALLS, called, run_eqn, run_jaxpr
 
 
 def replay(closed: ClosedJaxpr, shapes: Sequence[jax.ShapeDtypeStruct]) -> ClosedJaxpr:
     """`closed` traced again with inputs shaped `shapes`."""
 
     def run(*args: Any) -> list[Any]:
-        return _run(closed.jaxpr, closed.consts, args)
+        return run_jaxpr(closed.jaxpr, closed.consts, args, _again)
 
     return jax.make_jaxpr(run)(*shapes)
 
 
-def _run(jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
-    from partir.pipeline.engine import read_atoms, run_eqn
-
-    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
-    env.update(zip(jaxpr.invars, args, strict=True))
-    for eqn in jaxpr.eqns:
-        operands = read_atoms(env, eqn.invars)
-        name = eqn.primitive.name
-        if name in INLINED:
-            inner = eqn.params[INLINED[name]]
-            if isinstance(inner, ClosedJaxpr):
-                outs = _run(inner.jaxpr, inner.consts, operands)
-            else:
-                outs = _run(inner, (), operands)
-        elif name == "scan":
-            outs = run_eqn(_with_length(eqn, operands), operands)
-        else:
-            outs = run_eqn(eqn, operands)
-        for var, value in zip(eqn.outvars, outs, strict=True):
-            if not isinstance(var, DropVar):
-                env[var] = value
-    return read_atoms(env, jaxpr.outvars)
-
-
-def _with_length(eqn: Any, operands: Sequence[Any]) -> Any:
-    """The scan `eqn` over as many steps as its stacked operands now hold."""
-    xs = operands[eqn.params["num_consts"] + eqn.params["num_carry"] :]
-    if not xs:
-        return eqn
-    return eqn.replace(params={**eqn.params, "length": xs[0].shape[0]})
+def _again(_: int, eqn: JaxprEqn, operands: list[Any]) -> list[Any]:
+    """One equation bound anew: a call's jaxpr inline, a scan over as many
+    steps as its stacked operands now hold."""
+    name = eqn.primitive.name
+    if name in CALLS:
+        return run_jaxpr(*called(eqn), operands, _again)
+    if name == "scan":
+        xs = operands[eqn.params["num_consts"] + eqn.params["num_carry"] :]
+        if xs:
+            eqn = eqn.replace(params={**eqn.params, "length": xs[0].shape[0]})
+    return run_eqn(eqn, operands)

@@ -113,9 +113,9 @@ class StepStructure:
     across_layers: dict[int, str] = field(default_factory=dict)
     """Update equations (by index, the same in `local` and `zero`) that reduce
     a stacked value over its layers, by how their partial results combine
-    (`partir.pipeline.apart.LAYER_REDUCTIONS`): a global gradient norm,
-    an all-finite check. A stage
-    reduces its own layers; the engine completes it across stages."""
+    (`partir.pipeline.apart.LAYER_REDUCTIONS`): a global gradient norm, an
+    all-finite check. A stage reduces its own layers; the engine completes it
+    across stages."""
 
     @property
     def forward_eqn(self) -> JaxprEqn:
@@ -160,6 +160,13 @@ class StepStructure:
             found.update(zip(mine.outvars, theirs.outvars, strict=True))
         return found
 
+    def zero_split(self, zero: int) -> set[int]:
+        """The stacked leaves ZeRO stage `zero` splits over the data axis: the
+        optimizer state (1, 2), and the parameters too (3)."""
+        if zero == 3:
+            return set(self.stacked)
+        return set(self.optimizer_state) if zero else set()
+
     def carries(self, eqn: JaxprEqn) -> range:
         consts = eqn.params["num_consts"]
         return range(consts, consts + eqn.params["num_carry"])
@@ -170,6 +177,16 @@ def _flat(fn: Callable[..., Any], tree: Any) -> Callable[..., Any]:
         return jax.tree_util.tree_leaves(fn(*jax.tree_util.tree_unflatten(tree, list(leaves))))
 
     return flat
+
+
+def _leading(
+    shapes: Sequence[jax.ShapeDtypeStruct], chosen: set[int], size: int
+) -> list[jax.ShapeDtypeStruct]:
+    """`shapes` with the leading dim of the `chosen` leaves cut to `size`."""
+    return [
+        jax.ShapeDtypeStruct((size, *s.shape[1:]), s.dtype) if i in chosen else s
+        for i, s in enumerate(shapes)
+    ]
 
 
 def _dtype(x: Any) -> Any:
@@ -284,10 +301,7 @@ def find_structure(
         )
     data_index = {names.index(leaf.name) for leaf in data}
     per_stage = layers // stages
-    local_shapes = [
-        jax.ShapeDtypeStruct((per_stage, *s.shape[1:]), s.dtype) if i in mirrored else s
-        for i, s in enumerate(shapes)
-    ]
+    local_shapes = _leading(shapes, mirrored, per_stage)
     here = f"Pipeline({quoted(axis)})"
     at_stage = f"{here} with one stage's {per_stage} layers"
     replaying: Exception | None = None
@@ -305,16 +319,10 @@ def find_structure(
         """The stage-local step traced with `rows` examples of the batch."""
         what = f"{here} with one microbatch of {rows} rows"
 
-        def cut(base: Sequence[jax.ShapeDtypeStruct]) -> list[jax.ShapeDtypeStruct]:
-            return [
-                jax.ShapeDtypeStruct((rows, *s.shape[1:]), s.dtype) if i in data_index else s
-                for i, s in enumerate(base)
-            ]
-
         if replaying is None:
-            return _trace_cut(flat, cut(local_shapes), what)
-        every_layer = _trace_cut(flat, cut(shapes), what)
-        return _replayed(every_layer, cut(local_shapes), what, replaying)
+            return _trace_cut(flat, _leading(local_shapes, data_index, rows), what)
+        every_layer = _trace_cut(flat, _leading(shapes, data_index, rows), what)
+        return _replayed(every_layer, _leading(local_shapes, data_index, rows), what, replaying)
 
     micro = at_rows(batch // parts)
     _check_aligned(full, local)
@@ -328,11 +336,7 @@ def find_structure(
                 "the optimizer state on the layer dim: use a stack of a multiple of "
                 f"{stages * zero_parts} layers"
             )
-        share = [
-            jax.ShapeDtypeStruct((per_stage // zero_parts, *s.shape[1:]), s.dtype)
-            if i in mirrored else s
-            for i, s in enumerate(shapes)
-        ]
+        share = _leading(shapes, mirrored, per_stage // zero_parts)
         at_share = f"{here} with ZeRO's share of {per_stage // zero_parts} layers"
         zero = (
             _replayed(full, share, at_share, replaying) if replaying
