@@ -24,8 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from partir.cost.collective_costs import collective_seconds
 from partir.cost.profile import Profile
 from partir.cost.simulate import simulate
@@ -106,10 +104,6 @@ class PipelineEstimate:
         )
 
 
-def _nbytes(avals: Any) -> int:
-    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals)
-
-
 ONE_DEVICE = {"device": 1}
 """The mesh a stage's own work is estimated on: it runs on one device."""
 
@@ -156,6 +150,8 @@ def estimate_pipeline(
     import jax
     from jax.extend.core import jaxpr_as_fun
 
+    from partir.pipeline.structure import avals_bytes
+
     micro = structure.micro
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in micro.jaxpr.invars]
     whole = simulate(jaxpr_as_fun(micro), avals, ONE_DEVICE, [], profile).compute_seconds
@@ -168,8 +164,7 @@ def estimate_pipeline(
     axes = dict(mesh.axes)
     stage_link = profile.axis_levels(axes, (axis,))
     fwd, bwd = structure.micro_forward, structure.micro_backward
-    act = _nbytes(v.aval for v in fwd.outvars[: fwd.params["num_carry"]])
-    grad = act
+    act = grad = structure.activation_bytes
     permutes = sum(
         bool(schedule.forward_sends(t)) * collective_seconds("collective_permute", act, stage_link)
         + bool(schedule.backward_sends(t))
@@ -180,7 +175,7 @@ def estimate_pipeline(
     if data_axis is not None:
         split = segments.backward.result_dims if segments is not None else ()
         ys = sum(  # the stacked gradients, each stage's model shard of them with Megatron
-            _nbytes([v.aval]) // (segments.parts if segments and split[j] is not None else 1)
+            avals_bytes([v.aval]) // (segments.parts if segments and split[j] is not None else 1)
             for j, v in enumerate(bwd.outvars)
             if j >= bwd.params["num_carry"]
         )
@@ -191,13 +186,13 @@ def estimate_pipeline(
             if zero
             else collective_seconds("all_reduce", ys, data_link)
         )
-    per_microbatch = act + _nbytes(v.aval for v in fwd.outvars) + grad
+    per_microbatch = act + avals_bytes(v.aval for v in fwd.outvars) + grad
     invars = structure.local.jaxpr.invars
     parts = axes[data_axis] if zero and data_axis is not None else 1
     shared = structure.zero_split(zero)
     model = segments.leaf_dims if segments is not None else {}
     stacked = sum(
-        _nbytes([invars[i].aval])
+        avals_bytes([invars[i].aval])
         // (parts if i in shared else 1)
         // (segments.parts if segments is not None and i in model else 1)
         for i in structure.stacked

@@ -30,7 +30,7 @@ batch, and those jaxprs run with the layers cut (`partir.pipeline.replay`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,6 +160,13 @@ class StepStructure:
             found.update(zip(mine.outvars, theirs.outvars, strict=True))
         return found
 
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of one microbatch's activation (the forward loop's carry): what
+        one transfer between stages moves, either way."""
+        fwd = self.micro_forward
+        return avals_bytes(v.aval for v in fwd.outvars[: fwd.params["num_carry"]])
+
     def zero_split(self, zero: int) -> set[int]:
         """The stacked leaves ZeRO stage `zero` splits over the data axis: the
         optimizer state (1, 2), and the parameters too (3)."""
@@ -177,6 +184,11 @@ def _flat(fn: Callable[..., Any], tree: Any) -> Callable[..., Any]:
         return jax.tree_util.tree_leaves(fn(*jax.tree_util.tree_unflatten(tree, list(leaves))))
 
     return flat
+
+
+def avals_bytes(avals: Iterable[Any]) -> int:
+    """The bytes of arrays shaped and typed as `avals`."""
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in avals)
 
 
 def _leading(

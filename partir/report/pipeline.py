@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from dialects.escaping import quoted
 from partir.report.render import render_plain
 from partir.report.rows import Table
@@ -18,10 +16,6 @@ if TYPE_CHECKING:
     from partir.pipeline.schedule import Schedule
     from partir.pipeline.structure import StepStructure
     from partir.pipeline.tactic import Pipeline
-
-
-def _nbytes(aval: Any) -> int:
-    return int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
 
 
 def _split(spec: Any) -> str:
@@ -50,9 +44,7 @@ class PipelineReport:
     def transfer_bytes(self) -> int:
         """Bytes one run moves on the stage axis: each transfer is one
         microbatch's activation (forward) or its gradient (backward)."""
-        fwd = self.structure.micro_forward
-        act = sum(_nbytes(v.aval) for v in fwd.outvars[: fwd.params["num_carry"]])
-        return self.schedule.transfers * act
+        return self.schedule.transfers * self.structure.activation_bytes
 
     def tables(self) -> list[Table]:
         s, sched = self.structure, self.schedule
