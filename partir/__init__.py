@@ -17,6 +17,7 @@ from partir.pipeline.tactic import Pipeline
 from partir.tactics import (
     Automatic,
     BatchParallel,
+    ExpertParallel,
     ManualPartition,
     Megatron,
     Tactic,
@@ -44,6 +45,7 @@ __all__ = [
     "BatchParallel",
     "Compiled",
     "Estimate",
+    "ExpertParallel",
     "Lowered",
     "ManualPartition",
     "Megatron",

@@ -35,19 +35,21 @@ from partir.plan import (
     tactic_label,
 )
 from partir.roles import Roles
-from partir.selectors import KEY_SLASH, slash_path
+from partir.selectors import KEY_SLASH, display_path, slash_path
 from partir.values import ValueReference, ValueReferenceError, is_reference
 
 if TYPE_CHECKING:
     from partir.cost.profile import Profile
 
 __all__ = [
+    "EXPERT_WEIGHTS",
     "MEGATRON_COLUMN",
     "MEGATRON_COLUMN_BIAS",
     "MEGATRON_ROW",
     "TACTICS",
     "Automatic",
     "BatchParallel",
+    "ExpertParallel",
     "Leaf",
     "ManualPartition",
     "Megatron",
@@ -256,29 +258,44 @@ class BatchParallel(Tactic):
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         """The data split on `dim`; the other arguments passed over, each
         with its role ("state", "scalar") and why (`Roles.describe`)."""
-        if self.inputs is not None:
-            leaves = program.find(self.inputs, who=self.name)
-            chosen = {leaf.index for leaf in leaves}
-            given = "selected by inputs="
-            roles = [("data", given) if leaf.index in chosen else ("other", f"not {given}")
-                     for leaf in program.arguments]
-        else:
-            found = Roles.of(program.arguments, program.results)
-            data = found.data(program.arguments)
-            if isinstance(data, str):
-                raise TacticError(f"{self.name}: {data}")
-            roles = [found.describe(leaf, data) for leaf in program.arguments]
-        tiles = tuple(
-            _plan(leaf, self.dim, self.axis, mesh, self.name, role, why)
-            for leaf, (role, why) in zip(program.arguments, roles, strict=True)
-            if role == "data"
-        )
-        passed = tuple(
-            PassedLeaf(leaf, role, why)
-            for leaf, (role, why) in zip(program.arguments, roles, strict=True)
-            if role != "data"
-        )
+        tiles, passed = _data_tiles(self.name, self.axis, self.inputs, self.dim, program, mesh)
         return Plan(self.name, tiles, passed, tactic_label(self.name, self.axis))
+
+
+def _data_tiles(
+    who: str,
+    axis: str,
+    inputs: str | Sequence[str] | None,
+    dim: int,
+    program: ProgramView,
+    mesh: Mesh,
+    role: str = "data",
+) -> tuple[tuple[PlannedTile, ...], tuple[PassedLeaf, ...]]:
+    """The data arguments (`inputs`, or those `partir.roles` finds) split on
+    `dim` over `axis`, taken for `role`; the other arguments passed over."""
+    if inputs is not None:
+        leaves = program.find(inputs, who=who)
+        chosen = {leaf.index for leaf in leaves}
+        given = "selected by inputs="
+        roles = [("data", given) if leaf.index in chosen else ("other", f"not {given}")
+                 for leaf in program.arguments]
+    else:
+        found = Roles.of(program.arguments, program.results)
+        data = found.data(program.arguments)
+        if isinstance(data, str):
+            raise TacticError(f"{who}: {data}")
+        roles = [found.describe(leaf, data) for leaf in program.arguments]
+    tiles = tuple(
+        _plan(leaf, dim, axis, mesh, who, role, why)
+        for leaf, (kind, why) in zip(program.arguments, roles, strict=True)
+        if kind == "data"
+    )
+    passed = tuple(
+        PassedLeaf(leaf, kind, why)
+        for leaf, (kind, why) in zip(program.arguments, roles, strict=True)
+        if kind != "data"
+    )
+    return tiles, passed
 
 
 def _named(
@@ -440,6 +457,95 @@ def _megatron_reason(leaf: Leaf, role: str, dim: int, conventional: bool, option
 
 _LEAF_NAMES = ("kernel", "weight", "w", "bias", "b")
 """Leaf names a layer's weight or bias goes by (the layer is named one level up)."""
+
+
+EXPERT_WEIGHTS = ("**/*expert*", "**/*expert*/**")
+"""Leaves named like a mixture-of-experts layer's stacked weights
+(`experts_w1`, `moe/experts/w_in`), under the parameters' roots."""
+
+
+@dataclass(frozen=True)
+class ExpertParallel(Tactic):
+    """Expert parallelism in GShard's layout over `axis`: the experts' stacked
+    weights split on their expert dim (`expert_dim`), the tokens (the data
+    arguments, as `BatchParallel` finds them, or `inputs=`) on `token_dim`.
+
+    After a `BatchParallel` on another axis the tokens are split over every
+    device and the experts over `axis`. Propagation then meets each expert
+    einsum with the tokens split one way and the weights another; it keeps
+    the weights split and sends the dispatched tokens to their experts'
+    devices by all-to-all (and the results back), unless gathering the
+    weights moves fewer bytes (`rewrites.conflicts.cheaper_exchange`); the
+    report's conflicts say which was given up. `experts` selects the weights
+    (default `EXPERT_WEIGHTS` under the parameters' roots); the selected
+    leaves must agree on the number of experts.
+    """
+
+    axis: str
+    experts: str | Sequence[str] | None = None
+    inputs: str | Sequence[str] | None = None
+    expert_dim: int = 0
+    token_dim: int = 0
+
+    CLI_NAME = "partir-expert-parallel"
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
+        """The tokens first (their action is the earlier one), then the experts."""
+        roles = Roles.of(program.arguments, program.results)
+        tokens, _ = _data_tiles(
+            self.name, self.axis, self.inputs, self.token_dim, program, mesh, "tokens"
+        )
+        if self.experts is None:
+            roots = roles.parameters or ("*",)
+            selectors = [f"{root}/{glob}" for root in roots for glob in EXPERT_WEIGHTS]
+            found = program.find(selectors, who=self.name, required=False)
+            if not found:
+                raise TacticError(
+                    f"{self.name}: no parameter is named like an expert weight "
+                    f"({', '.join(EXPERT_WEIGHTS)} under {', '.join(roots)}); "
+                    'pass experts=, e.g. experts=["params/w_in", "params/w_out"]'
+                )
+            why = "named like an expert weight"
+        else:
+            found = program.find(self.experts, who=self.name)
+            why = "selected by experts="
+        counts = self._expert_counts(found)
+        reason = f"{why}: split on its expert dim ({next(iter(counts))} experts)"
+        experts = tuple(
+            _plan(leaf, self.expert_dim, self.axis, mesh, self.name, "expert weight", reason)
+            for leaf in found
+        )
+        split = {leaf.index for leaf in found}
+        passed = tuple(
+            PassedLeaf(leaf, "parameter", "not an expert weight")
+            for leaf in program.arguments
+            if leaf.root in roles.parameters and leaf.index not in split
+        )
+        return Plan(self.name, tokens + experts, passed, tactic_label(self.name, self.axis))
+
+    def _expert_counts(self, leaves: Sequence[Leaf]) -> dict[int, list[Leaf]]:
+        """The selected leaves by their size on `expert_dim`: one size (the
+        number of experts), or a `TacticError` listing them."""
+        counts: dict[int, list[Leaf]] = {}
+        for leaf in leaves:
+            rank = len(leaf.shape)
+            if not -rank <= self.expert_dim < rank:
+                raise TacticError(
+                    f"{self.name}: {leaf.name} has shape {leaf.shape}, which has no expert dim "
+                    f"{self.expert_dim}; select only the experts' stacked weights with experts="
+                )
+            counts.setdefault(leaf.shape[self.expert_dim], []).append(leaf)
+        if len(counts) > 1:
+            sizes = "; ".join(
+                f"{n}: {', '.join(display_path(leaf.name) for leaf in group[:3])}"
+                for n, group in sorted(counts.items())
+            )
+            raise TacticError(
+                f"{self.name}: the selected expert weights disagree on the number of experts "
+                f"(dim {self.expert_dim}: {sizes}); select only the experts' stacked weights "
+                "with experts=, or set expert_dim="
+            )
+        return counts
 
 
 @dataclass(frozen=True)
@@ -627,5 +733,7 @@ class Automatic(Tactic):
         return Plan(self.name, (), label=self.name)
 
 
-TACTICS: tuple[type[Tactic], ...] = (BatchParallel, Megatron, ZeRO, ManualPartition, Automatic)
+TACTICS: tuple[type[Tactic], ...] = (
+    BatchParallel, Megatron, ExpertParallel, ZeRO, ManualPartition, Automatic
+)
 """Every tactic; each is also a `partir-opt` pass (`partir.passes.tactic_pass`)."""

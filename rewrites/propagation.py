@@ -16,8 +16,10 @@ The rewrites of the PartIR talk, as xDSL patterns run to a fixpoint:
 - `PushSliceIntoLoop`: a slice over one axis of a loop over another axis moves
   inside that loop, so a later tactic's loops see through earlier ones.
 
-The earlier action wins a conflict; the loser is recorded in the
-`ConflictLog` and left for the lowering to redistribute. The patterns read the
+The earlier action wins a conflict, unless a later one costs fewer bytes by
+exchanging rather than gathering (`rewrites.conflicts.cheaper_exchange`);
+the loser is recorded in the `ConflictLog` and left for the lowering to
+redistribute. The patterns read the
 registry only through `rule_for`; nothing here knows about particular ops.
 """
 
@@ -54,7 +56,13 @@ from dialects.partir import (
     part_type,
 )
 from rewrites.actions import describe_value
-from rewrites.conflicts import Conflict, ConflictLog, describe_origin, record_conflicts
+from rewrites.conflicts import (
+    Conflict,
+    ConflictLog,
+    cheaper_exchange,
+    describe_origin,
+    record_conflicts,
+)
 from rewrites.control_flow import CARRYING_OPS, TileCarriedValues
 from rewrites.projection import (
     Tiling,
@@ -187,8 +195,8 @@ class PushForward(RewritePattern):
         candidates = _candidates(rule, tilings, self.mesh)
         if not candidates:
             return
-        chosen = candidates[0]
-        self._record_conflicts(op, chosen, candidates[1:])
+        chosen, others, why = self._choose(op, rule, candidates)
+        self._record_conflicts(op, chosen, others, why)
         loop = chosen.tiling.loop
         operands = list(op.operands)
         if self._can_join(op, rule, chosen, loop):
@@ -253,8 +261,24 @@ class PushForward(RewritePattern):
         rewriter.replace_all_uses_with(op.results[0], result)
         rewriter.erase(op)
 
+    def _choose(
+        self, op: Operation, rule: OpRule, candidates: list[_Candidate]
+    ) -> tuple[_Candidate, list[_Candidate], str]:
+        """The candidate to follow (the earliest action's, unless a later one
+        costs fewer bytes to reconcile: `cheaper_exchange`), the others, and
+        the bytes that decided it, where they did."""
+        first = candidates[0]
+        rivals = [c for c in candidates if c.tiling.axis == first.tiling.axis]
+        if len({c.factor for c in rivals}) < 2:
+            return first, candidates[1:], ""
+        parts = self.mesh[first.tiling.axis]
+        tiled = [(c.operand, c.factor) for c in rivals]
+        k, why = cheaper_exchange(rule, op, tiled, parts)
+        chosen = rivals[k]
+        return chosen, [c for c in candidates if c is not chosen], why
+
     def _record_conflicts(
-        self, op: Operation, chosen: _Candidate, others: list[_Candidate]
+        self, op: Operation, chosen: _Candidate, others: list[_Candidate], why: str = ""
     ) -> None:
         for other in others:
             if other.tiling.axis != chosen.tiling.axis or other.factor == chosen.factor:
@@ -275,8 +299,8 @@ class PushForward(RewritePattern):
                     loser=describe_origin(other.tiling.origin),
                     detail=(
                         f"operand {chosen.operand} is tiled on dim {chosen.tiling.dim}, "
-                        f"operand {other.operand} on dim {other.tiling.dim}; the loser "
-                        "is redistributed"
+                        f"operand {other.operand} on dim {other.tiling.dim}; "
+                        + (why or "the loser is redistributed")
                     ),
                 )
             )
