@@ -22,6 +22,10 @@ import pytest
 import partir
 from benchmarks.hlo_stats import collective_stats
 from benchmarks.vs_jit import baseline
+from dialects.interpreter.spmd import run_spmd
+from lowering.collectives import collectives
+from partir.opt import main as partir_opt
+from partir.report import parse_module
 from tests.numerics import assert_leaves_close
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
@@ -107,15 +111,22 @@ def gathered(lowered, weights: set[str]) -> list:
 WEIGHTS = {"params['w_in']", "params['w_out']"}
 
 
-def test_a_gshard_layer_sends_tokens_to_the_experts_and_back_by_all_to_all():
+SHARDINGS = partir.ManualPartition(
+    {"x": {0: "model"}, "params/w_in": {0: "model"}, "params/w_out": {0: "model"}}
+)
+"""The same layout as a user's shardings: propagation makes the same choice."""
+
+
+@pytest.mark.parametrize("experts", [EXPERTS, SHARDINGS], ids=["ExpertParallel", "shardings"])
+def test_a_gshard_layer_sends_tokens_to_the_experts_and_back_by_all_to_all(experts):
     args = make_args()
-    compiled = partir.jit(layer, mesh=MESH, tactics=[partir.BatchParallel("batch"), EXPERTS])
+    compiled = partir.jit(layer, mesh=MESH, tactics=[partir.BatchParallel("batch"), experts])
     assert_leaves_close(compiled(*args), jax.jit(layer)(*args), what="GShard layer")
     lowered = compiled.lower(*args)
     kinds = sorted((c.kind, c.axes) for c in lowered.collectives)
     assert kinds == [("all_to_all", ("model",))] * 2, kinds  # dispatch, combine
     exchanged = [c for c in lowered.conflicts if "the later action wins by exchanging" in c.detail]
-    assert [c.winner for c in exchanged] == ["action 3 (ExpertParallel of params['w_in'])"]
+    assert [c.winner for c in exchanged] == [f"action 3 ({experts.name} of params['w_in'])"]
     assert "instead of all-gathering operand 1" in exchanged[0].detail
 
     ours, theirs = jit_bytes(layer, args, lowered.compile())
@@ -206,3 +217,23 @@ def test_expert_parallel_names_what_to_pass():
     experts = partir.ExpertParallel("model", experts="params/*")
     with pytest.raises(partir.TacticError, match=r"disagree on the number of experts.*router"):
         partir.jit(layer, mesh=MESH, tactics=[experts]).lower(*args)
+
+
+def test_partir_opt_runs_expert_parallel_on_jax_text(tmp_path):
+    """The pass `partir-expert-parallel` on `jax.jit(layer)`'s text, whose
+    arguments are positions (`args/1` is w_in): the same two all-to-alls,
+    and the reference interpreter's numbers equal jax.jit's."""
+    args = make_args()
+    source, spmd = tmp_path / "layer.mlir", tmp_path / "layer.spmd.mlir"
+    source.write_text(jax.jit(layer).lower(*args).as_text())
+    pipeline = (
+        'inline-calls,partir-declare-mesh{axes="batch=4","model=2"},'
+        'partir-batch-parallel{axis=batch inputs="args/3"},'
+        'partir-expert-parallel{axis=model experts="args/1","args/2" inputs="args/3"},'
+        'partir-lower-spmd'
+    )
+    assert partir_opt([str(source), "-p", pipeline, "-o", str(spmd)]) == 0
+    module = parse_module(spmd.read_text(), str(spmd))
+    assert sorted(c.kind for c in collectives(module)) == ["all_to_all", "all_to_all"]
+    assert_leaves_close(run_spmd(module, jax.tree.leaves(args)), [jax.jit(layer)(*args)],
+                        what="GShard layer via partir-opt")
