@@ -117,7 +117,9 @@ SHARDINGS = partir.ManualPartition(
 """The same layout as a user's shardings: propagation makes the same choice."""
 
 
-@pytest.mark.parametrize("experts", [EXPERTS, SHARDINGS], ids=["ExpertParallel", "shardings"])
+@pytest.mark.parametrize("experts", [
+    EXPERTS, pytest.param(SHARDINGS, marks=pytest.mark.slow),
+], ids=["ExpertParallel", "shardings"])
 def test_a_gshard_layer_sends_tokens_to_the_experts_and_back_by_all_to_all(experts):
     args = make_args()
     compiled = partir.jit(layer, mesh=MESH, tactics=[partir.BatchParallel("batch"), experts])
@@ -133,6 +135,7 @@ def test_a_gshard_layer_sends_tokens_to_the_experts_and_back_by_all_to_all(exper
     assert ours <= theirs, (ours, theirs)
 
 
+@pytest.mark.slow  # the training step below routes by top_k too
 def test_a_top_k_router_dispatches_by_all_to_all_and_never_gathers_the_experts():
     """`lax.top_k` runs whole today (its probabilities gathered, issue 35's
     multi-result ops), so the combine weights are whole over "model" and the
