@@ -478,7 +478,10 @@ class ExpertParallel(Tactic):
     weights moves fewer bytes (`rewrites.conflicts.cheaper_exchange`); the
     report's conflicts say which was given up. `experts` selects the weights
     (default `EXPERT_WEIGHTS` under the parameters' roots); the selected
-    leaves must agree on the number of experts.
+    leaves must agree on the number of experts. A layer that runs every
+    token through every expert (no dispatch, so no expert dim on the tokens'
+    side) has nothing to exchange and gathers the weights: split only the
+    weights there (`ManualPartition`).
     """
 
     axis: str
