@@ -496,7 +496,7 @@ class ExpertParallel(Tactic):
         """The tokens first (their action is the earlier one), then the experts."""
         roles = Roles.of(program.arguments, program.results)
         tokens, _ = _data_tiles(
-            self.name, self.axis, self.inputs, self.token_dim, program, mesh, "tokens"
+            self.name, self.axis, self.inputs, self.token_dim, program, mesh, "token"
         )
         if self.experts is None:
             roots = roles.parameters or ("*",)
