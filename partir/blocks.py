@@ -22,7 +22,7 @@ one key (`'multi_head_attention/query'`) count as nested layers.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from partir.plan import Leaf
@@ -101,9 +101,10 @@ def layers(leaves: Sequence[Leaf]) -> list[Layer]:
     return out
 
 
-def block_splits(leaves: Sequence[Leaf]) -> list[BlockSplit]:
+def block_splits(leaves: Sequence[Leaf], named: Collection[int] = ()) -> list[BlockSplit]:
     """Megatron's splits that the tree's structure says (see the module
-    docstring), for the parameter `leaves`."""
+    docstring), for the parameter `leaves`; an MLP pair is looked for among
+    the layers whose weight is not `named` (the conventions' picks, by index)."""
     siblings: dict[tuple[str, ...], list[Layer]] = defaultdict(list)
     for layer in layers(leaves):
         siblings[layer.path[:-1]].append(layer)
@@ -123,7 +124,8 @@ def block_splits(leaves: Sequence[Leaf]) -> list[BlockSplit]:
     for group in siblings.values():
         free = [
             layer for layer in group
-            if layer.path not in in_attention and len(layer.weight.shape) == 2 + stacked
+            if layer.path not in in_attention and layer.weight.index not in named
+            and len(layer.weight.shape) == 2 + stacked
         ]
         splits += _mlp_pair_splits(free)
     return splits

@@ -406,7 +406,7 @@ class Megatron(Tactic):
                 why = _megatron_reason(leaf, role, dim, conventional, option)
                 picks[leaf.index] = (leaf, _megatron_dim(leaf, dim), role, why)
         if defaults:  # what the structure says: heads dims, generic names
-            for split in block_splits(trained):
+            for split in block_splits(trained, named=set(picks)):
                 picks[split.leaf.index] = (split.leaf, split.dim, split.role, split.reason)
         if not picks:
             raise TacticError(
