@@ -28,15 +28,19 @@ def test_the_nnx_example_runs_with_jax_jit_s_numbers(capsys):
     loss and state (RNG keys included), and the tactic lines it shows."""
     pytest.importorskip("flax.nnx", reason="the NNX example needs flax")
     import jax
+    import numpy as np
 
     from partir.keys import KeyBoundary
     from tests.numerics import assert_leaves_close
 
-    text = subsection("#### Flax NNX")
+    text = subsection("### Flax NNX")
     (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    model_and_step, partitioned = block.split("\nmesh = ")
     namespace: dict[str, object] = {"__name__": "readme_nnx"}
-    exec(compile(block, str(README), "exec"), namespace)
-    want = jax.jit(namespace["step"])(namespace["state"], namespace["x"], namespace["y"])
+    exec(compile(model_and_step, str(README), "exec"), namespace)
+    x, y = np.random.default_rng(0).standard_normal((2, 8, 4, 16), dtype=np.float32)
+    want = jax.jit(namespace["step"])(namespace["state"], x, y)  # before nnx.update
+    exec(compile("mesh = " + partitioned, str(README), "exec"), namespace)
 
     def raw(tree: object) -> list[object]:
         return jax.tree.leaves(KeyBoundary.of((tree,)).raw((tree,)))
