@@ -8,8 +8,10 @@ finds what names alone get wrong or miss, from the tree's shape:
   `[heads, head_dim, out]`): q/k/v are split on their heads dim (not
   head_dim, which would make the scores partial sums), their biases
   `[heads, head_dim]` alike, and the output projection on its heads dim;
-- an output projection with a generic name (flax's `out`, haiku's
-  `linear`) beside query/key/value: split on its input dim;
+- attention without a heads dim whose layers names alone do not reach
+  (haiku's `'multi_head_attention/query'`, one key with its module, and
+  its output projection `linear`): q/k/v on their output dim (heads-major,
+  so by heads), the output projection beside them on its input dim;
 - an MLP pair whose layers are named by position or freely (flax's
   `Dense_0`/`Dense_1`, `up`/`down`): two sibling layers `[d, h]` and
   `[h, d]` with `h > d`, split column (the widening one) then row.
@@ -120,7 +122,8 @@ def block_splits(leaves: Sequence[Leaf], named: Collection[int] = ()) -> list[Bl
         in_attention |= {layer.path for layer in (*qkv, out)}
         heads = _heads_layout(qkv, out)
         stacked = len(out.weight.shape) - (3 if heads else 2)
-        splits += _attention_splits(qkv, out, heads, "/".join(parent).replace(KEY_SLASH, "/"))
+        where = "/".join(parent).replace(KEY_SLASH, "/")
+        splits += _attention_splits(qkv, out, heads, where, named)
     for group in siblings.values():
         free = [
             layer for layer in group
@@ -142,7 +145,13 @@ def _heads_layout(qkv: list[Layer], out: Layer) -> bool:
     )
 
 
-def _attention_splits(qkv: list[Layer], out: Layer, heads: bool, parent: str) -> list[BlockSplit]:
+def _attention_splits(
+    qkv: list[Layer], out: Layer, heads: bool, parent: str, named: Collection[int]
+) -> list[BlockSplit]:
+    """q/k/v column, out row: on their heads dims in the heads layout (over
+    what their names said), else on their output and input dims, for the
+    layers their names did not already pick (haiku's `query`, `linear` in
+    one key with their module)."""
     names = "/".join(layer.name for layer in qkv)
     where = f"attention {parent}" if parent else "attention"
     splits = []
@@ -156,12 +165,20 @@ def _attention_splits(qkv: list[Layer], out: Layer, heads: bool, parent: str) ->
         why = (f"{out.shown()} [heads, head_dim, out], the output projection of {where}: "
                "split on its heads dim")
         return [*splits, BlockSplit(out.weight, -3, "row weight", why)]
-    if out.name in ("out", "linear", "o", "output", "dense"):
+    stored = " (stored [out, in])"
+    for layer in qkv:
+        if layer.weight.index in named:
+            continue
+        why = f"{layer.shown()}, a q/k/v projection of {where}: split on its output dim"
+        why += stored if layer.out_in else ""
+        splits.append(BlockSplit(layer.weight, -2 if layer.out_in else -1, "column weight", why))
+        if layer.bias is not None:
+            splits.append(BlockSplit(layer.bias, -1, "column bias",
+                                     f"{layer.name}'s bias: split like it"))
+    if out.weight.index not in named:
         why = f"{out.shown()}, the output projection beside {names}: split on its input dim"
-        dim = -1 if out.out_in else -2
-        if out.out_in:
-            why += " (stored [out, in])"
-        splits.append(BlockSplit(out.weight, dim, "row weight", why))
+        why += stored if out.out_in else ""
+        splits.append(BlockSplit(out.weight, -1 if out.out_in else -2, "row weight", why))
     return splits
 
 

@@ -363,8 +363,14 @@ class Megatron(Tactic):
     (named `weight`, `OUT_IN_WEIGHTS`) the other way round. Each block's
     forward pass then needs exactly two sums over `axis`. Names follow `MEGATRON_COLUMN`,
     `MEGATRON_COLUMN_BIAS` and `MEGATRON_ROW`, at any depth under the
-    parameters' root whatever it is called (`partir.roles`; any root where
-    the program does not say); pass your own selectors to override them.
+    parameters (`partir.roles`: an argument whatever it is called, or the
+    model's part of a combined NNX state; any root where the program does
+    not say), and with the defaults the tree's structure adds what names
+    miss (`partir.blocks`): attention kernels with a heads dim of their own
+    (flax's `[in, heads, head_dim]`) split on heads, a generically named
+    output projection, an MLP pair named by position. A leaf named like a
+    weight but of too low a rank (a counter, a scalar) is left whole. Pass
+    your own selectors to override them; each must select an argument.
     """
 
     axis: str

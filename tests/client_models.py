@@ -102,10 +102,11 @@ FLAX_MEGATRON = partir.ManualPartition({
     "params/**/Dense_0/bias": {-1: "model"},
     "params/**/Dense_1/kernel": {-2: "model"},
 })
-"""Megatron for flax: its Dense layers are named by position, and attention
-keeps the heads as a kernel dim of their own (`[in, heads, head_dim]` for
-q/k/v, `[heads, head_dim, out]` out): split the heads and the MLP's hidden
-units (dims from the end, so a stack's layer dim is left alone)."""
+"""Megatron for flax, by hand: its Dense layers are named by position, and
+attention keeps the heads as a kernel dim of their own (`[in, heads,
+head_dim]` for q/k/v, `[heads, head_dim, out]` out): split the heads and the
+MLP's hidden units (dims from the end, so a stack's layer dim is left
+alone). Default `Megatron` finds the same by structure (`partir.blocks`)."""
 
 
 def _flax_client(name: str, module: Any, seed: int) -> Client:
