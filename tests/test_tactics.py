@@ -30,6 +30,9 @@ def _module(example=mlp_train_step, **sizes):
     ("result/1/*", "result[1]['w1']", True),
     ("x", "x", True),
     ("x", "xs", False),
+    ("state/0/attn/query/kernel", "state[0]['attn']['query']['kernel'].value", True),
+    ("**/value", "state[0]['attn']['query']['kernel'].value", False),
+    ("params/**/value", "params['attn']['value']", True),
 ])
 def test_selector_syntax(pattern: str, path: str, expected: bool):
     assert matches(pattern, path) is expected
