@@ -12,8 +12,12 @@ a forward function's only output. Arguments rooted at a conventional state
 name (`STATE_ROOTS`) are state too. The data are the other arguments of rank
 >= 1, and must share their leading dimension (the batch); where they do not,
 the program does not say which arguments are data, and the error lists them.
-Among the state, the optimizer state is what holds copies of another root's
-tree (Adam's `m` and `v`): that root is the parameters.
+Among the state, the optimizer state is what holds copies of the parameters'
+tree (Adam's `m` and `v`), found by structure: a node of one argument (or
+of one top-level entry of a combined state argument, Flax NNX's
+`nnx.split((model, optimizer))`) whose leaves recur, path, shape and dtype,
+in a node of another, the parameters. The parameters' leaves it does not
+copy (NNX's RNG counters and keys) are state but not trained.
 """
 
 from __future__ import annotations
@@ -69,14 +73,18 @@ def _subtrees(leaves: Sequence[NamedLeaf]) -> dict[str, Signature]:
 @dataclass(frozen=True)
 class Roles:
     """Argument roots that are state, and why (root -> reason); among them
-    the model's parameters and the optimizer state that mirrors them."""
+    the model's parameters and the optimizer state that mirrors them, each a
+    node (slash path): an argument's root, or a node inside a combined one."""
 
     state: dict[str, str]
     parameters: tuple[str, ...] = ()
     optimizer: tuple[str, ...] = ()
     mirrors: dict[str, str] = field(default_factory=dict)
-    """Optimizer root -> the parameters' root whose tree it holds copies of
+    """Optimizer node -> the parameters' node whose tree it holds copies of
     (absent where a root is told apart by its name alone)."""
+    untrained: frozenset[str] = frozenset()
+    """Slash paths of the leaves under a parameters node that no optimizer
+    state copies (NNX's RNG counters and keys): state, not parameters."""
 
     @staticmethod
     def of(arguments: Sequence[NamedLeaf], results: Sequence[NamedLeaf]) -> Roles:
@@ -105,8 +113,17 @@ class Roles:
                 state[root] = f"returned updated as {display_path(free[0])}"
             elif root in STATE_ROOTS:
                 state[root] = "named as state"
-        parameters, optimizer, mirrors = _parameters_and_optimizer(list(state), trees)
-        return Roles(state, parameters, optimizer, mirrors)
+        parameters, optimizer, mirrors, untrained = _parameters_and_optimizer(list(state), trees)
+        return Roles(state, parameters, optimizer, mirrors, untrained)
+
+    def parameters_of(self, leaf: NamedLeaf) -> str | None:
+        """The parameters node `leaf` is a trained leaf of, or None."""
+        path = slash_path(leaf.name)
+        return None if path in self.untrained else _node_of(path, self.parameters)
+
+    def optimizer_of(self, leaf: NamedLeaf) -> str | None:
+        """The optimizer state node `leaf` lies under, or None."""
+        return _node_of(slash_path(leaf.name), self.optimizer)
 
     def describe(self, leaf: NamedLeaf, data: Sequence[NamedLeaf]) -> tuple[str, str]:
         """(role, why) of an argument: "state" (returned updated, or named
@@ -122,16 +139,17 @@ class Roles:
         return "data", f"not returned updated; {f'shares {lead} with {shown}' if others else lead}"
 
     def why_optimizer(self, root: str) -> str:
-        """Why the leaves under `root` are optimizer state: the parameters'
-        tree it mirrors, or its name."""
+        """Why the leaves under `root` (an optimizer node) are optimizer
+        state: the parameters' tree it mirrors, or its name."""
         mirrored = self.mirrors.get(root)
         if mirrored is None:
             return f"under {display_path(root)}, named as optimizer state"
         return f"under {display_path(root)}, which mirrors the parameters {display_path(mirrored)}"
 
     def why_parameters(self, root: str) -> str:
-        """Why the leaves under `root` are parameters: the optimizer state
-        that mirrors its tree, or that it is state no other state mirrors."""
+        """Why the leaves under `root` (a parameters node) are parameters:
+        the optimizer state that mirrors its tree, or that it is state no
+        other state mirrors."""
         mirrored_by = [display_path(o) for o, p in self.mirrors.items() if p == root]
         if mirrored_by:
             by = ", ".join(mirrored_by)
@@ -174,33 +192,112 @@ class Roles:
 
 def _parameters_and_optimizer(
     state: list[str], trees: dict[str, dict[str, Signature]]
-) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
-    """Which state roots are parameters and which optimizer state: optimizer
+) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str], frozenset[str]]:
+    """Which state nodes are parameters and which optimizer state: optimizer
     state holds copies of the parameters' tree (Adam's `m` and `v`, a
-    momentum), so a root whose tree recurs inside another root is the
-    parameters and that other root the optimizer's; of two equal trees, the
-    first argument is the parameters. With no such pair, every state root is
-    parameters (plain SGD), unless its name says otherwise."""
-    mirrored_in = {
-        a: [b for b in state if b != a and trees[a][a] in trees[b].values()] for a in state
-    }
+    momentum), so an argument (or a top-level entry of a combined one) whose
+    tree recurs elsewhere in the state is the parameters (`_mirrors`; the
+    largest, and of equal ones the first), and the argument holding the
+    copies, or the entry where the parameters share the argument, the
+    optimizer state. With no such pair, every state root is parameters
+    (plain SGD), unless its name says otherwise. Also the parameters'
+    leaves no copy holds (`Roles.untrained`)."""
+    nodes = {node: tree for root in state for node, tree in trees[root].items()}
+    order = {node: i for i, node in enumerate(nodes)}
+    mirrored_by = _mirrors(state, nodes, order)
     parameters: list[str] = []
     optimizer: list[str] = []
     mirrors: dict[str, str] = {}
-    for a in state:
-        for b in mirrored_in[a]:
-            equal = trees[a][a] == trees[b][b]
-            if not equal or state.index(a) < state.index(b):
-                parameters += [a] if a not in parameters else []
-                optimizer += [b] if b not in optimizer else []
-                mirrors.setdefault(b, a)
+    untrained: set[str] = set()
+    taken: list[str] = []
+    for node in sorted(mirrored_by, key=lambda n: (-len(nodes[n]), order[n])):
+        copies = [m for m in mirrored_by[node] if not any(_overlap(m, t) for t in taken)]
+        if any(_overlap(node, t) for t in taken) or not copies:
+            continue
+        parameters.append(node)
+        taken.append(node)
+        copied: set[str] = set()
+        for copy in copies:
+            if any(_overlap(copy, t) for t in taken):
+                continue
+            taken.append(copy)
+            copied |= {below for below, _, _ in nodes[copy]}
+            holder = _holder(copy, node, state)
+            optimizer += [holder] if holder not in optimizer else []
+            mirrors.setdefault(holder, node)
+        untrained |= {_join(node, below) for below, _, _ in nodes[node] if below not in copied}
     if not parameters:
         named_optimizer = {"opt_state", "optimizer_state"}
         parameters = [r for r in state if r not in named_optimizer]
         optimizer = [r for r in state if r in named_optimizer]
-    parameters = [r for r in parameters if r not in optimizer]
-    mirrors = {b: a for b, a in mirrors.items() if a in parameters}
-    return tuple(parameters), tuple(optimizer), mirrors
+    return tuple(parameters), tuple(optimizer), mirrors, frozenset(untrained)
+
+
+def _mirrors(
+    state: list[str], nodes: dict[str, Signature], order: dict[str, int]
+) -> dict[str, list[str]]:
+    """Argument (or top-level entry) -> the nodes that mirror it, in order:
+    in another argument, or strictly inside another entry of the same one
+    (an optimizer's state holds more than the copy: NNX's `Optimizer` a
+    step, optax a tuple), holding its tree or, with two leaves or more, a
+    part of it (NNX's optimizer copies the parameters, not the RNG counters
+    beside them). A lone leaf mirrors only a whole argument (a lone array
+    and its momentum)."""
+    holding: dict[tuple[str, tuple[int, ...], Attribute], set[str]] = defaultdict(set)
+    for node, tree in nodes.items():
+        if node in state or _entry(node, state) == node:
+            for leaf in tree:
+                holding[leaf].add(node)
+    found: dict[str, list[str]] = defaultdict(list)
+    for copy, tree in nodes.items():
+        if not tree:
+            continue
+        candidates = set.intersection(*(holding[leaf] for leaf in tree))
+        for node in sorted(candidates, key=order.__getitem__):
+            if not _apart(node, copy, state):
+                continue
+            inner = len(tree) > 1 and all(below for below, _, _ in tree)
+            if inner or (node in state and nodes[node] == tree):
+                found[node].append(copy)
+    return found
+
+
+def _root_of(node: str, state: list[str]) -> str:
+    return next(r for r in state if _overlap(node, r))
+
+
+def _entry(node: str, state: list[str]) -> str:
+    """The top-level entry of an argument `node` lies in (the root itself
+    for the root)."""
+    root = _root_of(node, state)
+    return node if node == root else f"{root}/{node[len(root) + 1 :].split('/')[0]}"
+
+
+def _apart(node: str, copy: str, state: list[str]) -> bool:
+    """Whether `copy` may mirror `node`: in another argument, or strictly
+    inside another top-level entry of the same one."""
+    root = _root_of(node, state)
+    if not _overlap(copy, root):
+        return True
+    if node == root or copy == root:
+        return False
+    entry = _entry(copy, state)
+    return entry != _entry(node, state) and entry != copy
+
+
+def _holder(copy: str, node: str, state: list[str]) -> str:
+    """The optimizer state holding `copy` of the parameters `node`: its
+    argument, or its entry where it shares the parameters' argument."""
+    root = _root_of(copy, state)
+    return _entry(copy, state) if _overlap(node, root) else root
+
+
+def _join(node: str, below: str) -> str:
+    return f"{node}/{below}" if below else node
+
+
+def _node_of(path: str, nodes: Sequence[str]) -> str | None:
+    return next((n for n in nodes if path == n or path.startswith(n + "/")), None)
 
 
 def _overlap(node: str, other: str) -> bool:

@@ -313,7 +313,7 @@ def candidate_actions(
             actions.append((tactic, tiles))
     leaves = [
         leaf for leaf in view.arguments
-        if leaf.shape and leaf.root not in roles.optimizer
+        if leaf.shape and roles.optimizer_of(leaf) is None
     ]
     single: list[tuple[int, Tactic, frozenset[Tile]]] = []
     names = [leaf.name for leaf in view.arguments]

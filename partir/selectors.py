@@ -12,6 +12,11 @@ path, `params/blocks/3/attn/wq`:
 
 Results are named `result/...` (JAX's `result[1]['w1']` is `result/1/w1`).
 
+A trailing `.value` is not a segment: Flax NNX's leaves are variables'
+payloads (`state[0]['attn']['query']['kernel'].value`), so their slash form
+is the variable's path, `state/0/attn/query/kernel` (a key `['value']` is a
+name, and stays one).
+
 A key is one segment whatever it holds: `d['a/b']` is the one segment `a/b`
 (kept apart from `d['a']['b']`, and selected by `d/*` or by its path form
 `d['a/b']`, never by `d/a/b`), and quoted keys are read as Python reads them.
@@ -50,6 +55,11 @@ def _unquote(literal: str) -> str:
     return value if isinstance(value, str) else literal[1:-1]
 
 
+PAYLOAD = "value"
+"""The attribute through which Flax NNX's `Variable` holds its array, the
+last key of every NNX leaf's path."""
+
+
 @lru_cache(maxsize=65536)
 def slash_path(path: str) -> str:
     """`params['blocks'][3]['wq']` -> `params/blocks/3/wq` (a `/` inside a
@@ -57,9 +67,18 @@ def slash_path(path: str) -> str:
     head = re.match(r"[^\[.]*", path)
     root = head.group(0) if head else ""
     parts = [root] if root else []
-    for m in _KEY.finditer(path, len(root)):
-        parts.append(_key(m).replace("/", KEY_SLASH))
+    last = None
+    for last in _KEY.finditer(path, len(root)):
+        parts.append(_key(last).replace("/", KEY_SLASH))
+    if last is not None and last.group(4) == PAYLOAD and last.end() == len(path) and len(parts) > 1:
+        parts.pop()  # NNX's `Variable.value`: the payload, not a name
     return "/".join(parts)
+
+
+def glob_escaped(slashed: str) -> str:
+    """A selector that selects exactly the node at slash path `slashed`
+    (each wildcard character bracketed); `slashed + "/**"` its leaves."""
+    return "/".join(re.sub(r"([*?\[])", r"[\1]", segment) for segment in slashed.split("/"))
 
 
 POSITIONAL_ROOT = "args"
@@ -88,9 +107,7 @@ def exact_selector(path: str) -> str:
     form with each wildcard character bracketed (`args/0`, `a[*]b`)."""
     if "[" in path and ("'" in path or '"' in path):
         return path
-    return "/".join(
-        re.sub(r"([*?\[])", r"[\1]", segment) for segment in slash_path(path).split("/")
-    )
+    return glob_escaped(slash_path(path))
 
 
 def _segment_regex(segment: str) -> str:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from dialects.errors import PartirTypeError
 from dialects.escaping import quoted
+from partir.blocks import LEAF_NAMES, OUT_IN_WEIGHTS, block_splits
 from partir.mesh import Mesh
 from partir.plan import (
     Leaf,
@@ -35,7 +36,7 @@ from partir.plan import (
     tactic_label,
 )
 from partir.roles import Roles
-from partir.selectors import KEY_SLASH, display_path, slash_path
+from partir.selectors import KEY_SLASH, display_path, glob_escaped, slash_path
 from partir.values import ValueReference, ValueReferenceError, is_reference
 
 if TYPE_CHECKING:
@@ -336,10 +337,6 @@ MEGATRON_COLUMN = _named(
 )
 """Weights `[in, out]` split on their output dim (attention heads, MLP hidden)."""
 
-OUT_IN_WEIGHTS = ("weight",)
-"""Leaf names of weights stored `[out, in]` (PyTorch's and equinox's
-`Linear.weight`): Megatron splits the other of their last two dims."""
-
 MEGATRON_COLUMN_BIAS = (
     *_named(("bq", "bk", "bv", "b_q", "b_k", "b_v", "b_in", "b1", "b_up", "b_gate"), ("",)),
     *_named((*_ATTENTION_IN, *_MLP_IN), ("/bias", "/b")),
@@ -383,8 +380,14 @@ class Megatron(Tactic):
     (named `weight`, `OUT_IN_WEIGHTS`) the other way round. Each block's
     forward pass then needs exactly two sums over `axis`. Names follow `MEGATRON_COLUMN`,
     `MEGATRON_COLUMN_BIAS` and `MEGATRON_ROW`, at any depth under the
-    parameters' root whatever it is called (`partir.roles`; any root where
-    the program does not say); pass your own selectors to override them.
+    parameters (`partir.roles`: an argument whatever it is called, or the
+    model's part of a combined NNX state; any root where the program does
+    not say), and with the defaults the tree's structure adds what names
+    miss (`partir.blocks`): attention kernels with a heads dim of their own
+    (flax's `[in, heads, head_dim]`) split on heads, a generically named
+    output projection, an MLP pair named by position. A leaf named like a
+    weight but of too low a rank (a counter, a scalar) is left whole. Pass
+    your own selectors to override them; each must select an argument.
     """
 
     axis: str
@@ -396,43 +399,68 @@ class Megatron(Tactic):
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         roles = Roles.of(program.arguments, program.results)
-        roots = roles.parameters or ("*",)
+        roots = [glob_escaped(node) for node in roles.parameters] or ["*"]
         kinds = (
             ("column weight", -1, self.column, MEGATRON_COLUMN, "column"),
             ("column bias", -1, self.column_bias, MEGATRON_COLUMN_BIAS, "column_bias"),
             ("row weight", -2, self.row, MEGATRON_ROW, "row"),
         )
-        picks = []
+        defaults = all(selectors is default for _, _, selectors, default, _ in kinds)
+        trained = [
+            leaf for leaf in program.arguments
+            if not roles.parameters or roles.parameters_of(leaf) is not None
+        ]
+        chosen = {leaf.index for leaf in trained}
+        picks: dict[int, tuple[Leaf, int, str, str]] = {}
+        skipped: dict[int, str] = {}
         for role, dim, selectors, default, option in kinds:
             conventional = selectors is default
-            if conventional:  # the conventions, under the parameters' roots
-                selectors = _under(default, roots)
-            for leaf in program.find(selectors, who=self.name, required=False):
+            if conventional:  # the conventions, under the parameters' nodes
+                found = program.find(_under(default, roots), who=self.name, required=False)
+            else:  # each of yours selects something, as in ManualPartition
+                found = _each_selects(program, selectors, self.name, option)
+            for leaf in found:
+                if leaf.index in picks or (conventional and leaf.index not in chosen):
+                    continue
+                rank = 1 if role == "column bias" else 2
+                if conventional and len(leaf.shape) < rank:
+                    skipped[leaf.index] = f"named like a {role}, but of rank {len(leaf.shape)}"
+                    continue
                 why = _megatron_reason(leaf, role, dim, conventional, option)
-                picks.append((leaf, dim, role, why))
+                picks[leaf.index] = (leaf, _megatron_dim(leaf, dim), role, why)
+        if defaults:  # what the structure says: heads dims, generic names
+            for split in block_splits(trained, named=set(picks)):
+                picks[split.leaf.index] = (split.leaf, split.dim, split.role, split.reason)
         if not picks:
             raise TacticError(
                 f"{self.name}: no parameter is named like a Megatron column or row weight "
                 "(e.g. params/**/wq or params/**/w_out); pass column=, row= selectors"
             )
-        seen: set[int] = set()
-        planned = []
-        for leaf, dim, role, why in sorted(picks, key=lambda p: p[0].index):
-            if leaf.index not in seen:
-                seen.add(leaf.index)
-                planned.append(
-                    _plan(leaf, _megatron_dim(leaf, dim), self.axis, mesh, self.name, role, why)
-                )
-        defaults = all(selectors is default for _, _, selectors, default, _ in kinds)
+        planned = [
+            _plan(leaf, dim, self.axis, mesh, self.name, role, why)
+            for leaf, dim, role, why in sorted(picks.values(), key=lambda p: p[0].index)
+        ]
         unnamed = "not named like a Megatron weight" if defaults else (
             "not selected by column=, column_bias= or row="
         )
         passed = tuple(
-            PassedLeaf(leaf, "parameter", unnamed)
+            PassedLeaf(leaf, "parameter", skipped.get(leaf.index, unnamed))
             for leaf in program.arguments
-            if leaf.root in roles.parameters and leaf.index not in seen
+            if leaf.index not in picks and roles.parameters_of(leaf) is not None
         )
         return Plan(self.name, tuple(planned), passed, tactic_label(self.name, self.axis))
+
+
+def _each_selects(
+    program: ProgramView, selectors: str | Sequence[str], who: str, option: str
+) -> list[Leaf]:
+    """The leaves `selectors` (a `Megatron` option) select; a `TacticError`
+    naming one that selects nothing."""
+    given = [selectors] if isinstance(selectors, str) else list(selectors)
+    found: list[Leaf] = []
+    for selector in given:
+        found += program.find(selector, who=f"{who} {option}=")
+    return found
 
 
 _MEGATRON_KINDS = {
@@ -446,7 +474,7 @@ def _megatron_reason(leaf: Leaf, role: str, dim: int, conventional: bool, option
     """Why Megatron splits `leaf` where it does: the name it matched (or the
     option that selected it) and which of its dims, in its layout."""
     segments = slash_path(leaf.name).split("/")
-    tail = segments[-2:] if segments[-1] in _LEAF_NAMES else segments[-1:]
+    tail = segments[-2:] if segments[-1] in LEAF_NAMES else segments[-1:]
     named = "/".join(tail).replace(KEY_SLASH, "/")
     why = f"named {named}, {_MEGATRON_KINDS[role]}" if conventional else f"selected by {option}="
     where = "output" if dim == -1 else "input"
@@ -455,8 +483,6 @@ def _megatron_reason(leaf: Leaf, role: str, dim: int, conventional: bool, option
     return f"{why}: split on its {where} dim" if role != "column bias" else f"{why}: split like it"
 
 
-_LEAF_NAMES = ("kernel", "weight", "w", "bias", "b")
-"""Leaf names a layer's weight or bias goes by (the layer is named one level up)."""
 
 
 EXPERT_WEIGHTS = ("**/*expert*", "**/*expert*/**")
@@ -499,7 +525,7 @@ class ExpertParallel(Tactic):
             self.name, self.axis, self.inputs, self.token_dim, program, mesh, "token"
         )
         if self.experts is None:
-            roots = roles.parameters or ("*",)
+            roots = [glob_escaped(node) for node in roles.parameters] or ["*"]
             selectors = [f"{root}/{glob}" for root in roots for glob in EXPERT_WEIGHTS]
             found = program.find(selectors, who=self.name, required=False)
             if not found:
@@ -522,7 +548,7 @@ class ExpertParallel(Tactic):
         passed = tuple(
             PassedLeaf(leaf, "parameter", "not an expert weight")
             for leaf in program.arguments
-            if leaf.root in roles.parameters and leaf.index not in split
+            if roles.parameters_of(leaf) is not None and leaf.index not in split
         )
         return Plan(self.name, tokens + experts, passed, tactic_label(self.name, self.axis))
 
@@ -592,9 +618,12 @@ class ZeRO(Tactic):
         role: str,
         why: Callable[[Leaf], str],
         passed: list[PassedLeaf],
+        trained: Callable[[Leaf], str | None] | None = None,
     ) -> list[PlannedTile]:
         """The leaves `given` selects (dim 0), or by default those `default`
-        selects, each on its `zero_dim` (those with none go to `passed`)."""
+        selects, each on its `zero_dim` (those with none go to `passed`, and
+        so do the state beside the parameters that `trained` says is none:
+        NNX's RNG counters)."""
         parts = _axis_size(mesh, self.axis, self.name)
         option = "updates" if results else ("opt_state" if role == "optimizer state" else "params")
         if given is not None:
@@ -604,6 +633,10 @@ class ZeRO(Tactic):
             ]
         planned = []
         for leaf in program.find(default, who=self.name, results=results, required=False):
+            if trained is not None and trained(leaf) is None:
+                passed.append(PassedLeaf(leaf, "state", "beside the parameters, not trained "
+                                         "(no optimizer state mirrors it), left whole"))
+                continue
             dim = zero_dim(leaf.shape, parts)
             if dim is None:
                 passed.append(PassedLeaf(leaf, role, f"{why(leaf)}; {_too_short(leaf, parts)}"))
@@ -619,9 +652,9 @@ class ZeRO(Tactic):
         passed: list[PassedLeaf] = []
         roles = Roles.of(program.arguments, program.results)
         planned = self._leaves(
-            program, mesh, self.opt_state, [f"{r}/**" for r in roles.optimizer],
+            program, mesh, self.opt_state, [f"{glob_escaped(r)}/**" for r in roles.optimizer],
             results=False, role="optimizer state",
-            why=lambda leaf: roles.why_optimizer(leaf.root), passed=passed,
+            why=lambda leaf: roles.why_optimizer(str(roles.optimizer_of(leaf))), passed=passed,
         )
         if self.stage >= 2:
             planned += self._leaves(
@@ -630,9 +663,10 @@ class ZeRO(Tactic):
             )
         if self.stage >= 3:
             planned += self._leaves(
-                program, mesh, self.params, [f"{r}/**" for r in roles.parameters],
+                program, mesh, self.params, [f"{glob_escaped(r)}/**" for r in roles.parameters],
                 results=False, role="parameter",
-                why=lambda leaf: roles.why_parameters(leaf.root), passed=passed,
+                why=lambda leaf: roles.why_parameters(str(roles.parameters_of(leaf))),
+                passed=passed, trained=roles.parameters_of,
             )
         if not planned:
             raise TacticError(

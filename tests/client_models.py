@@ -102,10 +102,11 @@ FLAX_MEGATRON = partir.ManualPartition({
     "params/**/Dense_0/bias": {-1: "model"},
     "params/**/Dense_1/kernel": {-2: "model"},
 })
-"""Megatron for flax: its Dense layers are named by position, and attention
-keeps the heads as a kernel dim of their own (`[in, heads, head_dim]` for
-q/k/v, `[heads, head_dim, out]` out): split the heads and the MLP's hidden
-units (dims from the end, so a stack's layer dim is left alone)."""
+"""Megatron for flax, by hand: its Dense layers are named by position, and
+attention keeps the heads as a kernel dim of their own (`[in, heads,
+head_dim]` for q/k/v, `[heads, head_dim, out]` out): split the heads and the
+MLP's hidden units (dims from the end, so a stack's layer dim is left
+alone). Default `Megatron` finds the same by structure (`partir.blocks`)."""
 
 
 def _flax_client(name: str, module: Any, seed: int) -> Client:
@@ -295,3 +296,139 @@ def equinox_scanned_stack() -> Client:
     return Client(
         "equinox scan", _equinox_step(forward, optimizer), init, partir.Megatron("model")
     )
+
+
+# --------------------------------------------------------------------------
+# flax NNX: a GPT (token and position embeddings, pre-norm blocks of
+# nnx.MultiHeadAttention and an MLP, dropout) trained with nnx.Optimizer and
+# optax's AdamW in NNX's functional form (nnx.split / nnx.merge): the step
+# takes the state and returns it updated.
+
+VOCAB = 32
+
+
+def _nnx_gpt(seed: int) -> Any:
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.ln1 = nnx.LayerNorm(WIDTH, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(
+                num_heads=HEADS, in_features=WIDTH, use_bias=False, decode=False, rngs=rngs
+            )
+            self.ln2 = nnx.LayerNorm(WIDTH, rngs=rngs)
+            self.up = nnx.Linear(WIDTH, HIDDEN, rngs=rngs)
+            self.down = nnx.Linear(HIDDEN, WIDTH, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+
+        def __call__(self, x, mask):
+            h = self.ln1(x)
+            x = x + self.attn(h, mask=mask)
+            return x + self.drop(self.down(nnx.gelu(self.up(self.ln2(x)))))
+
+    class GPT(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.wte = nnx.Embed(VOCAB, WIDTH, rngs=rngs)
+            self.wpe = nnx.Embed(SEQ, WIDTH, rngs=rngs)
+            self.blocks = nnx.List([Block(rngs) for _ in range(LAYERS)])
+            self.ln_f = nnx.LayerNorm(WIDTH, rngs=rngs)
+            self.lm_head = nnx.Linear(WIDTH, VOCAB, use_bias=False, rngs=rngs)
+
+        def __call__(self, tokens):
+            x = self.wte(tokens) + self.wpe(jnp.arange(tokens.shape[1]))
+            mask = nnx.make_causal_mask(tokens)
+            for block in self.blocks:
+                x = block(x, mask)
+            return self.lm_head(self.ln_f(x))
+
+    return GPT(nnx.Rngs(seed, dropout=seed + 1))
+
+
+def _nnx_tokens(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    tokens, targets = (rng.integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32) for _ in range(2))
+    return tokens, targets
+
+
+def _nnx_loss(model: Any, tokens: Any, targets: Any) -> Any:
+    import optax
+
+    logits = model(tokens)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+
+@dataclass(frozen=True)
+class NNXClient:
+    """An NNX training step in one of its functional forms, its arguments
+    (two steps into training) and the hand-written Megatron (heads split)."""
+
+    name: str
+    step: Callable[..., Any]
+    args: tuple[Any, ...]
+    parameters: str
+    """The selector root of the model's variables (`state/0`, `params`)."""
+
+    @property
+    def heads_split(self) -> partir.Tactic:
+        """Megatron as a user writes it by hand for this model: q/k/v on
+        their heads dim, out on its heads dim, the MLP column then row."""
+        blocks = f"{self.parameters}/blocks/*"
+        return partir.ManualPartition({
+            f"{blocks}/attn/query/kernel": {-2: "model"},
+            f"{blocks}/attn/key/kernel": {-2: "model"},
+            f"{blocks}/attn/value/kernel": {-2: "model"},
+            f"{blocks}/attn/out/kernel": {-3: "model"},
+            f"{blocks}/up/kernel": {-1: "model"},
+            f"{blocks}/up/bias": {-1: "model"},
+            f"{blocks}/down/kernel": {-2: "model"},
+        })
+
+
+def _trained(step: Callable[..., Any], args: tuple[Any, ...], steps: int = 2) -> tuple[Any, ...]:
+    """`args` after `steps` steps of `jax.jit(step)` (see `Client.make_args`)."""
+    jitted = jax.jit(step)
+    for _ in range(steps):
+        _, *state = jitted(*args)
+        args = (*state, *args[len(state):])
+    return args
+
+
+def nnx_gpt_one_state() -> NNXClient:
+    """The model and the optimizer in one state argument,
+    `nnx.split((model, optimizer))`: `step(state, tokens, targets)`."""
+    import optax
+    from flax import nnx
+
+    model = _nnx_gpt(5)
+    optimizer = nnx.Optimizer(model, optax.adamw(1e-2), wrt=nnx.Param)
+    graphdef, state = nnx.split((model, optimizer))
+
+    def step(state, tokens, targets):
+        model, optimizer = nnx.merge(graphdef, state)
+        loss, grads = nnx.value_and_grad(_nnx_loss)(model, tokens, targets)
+        optimizer.update(model, grads)
+        return loss, nnx.state((model, optimizer))
+
+    return NNXClient("nnx one state", step, _trained(step, (state, *_nnx_tokens(5))), "state/0")
+
+
+def nnx_gpt_split() -> NNXClient:
+    """The model's state (its parameters and dropout's RNG counters) and
+    the optimizer's in arguments of their own: `step(params, opt_state,
+    tokens, targets)`."""
+    import optax
+    from flax import nnx
+
+    model = _nnx_gpt(6)
+    optimizer = nnx.Optimizer(model, optax.adamw(1e-2), wrt=nnx.Param)
+    model_def, params = nnx.split(model)
+    opt_def, opt_state = nnx.split(optimizer)
+
+    def step(params, opt_state, tokens, targets):
+        model, optimizer = nnx.merge(model_def, params), nnx.merge(opt_def, opt_state)
+        loss, grads = nnx.value_and_grad(_nnx_loss)(model, tokens, targets)
+        optimizer.update(model, grads)
+        return loss, nnx.state(model), nnx.state(optimizer)
+
+    args = _trained(step, (params, opt_state, *_nnx_tokens(6)))
+    return NNXClient("nnx split", step, args, "params")

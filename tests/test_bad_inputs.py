@@ -210,7 +210,7 @@ API_CASES = [
             X, tactics=[partir.Megatron("model")]), partir.TacticError,
             r"dim 1 of params\['w1'\] \(shape \(4, 1\)\) has size 1, fewer elements"),
     ApiCase("megatron-selector-nothing", lambda: lower(mlp, PARAMS, X, tactics=[partir.Megatron("model", column=("nope",), row=("nope",),
-            column_bias=("nope",))]), partir.TacticError, r"no parameter is named like"),
+            column_bias=("nope",))]), partir.TacticError, r"Megatron column=: no argument matches 'nope'; the arguments are"),
     # ZeRO
     ApiCase("zero-stage-4", lambda: lower(mlp, PARAMS, X, tactics=[partir.ZeRO("batch", stage=4)]), partir.TacticError,
             r"ZeRO: stage must be 1, 2 or 3, got 4"),

@@ -31,6 +31,12 @@ pass reads (the matrices and the norm scales) in the backward loop.
 ZeRO-1 and ZeRO-3 return the updated parameters split as the optimizer state
 is (the update is computed shard by shard): a stage-1 step made to return
 them whole would all-gather each once more.
+
+Default `Megatron` plans the hand-written split of flax's and haiku's blocks
+(heads, not head_dim). A Flax NNX GPT (its state in one argument,
+`nnx.split((model, optimizer))`, or in two) runs under DP, Megatron, ZeRO-1/2/3
+and `Automatic` with `jax.jit`'s numbers; default Megatron there moves no
+more bytes than the hand-written heads split.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from __future__ import annotations
 import collections
 import functools
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -47,8 +54,12 @@ import pytest
 import partir
 from dialects.interpreter.spmd import run_spmd
 from lowering.collectives import Collective, collectives
+from partir.importer import entry_function
+from partir.keys import KeyBoundary
 from partir.opt import main as partir_opt
+from partir.plan import ProgramView
 from partir.report import parse_module
+from partir.selectors import display_path
 from tests import client_models
 from tests.jaxpr_collectives import emitted_collectives
 from tests.numerics import assert_leaves_close
@@ -231,6 +242,27 @@ def test_megatron_all_reduces_activations_over_model(name):
     assert {moved(c) for c in over_model} == {ACTIVATION}
 
 
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.xdist_group(name))
+    for name in ("flax", "flax nn.scan", "haiku")
+])
+def test_default_megatron_is_the_hand_written_split(name):
+    """Default `Megatron` on flax's names (`MultiHeadDotProductAttention_0/
+    query/kernel` `[in, heads, head_dim]`, `Dense_0`/`Dense_1`, with a
+    stack's layer dim under `nn.scan`) and haiku's (`'multi_head_attention/
+    query'` and `linear` in one key with their module, `'mlp/~/linear_0'`)
+    plans the tiles of the hand-written strategy (`client.megatron`): heads,
+    the output projection on heads, the MLP column then row."""
+    client = _client(name)
+    module = partir.import_jax(client.step, *_case(name)[0])
+    view = ProgramView.of(entry_function(module))
+
+    def tiles(tactic: partir.Tactic) -> set[tuple[str, int, str]]:
+        return {(t.leaf.name, t.dim % len(t.leaf.shape), t.axis) for t in tactic.plan(view, MESH)}
+
+    assert tiles(partir.Megatron("model")) == tiles(client.megatron)
+
+
 @pytest.mark.parametrize("stage", [1, 3])
 @pytest.mark.parametrize("name", BY_MODEL)
 def test_zero_shards_the_optimizer_state_and_parameters(name, stage):
@@ -322,3 +354,149 @@ def test_pipeline_splits_each_library_s_stack_over_stages(name, axes):
     exe, placed = lowered.executable(*args)
     assert_leaves_close(jax.tree.leaves(lowered.unflatten(exe(*placed))), jax.tree.leaves(want),
                         what=f"{name}, pipelined")
+
+
+# --------------------------------------------------------------------------
+# Flax NNX: a GPT trained with nnx.Optimizer and optax's AdamW in NNX's
+# functional form (`tests/client_models.py`), its state in one argument
+# (`nnx.split((model, optimizer))`) or in two. Every leaf's path ends in
+# NNX's `.value`, and dropout keeps RNG counters and keys beside the
+# parameters: the tactics see through the one and leave the others whole.
+
+NNX_FORMS: dict[str, Callable[[], client_models.NNXClient]] = {
+    "nnx one state": client_models.nnx_gpt_one_state,
+    "nnx split": client_models.nnx_gpt_split,
+}
+BY_NNX_FORM = [pytest.param(name, marks=pytest.mark.xdist_group(name)) for name in NNX_FORMS]
+
+NNX_STRATEGIES: dict[str, Callable[[client_models.NNXClient], list[partir.Tactic]]] = {
+    "DP": lambda client: [DATA],
+    "DP+Megatron": lambda client: [DATA, partir.Megatron("model")],
+    "DP+heads split": lambda client: [DATA, client.heads_split],
+    "ZeRO-1": lambda client: [DATA, partir.ZeRO("batch", stage=1)],
+    "ZeRO-2": lambda client: [DATA, partir.ZeRO("batch", stage=2)],
+    "ZeRO-3": lambda client: [DATA, partir.ZeRO("batch", stage=3)],
+    "Automatic": lambda client: [
+        DATA, partir.Automatic(profile="cpu-host-8", progress=False, time_budget_s=30)
+    ],
+}
+
+
+@functools.cache
+def _nnx_case(name: str) -> tuple[client_models.NNXClient, Any]:
+    """The NNX client and `jax.jit`'s result on its arguments."""
+    pytest.importorskip("flax.nnx", reason="the NNX model needs flax")
+    pytest.importorskip("optax", reason="the NNX model trains with optax")
+    client = NNX_FORMS[name]()
+    return client, jax.jit(client.step)(*client.args)
+
+
+def raw_leaves(tree: Any) -> list[Any]:
+    """The leaves as partir's program takes them: typed keys as their data."""
+    return jax.tree.leaves(KeyBoundary.of((tree,)).raw((tree,)))
+
+
+@functools.cache
+def nnx_lowered(name: str, strategy: str) -> partir.Lowered:
+    client, _ = _nnx_case(name)
+    tactics = NNX_STRATEGIES[strategy](client)
+    return partir.jit(client.step, mesh=MESH, tactics=tactics).lower(*client.args)
+
+
+def nnx_run_and_check(name: str, strategy: str) -> partir.Lowered:
+    """The NNX step's SPMD stage equals `jax.jit` on the reference
+    interpreter (loss, parameters, AdamW's state, the RNG counters and
+    keys), with no conflicts."""
+    client, want = _nnx_case(name)
+    program = nnx_lowered(name, strategy)
+    got = run_spmd(program.module, raw_leaves(client.args))
+    assert_leaves_close(got, raw_leaves(want), what=f"{name} step, {strategy}")
+    assert program.conflicts == []
+    return program
+
+
+def nnx_parameters(name: str) -> list[int]:
+    """Elements of each trained leaf (the optimizer's `mu` mirrors them)."""
+    client, _ = _nnx_case(name)
+    opt_state = client.args[0][1] if name == "nnx one state" else client.args[1]
+    return sorted(leaf.size for leaf in jax.tree.leaves(opt_state["opt_state"][0]["mu"]))
+
+
+@pytest.mark.parametrize("name", BY_NNX_FORM)
+def test_nnx_data_parallel_sums_each_gradient_and_the_loss_only(name):
+    """Default `BatchParallel`: the tokens and targets are the data (the
+    state comes back updated, RNG counters included); every collective is
+    one parameter's gradient or the loss summed over "batch", and the
+    emitted program runs on JAX equal to `jax.jit`, keys and all."""
+    program = nnx_run_and_check(name, "DP")
+    client, want = _nnx_case(name)
+    assert_leaves_close(raw_leaves(program.compile()(*client.args)), raw_leaves(want),
+                        what=f"{name} step on JAX")
+    assert kinds(program.collectives) == {("all_reduce", ("batch",)): len(nnx_parameters(name)) + 1}
+    assert sizes(program.collectives) == sorted([*nnx_parameters(name), 1])
+    data = [s for s in program.report().selections if s.role == "data"]
+    assert [display_path(s.leaf) for s in data] == ["tokens", "targets"]
+
+
+@pytest.mark.parametrize("name", BY_NNX_FORM)
+def test_nnx_default_megatron_is_the_heads_split(name):
+    """Default `Megatron` on NNX's names (`attn/query/kernel.value`, `up`,
+    `down`): q/k/v `[in, heads, head_dim]` split on heads, `out` `[heads,
+    head_dim, out]` on heads, the MLP pair column then row, the RNG
+    counters and keys left alone. It moves no more bytes per device than the
+    hand-written heads split (`NNXClient.heads_split`), with no conflicts,
+    and the report says why each leaf was split where it was."""
+    default = nnx_run_and_check(name, "DP+Megatron")
+    by_hand = nnx_run_and_check(name, "DP+heads split")
+    moved_bytes = sum(c.bytes_per_device for c in default.collectives)
+    assert moved_bytes <= sum(c.bytes_per_device for c in by_hand.collectives)
+    assert kinds(default.collectives) == kinds(by_hand.collectives)
+    assert ("all_reduce", ("model",)) in kinds(default.collectives)
+    split = {
+        display_path(s.leaf).split("/", 2 if name == "nnx one state" else 1)[-1]: s
+        for s in default.report().selections if s.tactic == "Megatron(model)" and s.dim is not None
+    }
+    assert {leaf: s.dim for leaf, s in split.items() if "blocks/0/" in leaf} == {
+        "blocks/0/attn/query/kernel": 1, "blocks/0/attn/key/kernel": 1,
+        "blocks/0/attn/value/kernel": 1, "blocks/0/attn/out/kernel": 0,
+        "blocks/0/up/kernel": 1, "blocks/0/up/bias": 0, "blocks/0/down/kernel": 0,
+    }
+    assert len(split) == 2 * 7
+    assert split["blocks/1/attn/query/kernel"].reason.endswith("split on its heads dim")
+    assert split["blocks/1/attn/out/kernel"].role == "row weight"
+    assert "the MLP pair up/kernel [16, 32] then down/kernel [32, 16]" in (
+        split["blocks/1/down/kernel"].reason)
+
+
+@pytest.mark.parametrize("stage", [1, pytest.param(2, marks=pytest.mark.slow), 3])
+@pytest.mark.parametrize("name", BY_NNX_FORM)
+def test_nnx_zero_finds_the_optimizer_state(name, stage):
+    """`ZeRO("batch", stage)` after `BatchParallel`: AdamW's `mu` and `nu`
+    are found by their mirroring the model's parameters, inside the one
+    state argument as across two, and split over "batch" (at stage 3 the
+    parameters too, the RNG counters and keys beside them left whole); the
+    numbers are `jax.jit`'s, every collective is over "batch", and each
+    gradient is reduce-scattered."""
+    program = nnx_run_and_check(name, f"ZeRO-{stage}")
+    zero = [s for s in program.report().selections if s.tactic == f"ZeRO-{stage}(batch)"]
+    moments = [s for s in zero if s.role == "optimizer state" and s.dim is not None]
+    assert len(moments) == 2 * len(nnx_parameters(name))
+    assert all(re.search("/(mu|nu)/", display_path(s.leaf)) for s in moments)
+    assert all(c.axes == ("batch",) for c in program.collectives)
+    assert "reduce_scatter" in {c.kind for c in program.collectives}
+    if stage == 3:
+        rngs = [s for s in zero if "/rngs/" in display_path(s.leaf) and s.leaf.startswith(
+            "state[0]" if name == "nnx one state" else "params")]
+        assert len(rngs) == 2 * client_models.LAYERS
+        assert all(s.dim is None and "not trained" in s.reason for s in rngs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BY_NNX_FORM[:1])
+def test_nnx_automatic_searches_the_model_axis(name):
+    """`Automatic` after `BatchParallel` searches "model" on the one-state
+    step (Megatron's heads split among its candidates) and keeps `jax.jit`'s
+    numbers."""
+    program = nnx_run_and_check(name, "Automatic")
+    (search,) = program.searches
+    assert search.chosen is not None

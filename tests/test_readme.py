@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -19,6 +21,44 @@ def test_the_python_example_runs(capsys):
     out = capsys.readouterr().out
     assert "partir.loop" in out and "spmd.all_reduce" in out and "jax.shard_map" not in out
     assert namespace["lowered"].source_path.exists()  # type: ignore[attr-defined]
+
+
+def test_the_nnx_example_runs_with_jax_jit_s_numbers(capsys):
+    """The Flax NNX section's step, partitioned as written: `jax.jit`'s
+    loss and state (RNG keys included), and the tactic lines it shows."""
+    pytest.importorskip("flax.nnx", reason="the NNX example needs flax")
+    import jax
+    import numpy as np
+
+    from partir.keys import KeyBoundary
+    from tests.numerics import assert_leaves_close
+
+    text = subsection("### Flax NNX")
+    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    model_and_step, partitioned = block.split("\nmesh = ")
+    namespace: dict[str, object] = {"__name__": "readme_nnx"}
+    exec(compile(model_and_step, str(README), "exec"), namespace)
+    x, y = np.random.default_rng(0).standard_normal((2, 8, 4, 16), dtype=np.float32)
+    want = jax.jit(namespace["step"])(namespace["state"], x, y)  # before nnx.update
+    exec(compile("mesh = " + partitioned, str(README), "exec"), namespace)
+
+    def raw(tree: object) -> list[object]:
+        return jax.tree.leaves(KeyBoundary.of((tree,)).raw((tree,)))
+
+    got = (namespace["loss"], namespace["new_state"])
+    assert_leaves_close(raw(got), raw(want), what="README NNX step")
+    printed = capsys.readouterr().out.splitlines()
+    (shown,) = re.findall(r"\n\n```\n(.*?)```", text, flags=re.S)
+    assert len(printed) == len(shown.splitlines())
+    for line, pattern in zip(printed, shown.splitlines(), strict=True):
+        assert re.fullmatch(".*".join(map(re.escape, pattern.split("..."))), line), line
+
+
+def subsection(heading: str) -> str:
+    """The text under `heading` (its `#`s included), to the next heading."""
+    match = re.search(rf"^{heading}\n(.*?)(?=^#)", README.read_text(), flags=re.M | re.S)
+    assert match, f'README.md has no "{heading}"'
+    return match.group(1)
 
 
 def section(title: str) -> str:

@@ -122,3 +122,54 @@ def test_megatron_conventions_reach_any_root_in_a_forward_function():
     assert_leaves_close(renamed(params, x), jax.jit(forward)(params, x), what="forward")
     named = partir.jit(block_forward.program, mesh=MESH, tactics=tactics)
     assert kinds(renamed.lower(params, x)) == kinds(named.lower(params, x))
+
+
+def test_the_optimizer_state_beside_the_parameters_in_one_argument():
+    """One state argument holding the model (its weights and a counter, as
+    NNX's dropout keeps one) and the optimizer (a step and copies `mu`, `nu`
+    of the weights only): the model's entry is the parameters, the
+    optimizer's the optimizer state, and the counter is trained by neither;
+    the layers of the model, alike in shape, do not mirror each other."""
+    from partir.importer import entry_function
+    from partir.plan import ProgramView
+    from partir.roles import Roles
+
+    rng = np.random.default_rng(3)
+    layers = [{"w": rng.standard_normal((8, 8)).astype(np.float32),
+               "b": np.zeros(8, np.float32)} for _ in range(2)]
+    model = {"layers": layers, "count": np.zeros((), np.uint32)}
+    weights = {"layers": layers}
+    optimizer = {"step": np.zeros((), np.int32),
+                 "moments": {"mu": jax.tree.map(np.zeros_like, weights),
+                             "nu": jax.tree.map(np.zeros_like, weights)}}
+
+    def step(state, x):
+        model, optimizer = state
+
+        def loss(weights):
+            h = x
+            for layer in weights["layers"]:
+                h = jnp.tanh(h @ layer["w"] + layer["b"])
+            return jnp.mean(h ** 2)
+
+        grads = jax.grad(loss)({"layers": model["layers"]})
+        mu = jax.tree.map(lambda m, g: 0.9 * m + g, optimizer["moments"]["mu"], grads)
+        nu = jax.tree.map(lambda v, g: 0.9 * v + g * g, optimizer["moments"]["nu"], grads)
+        new = jax.tree.map(lambda p, m: p - 0.1 * m, {"layers": model["layers"]}, mu)
+        return ({"layers": new["layers"], "count": model["count"] + 1},
+                {"step": optimizer["step"] + 1, "moments": {"mu": mu, "nu": nu}})
+
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    module = partir.import_jax(step, (model, optimizer), x)
+    view = ProgramView.of(entry_function(module))
+    roles = Roles.of(view.arguments, view.results)
+    assert roles.parameters == ("state/0",) and roles.optimizer == ("state/1",)
+    assert roles.untrained == {"state/0/count"}
+    assert roles.why_optimizer("state/1") == "under state/1, which mirrors the parameters state/0"
+    tactics = [partir.BatchParallel("batch"), partir.ZeRO("batch", stage=1)]
+    compiled = partir.jit(step, mesh=MESH, tactics=tactics)
+    assert_leaves_close(compiled((model, optimizer), x), jax.jit(step)((model, optimizer), x),
+                        what="one-argument step")
+    split = {s.leaf for s in compiled.lower((model, optimizer), x).report().selections
+             if s.tactic == "ZeRO-1(batch)" and s.dim is not None}
+    assert len(split) == 8 and all("['moments']" in leaf for leaf in split)

@@ -30,6 +30,9 @@ def _module(example=mlp_train_step, **sizes):
     ("result/1/*", "result[1]['w1']", True),
     ("x", "x", True),
     ("x", "xs", False),
+    ("state/0/attn/query/kernel", "state[0]['attn']['query']['kernel'].value", True),
+    ("**/value", "state[0]['attn']['query']['kernel'].value", False),
+    ("params/**/value", "params['attn']['value']", True),
 ])
 def test_selector_syntax(pattern: str, path: str, expected: bool):
     assert matches(pattern, path) is expected
@@ -183,3 +186,102 @@ def test_a_dim_split_by_two_tactics_is_split_over_both_and_summed_once():
     assert [(c.kind, c.axes) for c in lowered.collectives] == [("all_reduce", ("batch", "model"))]
     spec = lowered.compile().program.IN_SPECS[0]
     assert spec == jax.sharding.PartitionSpec(("batch", "model"), None)
+
+
+def _linen_vit() -> tuple[object, object]:
+    """A small ViT in flax linen as its authors write it (patch `Conv`, a
+    class token, `Encoder1DBlock`s of `MultiHeadDotProductAttention` and an
+    `MlpBlock` of two `Dense` named by position, a `Dense` head), and its
+    parameters."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    class MlpBlock(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.gelu(nn.Dense(32)(x))
+            return nn.Dense(16)(x)
+
+    class Encoder1DBlock(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.LayerNorm()(x)
+            x = x + nn.MultiHeadDotProductAttention(num_heads=4)(h, h)
+            return x + MlpBlock()(nn.LayerNorm()(x))
+
+    class ViT(nn.Module):
+        @nn.compact
+        def __call__(self, images):
+            x = nn.Conv(16, (4, 4), strides=(4, 4), name="embedding")(images)
+            x = x.reshape(x.shape[0], -1, 16)
+            cls = self.param("cls", nn.initializers.zeros, (1, 1, 16))
+            x = jnp.concatenate([jnp.tile(cls, (x.shape[0], 1, 1)), x], axis=1)
+            for i in range(2):
+                x = Encoder1DBlock(name=f"encoderblock_{i}")(x)
+            return nn.Dense(10, name="head")(nn.LayerNorm(name="encoder_norm")(x[:, 0]))
+
+    model = ViT()
+    images = np.ones((2, 8, 8, 3), np.float32)
+    params = jax.jit(model.init)(jax.random.key(0), images)
+    return model, params
+
+
+def test_default_megatron_on_a_flax_linen_vit_is_the_whole_heads_split():
+    """Default `Megatron` on a flax linen ViT (no name it knows but
+    query/key/value): q/k/v `[in, heads, head_dim]` on heads, `out`
+    `[heads, head_dim, out]` on heads, the `MlpBlock`'s `Dense_0` column
+    (and its bias) and `Dense_1` row; the patch embedding, the head and the
+    norms whole. The plan says why, and names nothing else."""
+    pytest.importorskip("flax.linen")
+    model, params = _linen_vit()
+
+    def forward(params, images):
+        return model.apply(params, images)
+
+    module = partir.import_jax(forward, params, np.ones((8, 8, 8, 3), np.float32))
+    view = ProgramView.of(entry_function(module))
+    plan = partir.Megatron("model").plan(view, partir.Mesh({"model": 2}))
+    picked = {slash_path(t.leaf.name).split("/", 2)[-1]: (t.dim, t.role) for t in plan}
+    for block in ("encoderblock_0", "encoderblock_1"):
+        attention, mlp = f"{block}/MultiHeadDotProductAttention_0", f"{block}/MlpBlock_0"
+        for name in ("query", "key", "value"):
+            assert picked.pop(f"{attention}/{name}/kernel") == (1, "column weight")
+            assert picked.pop(f"{attention}/{name}/bias") == (0, "column bias")
+        assert picked.pop(f"{attention}/out/kernel") == (0, "row weight")
+        assert picked.pop(f"{mlp}/Dense_0/kernel") == (1, "column weight")
+        assert picked.pop(f"{mlp}/Dense_0/bias") == (0, "column bias")
+        assert picked.pop(f"{mlp}/Dense_1/kernel") == (0, "row weight")
+    assert picked == {}
+    reasons = {slash_path(t.leaf.name).split("/")[-2]: t.reason for t in plan}
+    assert reasons["out"].endswith("[heads, head_dim, out], the output projection of attention "
+                                   "params/params/encoderblock_1/MultiHeadDotProductAttention_0: "
+                                   "split on its heads dim")
+    assert reasons["Dense_0"] == ("Dense_0/kernel, the first of the MLP pair Dense_0/kernel "
+                                  "[16, 32] then Dense_1/kernel [32, 16]: split on its output dim")
+
+
+def test_megatron_refuses_a_selector_that_selects_nothing():
+    """As in `ManualPartition`: a `column=`, `column_bias=` or `row=`
+    selector that selects no argument is an error naming it and listing
+    the arguments, not silently ignored."""
+    module = _module()
+    tactic = partir.Megatron("model", column=["params/w1"], row=["params/w2", "params/w_out"])
+    with pytest.raises(partir.TacticError, match=r"Megatron row=: no argument matches "
+                       r"'params/w_out'; the arguments are: params/b1, params/b2, params/w1"):
+        partir.partition(module, partir.Mesh({"model": 2}), [tactic])
+
+
+def test_megatron_leaves_a_scalar_named_like_a_weight_whole():
+    """A conventional name on a scalar (a counter called `value`, a bias
+    `b1` of rank 0) is passed over with why, never a failure."""
+    params = {"attn": {"value": np.float32(2.0), "wq": np.ones((16, 8), np.float32)},
+              "b1": np.float32(1.0)}
+
+    def forward(params, x):
+        return x @ params["attn"]["wq"] * params["attn"]["value"] + params["b1"]
+
+    module = partir.import_jax(forward, params, np.ones((4, 16), np.float32))
+    view = ProgramView.of(entry_function(module))
+    plan = partir.Megatron("model").plan(view, partir.Mesh({"model": 2}))
+    assert [(slash_path(t.leaf.name), t.dim) for t in plan] == [("params/attn/wq", 1)]
