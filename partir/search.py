@@ -243,15 +243,27 @@ def _tactic_source(tactic: Tactic) -> str:
     return repr(tactic)
 
 
+CALIBRATED = "calibrated"
+"""The `profile=` that asks for this machine's measured profile
+(`partir.cost.calibrate.machine_profile`)."""
+
+
 def resolve_profile(profile: str | Profile | None) -> tuple[Profile, str]:
-    """The profile to search on, and a note saying which it is."""
+    """The profile to search on, and a note saying which it is: the one
+    given, else the shipped default; this machine's calibrated one only when
+    asked (`CALIBRATED`), so a file another process writes never changes a pick."""
+    from partir.cost.calibrate import SHIPPED_FALLBACK, machine_profile
+
     if isinstance(profile, Profile):
         return profile, f"profile {readable(profile.name)} (given)"
+    if profile == CALIBRATED:
+        return machine_profile()
     if profile is not None:
         return Profile.load(profile), f"profile {readable(str(profile))}"
-    from partir.cost.calibrate import machine_profile
-
-    return machine_profile()
+    return Profile.load(SHIPPED_FALLBACK), (
+        f"profile {readable(SHIPPED_FALLBACK)} (the default; profile={CALIBRATED!r} for this "
+        "machine's, as partir.calibrate() measured it)"
+    )
 
 
 def argument_tiles(spmd: ModuleOp) -> frozenset[Tile]:
@@ -510,8 +522,7 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> Searched:
     if start + expected > deadline:  # not even the start fits: say so, change nothing
         progress.done()
         skipped = SearchResult.unsearched(ops, expected, tactic, axes, profile.name, note)
-        if tactic.progress:
-            print(skipped, file=sys.stderr)
+        print(skipped if tactic.progress else skipped.message(), file=sys.stderr)
         return Searched(skipped)
     first = evaluate(module, (), None)
     if first is None:
@@ -654,8 +665,7 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> Searched:
         profile_note=note,
         axes=axes,
     )
-    if tactic.progress:
-        print(result, file=sys.stderr)
+    print(result if tactic.progress else result.message(), file=sys.stderr)
     if chosen is state.candidate and state.step > 0:
         return Searched(result, state.module, state.actions)
     return Searched(result)

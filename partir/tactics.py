@@ -18,7 +18,7 @@ meaning; `CLI_NAME` names the pass and `from_options` builds the tactic from the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dialects.errors import PartirTypeError
@@ -138,7 +138,10 @@ def _check_distinct_axes(tiles: list[PlannedTile], who: str) -> None:
 
 
 class Tactic:
-    """Base class: `plan` returns the tiling actions, validated, without rewriting."""
+    """Base class: `plan` returns the tiling actions, validated, without rewriting.
+
+    Subclasses are dataclasses with `repr=False`, so they print as the short
+    call `Tactic.__repr__` writes."""
 
     CLI_NAME: ClassVar[str]
     """The `partir-opt` pass running this tactic (its options are the fields)."""
@@ -150,6 +153,19 @@ class Tactic:
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         raise NotImplementedError
 
+    def __repr__(self) -> str:
+        """The call that makes this tactic: required fields by position, the
+        others only where they differ from their default (Megatron's ~250
+        default selectors are not printed)."""
+        shown = []
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.default is MISSING and f.default_factory is MISSING:
+                shown.append(repr(value))
+            elif value is not f.default and value != f.default:
+                shown.append(f"{f.name}={value!r}")
+        return f"{self.name}({', '.join(shown)})"
+
     @classmethod
     def from_options(cls, **options: Any) -> Tactic:
         """The tactic a pass's options describe; an option left unset (None)
@@ -157,7 +173,7 @@ class Tactic:
         return cls(**{k: v for k, v in options.items() if v is not None})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ManualPartition(Tactic):
     """Tile exactly what you name, selector:dim=axis (`spec="x:0=batch","params/w1:1=model"`).
 
@@ -196,6 +212,19 @@ class ManualPartition(Tactic):
                 planned += tiles
         axes = dict.fromkeys(tile.axis for tile in planned)
         return Plan(self.name, tuple(planned), label=tactic_label(self.name, *axes))
+
+    def __repr__(self) -> str:
+        """The call that makes this tactic: required fields by position, the
+        others only where they differ from their default (Megatron's ~250
+        default selectors are not printed)."""
+        shown = []
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.default is MISSING and f.default_factory is MISSING:
+                shown.append(repr(value))
+            elif value is not f.default and value != f.default:
+                shown.append(f"{f.name}={value!r}")
+        return f"{self.name}({', '.join(shown)})"
 
     @classmethod
     def from_options(cls, **options: Any) -> Tactic:
@@ -237,7 +266,7 @@ def _referenced_tiles(
     return tiles
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class BatchParallel(Tactic):
     """Data parallelism: tile dim 0 of the data inputs over `axis`.
 
@@ -355,7 +384,7 @@ def _megatron_dim(leaf: Leaf, dim: int) -> int:
     return dim
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Megatron(Tactic):
     """Tensor parallelism for transformer blocks (Megatron-LM's split) over `axis`.
 
@@ -442,7 +471,7 @@ _LEAF_NAMES = ("kernel", "weight", "w", "bias", "b")
 """Leaf names a layer's weight or bias goes by (the layer is named one level up)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ZeRO(Tactic):
     """ZeRO sharding over the data axis: state split on dim 0 instead of replicated.
 
@@ -563,7 +592,7 @@ def zero_dim(shape: tuple[int, ...], parts: int) -> int | None:
     return next(iter(divided or enough), None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Automatic(Tactic):
     """Search the rest of the schedule: partitioning actions on `axes`,
     evaluated by propagation, lowering and the cost model (`partir.search`).
@@ -574,7 +603,8 @@ class Automatic(Tactic):
     exceeds `memory_limit_bytes` are rejected; the search stops after
     `time_budget_s` with the best candidate so far. `profile` names the
     machine it predicts for (a shipped profile's name or a JSON file; by
-    default this machine's calibrated profile, `partir.cost.calibrate`).
+    default the shipped `cpu-host-8`; `"calibrated"` for this machine's
+    profile as `partir.calibrate` saved it).
     Deterministic for a `seed` when the search ends before the budget.
     What it chose is `chosen`, a schedule of tactics you can paste in its
     place (`lowered.searches`, `partir.search.SearchResult.schedule_source`).
@@ -587,7 +617,7 @@ class Automatic(Tactic):
     seed: int = 0
     top_k: int = 5
     progress: bool = True
-    """A progress bar on stderr while it searches."""
+    """A progress bar and the top candidates on stderr; without it, only the pick."""
     chosen: tuple[Tactic, ...] | None = field(default=None, metadata={"pass_option": False})
     """The schedule a search chose (set on the copy `partir.partition`
     records, so replaying a partition applies it instead of searching again)."""

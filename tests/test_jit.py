@@ -133,6 +133,25 @@ def test_calls_are_cached_per_signature():
     assert len(fn._compiled) == 2
 
 
+def test_a_call_after_lower_runs_that_lowering(monkeypatch):
+    """`f.lower(*args)` then `f(*args)` partitions once, also from abstract shapes."""
+    import partir.api
+
+    made = []
+    real = partir.api.lower
+    monkeypatch.setattr(partir.api, "lower", lambda *a, **k: made.append(1) or real(*a, **k))
+    fn = partir.jit(mlp_train_step.program, mesh=MESH, tactics=[partir.BatchParallel("batch")])
+    args = mlp_train_step.make_args()
+    shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+    lowered = fn.lower(*shapes)
+    got = fn(*args)
+    fn(*args)
+    assert len(made) == 1 and fn._lowered == {}
+    for g, r in zip(jax.tree_util.tree_leaves(got),
+                    jax.tree_util.tree_leaves(lowered.compile()(*args)), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
+
+
 def test_a_jax_mesh_is_accepted():
     devices = np.array(jax.devices()[:8]).reshape(4, 2)
     mesh = jax.sharding.Mesh(devices, ("batch", "model"),

@@ -183,3 +183,15 @@ def test_a_dim_split_by_two_tactics_is_split_over_both_and_summed_once():
     assert [(c.kind, c.axes) for c in lowered.collectives] == [("all_reduce", ("batch", "model"))]
     spec = lowered.compile().program.IN_SPECS[0]
     assert spec == jax.sharding.PartitionSpec(("batch", "model"), None)
+
+
+def test_a_tactic_prints_as_its_short_call():
+    """Defaults are not printed (Megatron has ~250 default selectors)."""
+    assert repr(partir.Megatron("model")) == "Megatron('model')"
+    assert repr(partir.ZeRO("batch", 1)) == "ZeRO('batch', stage=1)"
+    assert repr(partir.BatchParallel("b", inputs="x/**")) == "BatchParallel('b', inputs='x/**')"
+    assert repr(partir.Megatron("m", row=("w2",))) == "Megatron('m', row=('w2',))"
+    assert repr(partir.Automatic(profile="h100-8", progress=False)) == (
+        "Automatic(profile='h100-8', progress=False)"
+    )
+    assert eval(repr(partir.ZeRO("batch", 2)), vars(partir)) == partir.ZeRO("batch", 2)
