@@ -218,7 +218,7 @@ class ManualPartition(Tactic):
         others only where they differ from their default (Megatron's ~250
         default selectors are not printed)."""
         shown = []
-        for f in fields(self):  # type: ignore[arg-type]
+        for f in fields(self):
             value = getattr(self, f.name)
             if f.default is MISSING and f.default_factory is MISSING:
                 shown.append(repr(value))
