@@ -139,9 +139,11 @@ class Roles:
         why = self.state.get(root, "named as state")
         return f"under {display_path(root)}: {why}, and no optimizer state mirrors it"
 
-    def data(self, arguments: Sequence[L]) -> list[L] | str:
+    def data(self, arguments: Sequence[L], parts: int = 1) -> list[L] | str:
         """The data arguments (not state, rank >= 1, one leading dimension),
-        or why the program does not say which they are."""
+        or why the program does not say which they are, with the `inputs=`
+        (and, for data too short on dim 0 for `parts` devices, the `dim=`)
+        that would split them."""
         candidates = [leaf for leaf in arguments if leaf.shape and _root(leaf) not in self.state]
         if not candidates:
             stated = ", ".join(f"{root} ({why})" for root, why in self.state.items())
@@ -165,11 +167,30 @@ class Roles:
         # A guess for the message: roots with one leading dim, lone arrays first.
         batch_like = [root for root, dims in by_root.items() if len(dims) == 1]
         batch_like = [r for r in batch_like if r in lone] or batch_like or list(by_root)
+        short = [r for r in batch_like if min(by_root[r]) < parts]
         return (
             f"cannot tell the data from the state: the arguments not returned updated "
             f"({', '.join(by_root)}) do not share a leading dimension ({groups}); "
-            f"name the data, e.g. inputs={batch_like!r}"
+            f"name the data, e.g. inputs={[r for r in batch_like if r not in short] or batch_like!r}"
+            + "".join(_other_dim(r, candidates, parts) for r in short)
         )
+
+
+def _other_dim(root: str, leaves: Sequence[L], parts: int) -> str:
+    """How to split `root`, whose dim 0 is too short for `parts` devices
+    (a graph's `edge_index [2, E]`): on the first dim all its leaves share
+    with an element per device, by a BatchParallel of its own."""
+    shapes = [leaf.shape for leaf in leaves if _root(leaf) == root]
+    rank = min(len(shape) for shape in shapes)
+    dims = [d for d in range(1, rank) if len({s[d] for s in shapes}) == 1 and shapes[0][d] >= parts]
+    where = (
+        f"add a BatchParallel of its own with inputs=[{root!r}], dim={dims[0]}"
+        if dims else "leave it out"
+    )
+    return (
+        f"; {root}'s dim 0 has {min(s[0] for s in shapes)} elements, fewer than {parts} "
+        f"devices: {where}"
+    )
 
 
 def _parameters_and_optimizer(

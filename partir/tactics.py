@@ -293,7 +293,7 @@ class BatchParallel(Tactic):
                      for leaf in program.arguments]
         else:
             found = Roles.of(program.arguments, program.results)
-            data = found.data(program.arguments)
+            data = found.data(program.arguments, _axis_size(mesh, self.axis, self.name))
             if isinstance(data, str):
                 raise TacticError(f"{self.name}: {data}")
             roles = [found.describe(leaf, data) for leaf in program.arguments]

@@ -165,6 +165,10 @@ API_CASES = [
             partir.TacticError, r"BatchParallel: no argument matches 'y'; the arguments are: x"),
     ApiCase("batch-no-data", lambda: lower(lambda params: params["w1"] * 2, PARAMS, tactics=[partir.BatchParallel("batch")]),
             partir.TacticError, r"found no data arguments; name them with inputs="),
+    ApiCase("batch-short-dim-0", lambda: lower(lambda x, e: x[e[0]] * 2, X, np.zeros((2, 8), np.int32),
+            tactics=[partir.BatchParallel("batch")]), partir.TacticError,
+            r"e\.g\. inputs=\['x'\]; e's dim 0 has 2 elements, fewer than 4 devices: add a BatchParallel "
+            r"of its own with inputs=\['e'\], dim=1"),
     ApiCase("batch-scalar-only", lambda: lower(lambda x: x * 2, np.float32(3), tactics=[partir.BatchParallel("batch")]),
             partir.TacticError, r"found no data arguments"),
     # ManualPartition
@@ -389,6 +393,8 @@ OPT_CASES = [
     opt("no-mesh", PLAIN, "partir-batch-parallel{axis=x}", r"error: BatchParallel: the module declares no mesh; .*partir-declare-mesh"),
     opt("no-mesh-tile", PLAIN, "partir-tile{value=x axis=x}", r"error: partir-tile: the module declares no mesh"),
     opt("batch-unknown-axis", PLAIN, f"{DECLARE},partir-batch-parallel{{axis=batch}}", r'error: BatchParallel: unknown mesh axis "batch"; the mesh has "x", "y"'),
+    opt("unnamed-argument-selector", PLAIN.replace(' {partir.name = "x"}', ""), f"{DECLARE},partir-batch-parallel{{axis=x inputs=x}}",
+        r"error: BatchParallel: no argument matches 'x'; the arguments are: args/0"),
     opt("batch-inputs-nothing", PLAIN, f"{DECLARE},partir-batch-parallel{{axis=x inputs=z}}", r"error: BatchParallel: no argument matches 'z'"),
     opt("batch-fewer-than-devices", PLAIN, 'partir-declare-mesh{axes="x=16"},partir-batch-parallel{axis=x}', r'dim 0 of x \(shape \(8, 4\)\) has size 8, fewer elements than mesh axis "x" has devices \(16\)'),
     opt("megatron-nothing", PLAIN, f"{DECLARE},partir-megatron{{axis=y}}", r"error: Megatron: no parameter is named like"),

@@ -284,3 +284,39 @@ def test_reverse_and_its_gradient_with_the_kept_dim_tiled():
                                       partir.Mesh({"batch": 4}))
     assert lowered.source.count("lax.rev(") >= 2
     assert set(emitted_collectives(compiled, (w, x))) == {("all_reduce", ("batch",))}
+
+
+def _graph_step(params, nodes, edge_index, target):
+    """A message-passing step with PyG's `edge_index [2, E]` (senders, receivers)."""
+    def loss(params):
+        h = nodes @ params["w_in"]
+        sent = h[edge_index[0]] @ params["w_msg"]
+        messages = jax.ops.segment_sum(sent, edge_index[1], num_segments=nodes.shape[0])
+        return jnp.mean((jnp.tanh(h + messages) @ params["w_out"] - target) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+
+def _graph_args(nodes=16, edges=48, width=8):
+    rng = np.random.default_rng(0)
+    shapes = {"w_in": (width, width), "w_msg": (width, width), "w_out": (width, 4)}
+    params = {k: (rng.normal(size=s) * 0.3).astype(np.float32) for k, s in shapes.items()}
+    return (params, rng.normal(size=(nodes, width)).astype(np.float32),
+            rng.integers(0, nodes, (2, edges)).astype(np.int32),
+            rng.normal(size=(nodes, 4)).astype(np.float32))
+
+
+def test_batch_parallels_advice_on_a_graph_step_runs():
+    """The data share no leading dim: the error names the inputs= and, for
+    `edge_index [2, E]`, the dim= that split them; that schedule runs."""
+    args = _graph_args()
+    with pytest.raises(partir.TacticError) as info:
+        partir.jit(_graph_step, mesh=MESH, tactics=[partir.BatchParallel("batch")]).lower(*args)
+    assert "inputs=['nodes', 'target']; edge_index's dim 0 has 2 elements, fewer than 4 " \
+        "devices: add a BatchParallel of its own with inputs=['edge_index'], dim=1" in str(info.value)
+    lowered, _ = run_and_check(_graph_step, args, [
+        partir.BatchParallel("batch", inputs=["nodes", "target"]),
+        partir.BatchParallel("batch", inputs=["edge_index"], dim=1),
+    ])
+    assert lowered.conflicts == []
