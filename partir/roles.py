@@ -168,10 +168,11 @@ class Roles:
         batch_like = [root for root, dims in by_root.items() if len(dims) == 1]
         batch_like = [r for r in batch_like if r in lone] or batch_like or list(by_root)
         short = [r for r in batch_like if min(by_root[r]) < parts]
+        named = [r for r in batch_like if r not in short] or batch_like
         return (
             f"cannot tell the data from the state: the arguments not returned updated "
             f"({', '.join(by_root)}) do not share a leading dimension ({groups}); "
-            f"name the data, e.g. inputs={[r for r in batch_like if r not in short] or batch_like!r}"
+            f"name the data, e.g. inputs={named!r}"
             + "".join(_other_dim(r, candidates, parts) for r in short)
         )
 
