@@ -26,7 +26,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from dialects.errors import PartirValueError
 from dialects.escaping import quoted
-from dialects.functions import entry_function
+from dialects.functions import entry_function, return_whole_over
 from dialects.heap import paused_gc
 from dialects.locations import in_scope
 from dialects.partir import MeshOp, OriginAttr, find_mesh
@@ -150,6 +150,8 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
             action = TileAction(value, dim, tile.axis, origin, label)
             apply_tactic_action(action, mesh_op, log)
             actions.append(action)
+        for kept in plan.whole:
+            return_whole_over(entry, kept.leaf.index, kept.axis)
         record_selections(
             module,
             [

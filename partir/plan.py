@@ -151,6 +151,17 @@ class PassedLeaf:
 
 
 @dataclass(frozen=True)
+class ReturnedWhole:
+    """A result the tactic returns whole over `axis`, however the tiles split
+    the value that computes it (`dialects.partir.WHOLE_OVER`)."""
+
+    leaf: Leaf
+    axis: str
+    role: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """What one tactic decided: the tiles to take, in order, and the leaves it
     looked at and left as they are."""
@@ -160,6 +171,8 @@ class Plan:
     passed: tuple[PassedLeaf, ...] = ()
     label: str = ""
     """The tactic as the report names it ("ZeRO-3(batch)"); `tactic` if empty."""
+    whole: tuple[ReturnedWhole, ...] = ()
+    """Results returned whole over an axis (ZeRO-1's updated parameters)."""
 
     def __iter__(self) -> Iterator[PlannedTile]:
         return iter(self.tiles)
@@ -178,6 +191,10 @@ class Plan:
         ]
         decided += [
             (p.leaf, Selection(label, p.leaf.name, None, "", p.role, p.reason)) for p in self.passed
+        ]
+        decided += [
+            (w.leaf, Selection(label, w.leaf.name, None, w.axis, w.role, w.reason))
+            for w in self.whole
         ]
         decided.sort(key=lambda d: (d[0].kind == "result", d[0].index))
         referenced = [

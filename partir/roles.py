@@ -77,6 +77,8 @@ class Roles:
     mirrors: dict[str, str] = field(default_factory=dict)
     """Optimizer root -> the parameters' root whose tree it holds copies of
     (absent where a root is told apart by its name alone)."""
+    returned: dict[str, str] = field(default_factory=dict)
+    """State root -> the result subtree (slash form) it comes back updated as."""
 
     @staticmethod
     def of(arguments: Sequence[NamedLeaf], results: Sequence[NamedLeaf]) -> Roles:
@@ -88,6 +90,7 @@ class Roles:
         for leaf in arguments:
             roots[_root(leaf)].append(leaf)
         state: dict[str, str] = {}
+        returned_as: dict[str, str] = {}
         claimed: set[str] = set()
         trees = {root: _subtrees(leaves) for root, leaves in roots.items()}
         for root, leaves in roots.items():
@@ -102,11 +105,12 @@ class Roles:
             free = [n for n in nodes if not any(_overlap(n, c) for c in claimed)]
             if free:
                 claimed.add(free[0])
+                returned_as[root] = free[0]
                 state[root] = f"returned updated as {display_path(free[0])}"
             elif root in STATE_ROOTS:
                 state[root] = "named as state"
         parameters, optimizer, mirrors = _parameters_and_optimizer(list(state), trees)
-        return Roles(state, parameters, optimizer, mirrors)
+        return Roles(state, parameters, optimizer, mirrors, returned_as)
 
     def describe(self, leaf: NamedLeaf, data: Sequence[NamedLeaf]) -> tuple[str, str]:
         """(role, why) of an argument: "state" (returned updated, or named

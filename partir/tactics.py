@@ -31,6 +31,7 @@ from partir.plan import (
     PlannedTile,
     ProgramView,
     ReferencedValue,
+    ReturnedWhole,
     TacticError,
     tactic_label,
 )
@@ -476,7 +477,9 @@ class ZeRO(Tactic):
     """ZeRO sharding over the data axis: state split on dim 0 instead of replicated.
 
     - stage 1: the optimizer state (`opt_state`; by default the state that
-      mirrors the parameters' tree, `partir.roles`: Adam's `m` and `v`);
+      mirrors the parameters' tree, `partir.roles`: Adam's `m` and `v`); the
+      updated parameters return as they came, whole over `axis` (the step
+      all-gathers each update's shards, in `.collectives` and the estimate);
     - stage 2: also the updated parameters and state the step returns
       (`updates`, default every result of rank >= 1): the update is computed
       shard by shard, so each gradient is only ever needed as a shard and
@@ -543,6 +546,9 @@ class ZeRO(Tactic):
             results=False, role="optimizer state",
             why=lambda leaf: roles.why_optimizer(leaf.root), passed=passed,
         )
+        whole: tuple[ReturnedWhole, ...] = ()
+        if self.stage == 1:
+            whole = self._returned_whole(program, roles)
         if self.stage >= 2:
             planned += self._leaves(
                 program, mesh, self.updates, ["result/**"], results=True, role="update",
@@ -560,7 +566,19 @@ class ZeRO(Tactic):
                 "or parameters with a dim 0 of at least one element per device)"
             )
         label = tactic_label(f"{self.name}-{self.stage}", self.axis)
-        return Plan(self.name, tuple(planned), tuple(passed), label)
+        return Plan(self.name, tuple(planned), tuple(passed), label, whole)
+
+    def _returned_whole(self, program: ProgramView, roles: Roles) -> tuple[ReturnedWhole, ...]:
+        """Stage 1 returns the updated parameters as they came: whole over
+        the axis (the step gathers each update's shards), which stage 2
+        leaves split."""
+        nodes = [roles.returned[r] for r in roles.parameters if r in roles.returned]
+        leaves = [
+            leaf for leaf in program.results
+            if any(f"{slash_path(leaf.name)}/".startswith(f"{n}/") for n in nodes)
+        ]
+        reason = "returned whole as the parameters came (ZeRO-2 returns them split)"
+        return tuple(ReturnedWhole(leaf, self.axis, "updated parameter", reason) for leaf in leaves)
 
 
 def _too_short(leaf: Leaf, parts: int) -> str:

@@ -320,3 +320,28 @@ def test_batch_parallels_advice_on_a_graph_step_runs():
         partir.BatchParallel("batch", inputs=["edge_index"], dim=1),
     ])
     assert lowered.conflicts == []
+
+
+def test_zero1_returns_the_parameters_as_they_came():
+    """ZeRO-1 shards Adam's state; the updated parameters come back whole
+    (the sharding the parameters came with), gathered inside the step, where
+    `.collectives` and the estimate count it; ZeRO-2 returns them split."""
+    args = block_train_step.make_args(batch=8)
+    ref = jax.jit(block_train_step.program)(*args)
+    estimates = {}
+    for stage in (1, 2):
+        tactics = [partir.BatchParallel("batch"), partir.ZeRO("batch", stage)]
+        lowered, compiled = run_and_check(block_train_step.program, args, tactics)
+        _, params, state = compiled(*args)
+        specs = {tuple(p.sharding.spec) for p in jax.tree.leaves(params)}
+        gathered = [c for c in lowered.collectives if c.kind == "all_gather"]
+        leaves = jax.tree.leaves(ref[1])
+        if stage == 1:
+            assert specs == {()}
+            assert sorted(c.bytes_per_device for c in gathered) == sorted(
+                p.size * p.dtype.itemsize for p in leaves)
+        else:
+            assert all("batch" in spec for spec in specs) and gathered == []
+        assert all("batch" in tuple(m.sharding.spec) for m in jax.tree.leaves(state["m"]))
+        estimates[stage] = lowered.estimate("h100-8").comm_seconds
+    assert estimates[1] > estimates[2]
