@@ -9,8 +9,8 @@ applies; the whole plan is what the report shows (`partir.selections`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
@@ -19,8 +19,11 @@ from xdsl.ir import Attribute
 from dialects.errors import PartirValueError
 from dialects.escaping import readable
 from dialects.functions import NAME_ATTR
+from lowering.to_spmd import input_slices
+from partir.mesh import Mesh
 from partir.selections import Selection
 from partir.selectors import POSITIONAL_ROOT, argument_root, display_path, select
+from rewrites.projection import tilings
 
 
 class TacticError(PartirValueError):
@@ -51,6 +54,21 @@ class ProgramView:
 
     arguments: tuple[Leaf, ...]
     results: tuple[Leaf, ...]
+    splits: Mapping[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    """Leaf name -> the (dim, axis) splits every use of an argument takes
+    (`lowering.to_spmd.input_slices`), or the loops that make a result
+    (`rewrites.projection.tilings`), as the tactics before and propagation
+    left the program: a tactic that picks a dim from a leaf's shape reads
+    the per-device one (`local_shape`)."""
+
+    def local_shape(self, leaf: Leaf, mesh: Mesh) -> tuple[int, ...]:
+        """`leaf`'s shape on one device after the earlier tactics' splits
+        (rounded up where an axis does not divide a dim: the padded part)."""
+        shape = list(leaf.shape)
+        for dim, axis in self.splits.get(leaf.name, ()):
+            if dim < len(shape) and axis in mesh.axes:
+                shape[dim] = -(-shape[dim] // mesh.axes[axis])
+        return tuple(shape)
 
     @staticmethod
     def of(entry: func.FuncOp) -> ProgramView:
@@ -64,19 +82,30 @@ class ProgramView:
             return out
 
         ins, outs = entry.function_type.inputs.data, entry.function_type.outputs.data
+        arg_names = names(entry.arg_attrs, len(ins), POSITIONAL_ROOT)
+        res_names = names(entry.res_attrs, len(outs), "result")
+        splits = {
+            name: tuple(sliced)
+            for name, arg in zip(arg_names, entry.body.block.args, strict=True)
+            if (sliced := input_slices(arg))
+        }
+        ret = entry.body.block.last_op
+        if isinstance(ret, func.ReturnOp):
+            for name, value in zip(res_names, ret.arguments, strict=True):
+                if tiled := [(t.dim, t.axis) for t in tilings(value)]:
+                    splits[name] = tuple(tiled)
         return ProgramView(
             tuple(
                 Leaf("argument", i, n, t)
-                for i, (n, t) in enumerate(
-                    zip(names(entry.arg_attrs, len(ins), POSITIONAL_ROOT), ins, strict=True)
-                )
+                for i, (n, t) in enumerate(zip(arg_names, ins, strict=True))
             ),
             tuple(
                 Leaf("result", i, n, t)
                 for i, (n, t) in enumerate(
-                    zip(names(entry.res_attrs, len(outs), "result"), outs, strict=True)
+                    zip(res_names, outs, strict=True)
                 )
             ),
+            splits,
         )
 
     def find(

@@ -36,7 +36,7 @@ from partir.plan import (
     tactic_label,
 )
 from partir.roles import Roles
-from partir.selectors import KEY_SLASH, slash_path
+from partir.selectors import KEY_SLASH, display_path, slash_path
 from partir.values import ValueReference, ValueReferenceError, is_reference
 
 if TYPE_CHECKING:
@@ -522,18 +522,44 @@ class ZeRO(Tactic):
         option = "updates" if results else ("opt_state" if role == "optimizer state" else "params")
         if given is not None:
             return [
-                _plan(leaf, 0, self.axis, mesh, self.name, role, f"selected by {option}=")
+                self._given(program, leaf, mesh, role, f"selected by {option}=")
                 for leaf in program.find(given, who=self.name, results=results)
             ]
         planned = []
         for leaf in program.find(default, who=self.name, results=results, required=False):
-            dim = zero_dim(leaf.shape, parts)
-            if dim is None:
-                passed.append(PassedLeaf(leaf, role, f"{why(leaf)}; {_too_short(leaf, parts)}"))
+            earlier = program.splits.get(leaf.name, ())
+            if any(axis == self.axis for _, axis in earlier):
+                already = f"already split over {quoted(self.axis)} by the tactics before, left so"
+                passed.append(PassedLeaf(leaf, role, f"{why(leaf)}; {already}"))
                 continue
-            how = _zero_where(leaf.shape, dim, parts)
+            shape = program.local_shape(leaf, mesh)  # per device, after the tactics before
+            dim = zero_dim(shape, parts, split=[d for d, _ in earlier])
+            if dim is None:
+                short = _too_short(leaf, shape, parts)
+                passed.append(PassedLeaf(leaf, role, f"{why(leaf)}; {short}"))
+                continue
+            how = _zero_where(shape, dim, parts)
             reason = f"{why(leaf)}; {how}" if how else why(leaf)
             planned.append(PlannedTile(leaf, dim, self.axis, role, reason))
+        return planned
+
+    def _given(
+        self, program: ProgramView, leaf: Leaf, mesh: Mesh, role: str, reason: str
+    ) -> PlannedTile:
+        """A leaf a selector named, on dim 0: refused where the tactics
+        before leave dim 0 too short per device to split over the axis."""
+        planned = _plan(leaf, 0, self.axis, mesh, self.name, role, reason)
+        parts = mesh.axes[self.axis]
+        earlier = program.splits.get(leaf.name, ())
+        local = program.local_shape(leaf, mesh)
+        over = [quoted(a) for d, a in earlier if d == 0]
+        if over and (self.axis in [a for d, a in earlier] or local[0] < parts or local[0] % parts):
+            raise TacticError(
+                f"{self.name}: {leaf.name}'s dim 0 is already split over {', '.join(over)} by "
+                f"the tactics before, {local[0]} elements per device, which {quoted(self.axis)} "
+                f"({parts} devices) cannot split again; leave {leaf.name} out of the selector, "
+                "or use the default selectors (they pick the dim from the per-device shape)"
+            )
         return planned
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
@@ -561,6 +587,13 @@ class ZeRO(Tactic):
                 why=lambda leaf: roles.why_parameters(leaf.root), passed=passed,
             )
         if not planned:
+            split = [p for p in passed if "already split over" in p.reason]
+            if split:
+                raise TacticError(
+                    f"{self.name}: nothing to shard: the tactics before split every leaf it "
+                    f"would ({display_path(split[0].leaf.name)}, ...) over "
+                    f"{quoted(self.axis)} already; give ZeRO another axis"
+                )
             raise TacticError(
                 f"{self.name}: nothing to shard (no optimizer state, updates "
                 "or parameters with a dim 0 of at least one element per device)"
@@ -581,10 +614,11 @@ class ZeRO(Tactic):
         return tuple(ReturnedWhole(leaf, self.axis, "updated parameter", reason) for leaf in leaves)
 
 
-def _too_short(leaf: Leaf, parts: int) -> str:
-    if not leaf.shape:
+def _too_short(leaf: Leaf, shape: tuple[int, ...], parts: int) -> str:
+    if not shape:
         return "a scalar, left whole"
-    return f"no dim of {leaf.shape} has an element per device ({parts}), left whole"
+    local = f" ({shape} per device after the tactics before)" if shape != leaf.shape else ""
+    return f"no dim of {leaf.shape}{local} has an element per device ({parts}), left whole"
 
 
 def _zero_where(shape: tuple[int, ...], dim: int, parts: int) -> str:
@@ -596,16 +630,19 @@ def _zero_where(shape: tuple[int, ...], dim: int, parts: int) -> str:
     return ", ".join(notes)
 
 
-def zero_dim(shape: tuple[int, ...], parts: int) -> int | None:
-    """The dim ZeRO splits a state leaf of `shape` on over `parts` devices:
-    dim 0 where it has an element per device (padded where `parts` does not
-    divide it), else the first dim `parts` divides, else the first with an
-    element per device; None where no dim has (a scalar, a tiny vector).
+def zero_dim(shape: tuple[int, ...], parts: int, split: Sequence[int] = ()) -> int | None:
+    """The dim ZeRO splits a state leaf of `shape` (per device) on over
+    `parts` devices: dim 0 where it has an element per device (padded where
+    `parts` does not divide it), else the first dim `parts` divides, else
+    the first with an element per device; None where no dim has (a scalar, a
+    tiny vector). A dim in `split` (split by the tactics before) only where
+    `parts` divides it, unpadded.
 
     A leaf, its optimizer state and its update share a shape, so they agree."""
-    if shape and shape[0] >= parts:
+    usable = [d for d, n in enumerate(shape) if d not in split or n % parts == 0]
+    if 0 in usable and shape[0] >= parts:
         return 0
-    enough = [d for d, n in enumerate(shape) if n >= parts]
+    enough = [d for d in usable if shape[d] >= parts]
     divided = [d for d in enough if shape[d] % parts == 0]
     return next(iter(divided or enough), None)
 

@@ -345,3 +345,64 @@ def test_zero1_returns_the_parameters_as_they_came():
         assert all("batch" in tuple(m.sharding.spec) for m in jax.tree.leaves(state["m"]))
         estimates[stage] = lowered.estimate("h100-8").comm_seconds
     assert estimates[1] > estimates[2]
+
+
+def _experts_step(params, velocity, x):
+    """Two expert matrices `[experts, in, out]`, every token through every
+    expert, and a momentum update (its velocity mirrors the parameters)."""
+    def loss(params):
+        inputs = x @ params["proj"] if "proj" in params else x
+        h = jnp.tanh(jnp.einsum("bd,edh->beh", inputs, params["experts"]["w_up"]))
+        return jnp.mean(jnp.einsum("beh,ehd->bd", h, params["experts"]["w_down"]) ** 2)
+
+    grads = jax.grad(loss)(params)
+    velocity = jax.tree.map(lambda v, g: 0.9 * v + g, velocity, grads)
+    return jax.tree.map(lambda p, v: p - 0.1 * v, params, velocity), velocity
+
+
+def _experts_args(experts=4, width=8, hidden=16, batch=16, proj=True):
+    rng = np.random.default_rng(0)
+    params = {"proj": rng.normal(size=(width, width)).astype(np.float32),
+              "experts": {"w_up": rng.normal(size=(experts, width, hidden)).astype(np.float32),
+                          "w_down": rng.normal(size=(experts, hidden, width)).astype(np.float32)}}
+    if not proj:
+        del params["proj"]
+    return params, jax.tree.map(np.zeros_like, params), rng.normal(size=(batch, width)).astype(np.float32)
+
+
+EXPERTS_OVER_MODEL = partir.ManualPartition({"params/experts/*": {0: "model"}})
+
+
+def test_zero_after_an_expert_split_picks_its_dim_per_device():
+    """4 experts over "model" leave 2 per device, fewer than "batch"'s 4: ZeRO
+    splits the next dim of the parameters and of their velocity (which
+    propagation split like them), not dim 0 (it was an ActionError)."""
+    args = _experts_args()
+    tactics = [partir.BatchParallel("batch"), EXPERTS_OVER_MODEL, partir.ZeRO("batch", 3)]
+    lowered, _ = run_and_check(_experts_step, args, tactics)
+    zero = [s for s in lowered.report().selections if s.tactic == "ZeRO-3(batch)" and s.dim is not None]
+    assert {(s.leaf.split("[")[0], s.dim) for s in zero if "experts" in s.leaf} == {
+        ("params", 1), ("velocity", 1), ("result", 1)}
+    assert {s.dim for s in zero if "proj" in s.leaf} == {0}
+
+
+def test_zero_on_the_axis_an_earlier_tactic_split_leaves_those_leaves_be():
+    args = _experts_args()
+    tactics = [partir.BatchParallel("batch"), EXPERTS_OVER_MODEL, partir.ZeRO("model", 3)]
+    lowered, _ = run_and_check(_experts_step, args, tactics)
+    chosen = [s for s in lowered.report().selections if s.tactic == "ZeRO-3(model)"]
+    kept = {s.leaf: s.reason for s in chosen if s.dim is None}
+    assert "already split over \"model\" by the tactics before" in kept["params['experts']['w_up']"]
+    assert {s.leaf for s in chosen if s.dim == 0} >= {"params['proj']", "velocity['proj']"}
+    with pytest.raises(partir.TacticError, match=r"ZeRO: nothing to shard: the tactics before split "
+                       r"every leaf it would .* over \"model\" already; give ZeRO another axis"):
+        partir.jit(_experts_step, mesh=MESH, tactics=[EXPERTS_OVER_MODEL, partir.ZeRO("model", 3)]
+                   ).lower(*_experts_args(proj=False))
+
+
+def test_zero_given_leaves_an_earlier_tactic_split_too_finely_is_a_clear_error():
+    with pytest.raises(partir.TacticError, match=r"ZeRO: params\['experts'\]\['w_up'\]'s dim 0 is "
+                       r"already split over \"model\" by the tactics before, 2 elements per device.*"
+                       "leave params"):
+        partir.jit(_experts_step, mesh=MESH, tactics=[
+            EXPERTS_OVER_MODEL, partir.ZeRO("batch", 3, params="params/experts/w_up")]).lower(*_experts_args())
