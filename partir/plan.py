@@ -182,7 +182,7 @@ class PassedLeaf:
 @dataclass(frozen=True)
 class ReturnedWhole:
     """A result the tactic returns whole over `axis`, however the tiles split
-    the value that computes it (`dialects.partir.WHOLE_OVER`)."""
+    the value that computes it (`dialects.functions.WHOLE_OVER`)."""
 
     leaf: Leaf
     axis: str
