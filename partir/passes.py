@@ -189,6 +189,7 @@ class ApplyPlanPass(ModulePass):
         if self.tactic is not None:
             view = ProgramView.of(entry_function(op))
             named = [t.leaf for t in plan] + [p.leaf for p in plan.passed]
+            named += [w.leaf for w in plan.whole]
             if any(isinstance(leaf, Leaf) and leaf.name in view.splits for leaf in named):
                 mesh = Mesh(module_mesh(op, plan.tactic).axes)
                 plan = self.tactic.plan(view, mesh)

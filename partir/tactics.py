@@ -605,10 +605,19 @@ class ZeRO(Tactic):
         """Stage 1 returns the updated parameters as they came: whole over
         the axis (the step gathers each update's shards), which stage 2
         leaves split."""
+        came_split = set()  # the result paths of parameters split over the axis already
+        for root in roles.parameters:
+            for leaf in program.arguments:
+                path = slash_path(leaf.name)
+                earlier = program.splits.get(leaf.name, ())
+                under = path == root or path.startswith(f"{root}/")
+                if under and root in roles.returned and any(a == self.axis for _, a in earlier):
+                    came_split.add(roles.returned[root] + path[len(root):])
         nodes = [roles.returned[r] for r in roles.parameters if r in roles.returned]
         leaves = [
             leaf for leaf in program.results
             if any(f"{slash_path(leaf.name)}/".startswith(f"{n}/") for n in nodes)
+            and slash_path(leaf.name) not in came_split
         ]
         reason = "returned whole as the parameters came (ZeRO-2 returns them split)"
         return tuple(ReturnedWhole(leaf, self.axis, "updated parameter", reason) for leaf in leaves)

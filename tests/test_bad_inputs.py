@@ -106,6 +106,13 @@ def _select_by_magnitude(x):
                                x[:, :2], np.float32(0), jax.lax.add)
 
 
+def _momentum(p, v, x):
+    """A momentum step on one weight `[4, 8]` (its velocity `v` mirrors it)."""
+    g = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p["w"])))(p)
+    v = {"w": 0.9 * v["w"] + g["w"]}
+    return {"w": p["w"] - 0.1 * v["w"]}, v
+
+
 def _keyword_only(x, *, y):
     return x + y
 
@@ -233,6 +240,16 @@ API_CASES = [
             r"dim 0 of params\['w1'\] \(shape \(3, 6\)\) has size 3, fewer elements"),
     ApiCase("zero-selector-nothing", lambda: lower(mlp, PARAMS, X, tactics=[partir.ZeRO("batch", params="params/w9")]),
             partir.TacticError, r"ZeRO: no argument matches 'params/w9'"),
+    ApiCase("zero-after-a-split-too-fine", lambda: lower(_momentum, {"w": np.ones((4, 8), np.float32)},
+            {"w": np.zeros((4, 8), np.float32)}, X, tactics=[partir.ManualPartition({"p/w": {0: "model"}}),
+            partir.ZeRO("batch", stage=3, params="p/w")]), partir.TacticError,
+            r"ZeRO: p\['w'\]'s dim 0 is already split over \"model\" by the tactics before, 2 elements "
+            r"per device.*leave p\['w'\] out of the selector"),
+    ApiCase("zero-every-leaf-split-already", lambda: lower(_momentum, {"w": np.ones((4, 8), np.float32)},
+            {"w": np.zeros((4, 8), np.float32)}, X, tactics=[partir.ManualPartition({"p/w": {0: "model"},
+            "v/w": {0: "model"}}), partir.ZeRO("model", stage=1)]), partir.TacticError,
+            r"ZeRO: nothing to shard: the tactics before split every leaf it would \(v/w, \.\.\.\) "
+            r"over \"model\" already; give ZeRO another axis"),
     # arguments
     ApiCase("arg-str", lambda: partir.jit(lambda s: s, mesh=MESH)("hello"), partir.PartirTypeError,
             r"argument s is 'hello' \(of type str\).*make it an array"),

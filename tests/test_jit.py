@@ -406,3 +406,16 @@ def test_zero_given_leaves_an_earlier_tactic_split_too_finely_is_a_clear_error()
                        "leave params"):
         partir.jit(_experts_step, mesh=MESH, tactics=[
             EXPERTS_OVER_MODEL, partir.ZeRO("batch", 3, params="params/experts/w_up")]).lower(*_experts_args())
+
+
+def test_zero1_returns_parameters_an_earlier_tactic_split_over_its_axis_split():
+    """"As they came": a parameter split over the ZeRO axis by the tactics
+    before comes back split over it, not gathered."""
+    from tests.test_bad_inputs import _momentum
+
+    args = ({"w": np.ones((4, 8), np.float32)}, {"w": np.zeros((4, 8), np.float32)},
+            np.ones((8, 4), np.float32))
+    tactics = [partir.ManualPartition({"p/w": {0: "model"}}), partir.ZeRO("model", stage=1)]
+    lowered, compiled = run_and_check(_momentum, args, tactics)
+    assert [tuple(o.sharding.spec) for o in jax.tree.leaves(compiled(*args))] == [("model",)] * 2
+    assert not [c for c in lowered.collectives if c.kind == "all_gather"]
