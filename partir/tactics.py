@@ -493,8 +493,10 @@ class ZeRO(Tactic):
     leaf whose dim 0 has fewer elements than the axis has devices (flax's
     attention output kernel `[heads, head_dim, out]`, a stack of fewer
     layers) on the first dim that has enough (`zero_dim`), and scalars stay
-    replicated. A selector you pass must select leaves whose dim 0 has at
-    least one element per device.
+    replicated. After other tactics the dim is picked from the per-device
+    shape they leave (`ProgramView.splits`), and a leaf they split over
+    `axis` already is left so. A selector you pass must select leaves whose
+    dim 0 has at least one element per device.
     """
 
     axis: str
