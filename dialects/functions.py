@@ -3,11 +3,39 @@
 from __future__ import annotations
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
 from xdsl.ir import Block, SSAValue
 
 NAME_ATTR = "partir.name"
 """Argument/result attribute holding the value's pytree path (set by the importer)."""
+
+WHOLE_OVER = "partir.whole_over"
+"""Result attribute: the mesh axes (strings) the entry function returns that
+result whole over, however the step computes it (ZeRO-1's updated
+parameters, returned as they came: the SPMD lowering gathers them before
+the return)."""
+
+
+def whole_over(entry: func.FuncOp, index: int) -> tuple[str, ...]:
+    """The axes result `index` of `entry` is returned whole over."""
+    if entry.res_attrs is None or index >= len(entry.res_attrs.data):
+        return ()
+    kept = entry.res_attrs.data[index].data.get(WHOLE_OVER)
+    if not isinstance(kept, ArrayAttr):
+        return ()
+    return tuple(a.data for a in kept.data if isinstance(a, StringAttr))
+
+
+def return_whole_over(entry: func.FuncOp, index: int, axis: str) -> None:
+    """Mark result `index` of `entry` returned whole over `axis` too."""
+    count = len(entry.function_type.outputs)
+    attrs = [dict(d.data) for d in entry.res_attrs.data] if entry.res_attrs else [
+        {} for _ in range(count)
+    ]
+    axes = whole_over(entry, index)
+    if axis not in axes:
+        attrs[index][WHOLE_OVER] = ArrayAttr([StringAttr(a) for a in (*axes, axis)])
+    entry.res_attrs = ArrayAttr([DictionaryAttr(d) for d in attrs])
 
 
 def entry_function(module: ModuleOp) -> func.FuncOp:

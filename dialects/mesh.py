@@ -11,9 +11,12 @@ is a method here, not recomputed where it is needed.
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cached_property
 from typing import Any
+
+import numpy as np
 
 from dialects.errors import PartirTypeError, PartirValueError
 
@@ -47,13 +50,14 @@ class Mesh(Mapping[str, int]):
                 f"Mesh takes a non-empty {{axis name: size}} dict (or a jax.sharding.Mesh), "
                 f"got {axes!r}; e.g. partir.Mesh({{'batch': 4, 'model': 2}})"
             )
+        sizes: dict[str, int] = {}
         for name, size in axes.items():
             if not isinstance(name, str) or not name:
                 raise PartirTypeError(
                     f"mesh axis names must be non-empty strings, got {name!r}; "
                     "name each axis, e.g. {'batch': 4}"
                 )
-            if not isinstance(size, int) or isinstance(size, bool):
+            if not isinstance(size, numbers.Integral) or isinstance(size, bool | np.bool_):
                 raise PartirTypeError(
                     f"mesh axis {name!r} needs an int size, got {size!r} "
                     f"({type(size).__name__}); e.g. {{{name!r}: 4}}"
@@ -62,7 +66,8 @@ class Mesh(Mapping[str, int]):
                 raise PartirValueError(
                     f"mesh axis {name!r} needs a positive size, got {size}; e.g. {{{name!r}: 4}}"
                 )
-        self.axes: dict[str, int] = dict(axes)
+            sizes[name] = int(size)  # a NumPy integer too (np.int64 from a shape)
+        self.axes: dict[str, int] = sizes
 
     @classmethod
     def single_device(cls) -> Mesh:

@@ -15,7 +15,9 @@ distribution:
 
 Arguments take the distribution their uses slice them by (inputs arrive
 sharded); results keep theirs (outputs stay sharded), except that pending
-partial sums are all-reduced, since a partial sum is not a value.
+partial sums are all-reduced, since a partial sum is not a value, and a
+result marked whole over some axes (`dialects.functions.WHOLE_OVER`) is
+gathered over them.
 
 Every op the lowering inserts (a collective, a local slice, an op remade on
 the devices' parts) takes the location of the op being lowered, the one that
@@ -39,7 +41,7 @@ from xdsl_jax.xdsl_extras.traits import Elementwise
 from dialects.carried import BRANCHING_OPS
 from dialects.distribution import Distribution
 from dialects.dtypes import tensor_type
-from dialects.functions import entry_function
+from dialects.functions import entry_function, whole_over
 from dialects.heap import paused_gc
 from dialects.locations import is_unknown
 from dialects.mesh import Mesh
@@ -181,11 +183,16 @@ class SpmdLowering:
     def _finish(self, entry: func.FuncOp, ret: func.ReturnOp) -> func.FuncOp:
         self.at.location = ret.location
         results, types = [], []
-        for value in ret.arguments:
+        for index, value in enumerate(ret.arguments):
             placed = self.env[value]
             if placed.dist.partial:
                 self.redistribute.cause = ("func.return", placed.origins)
                 placed = self.redistribute.reduce_partial(placed)
+            whole = whole_over(entry, index)
+            if any(a in whole for a in placed.dist.axes):  # returned as it came
+                self.redistribute.cause = ("func.return", placed.origins)
+                dims = tuple(tuple(a for a in d if a not in whole) for d in placed.dist.dims)
+                placed = self.redistribute.convert(placed, Distribution(dims))
             assert isinstance(value.type, TensorType)  # it was placed, so it is a tensor
             dtensor = DTensorType.of(value.type, placed.dist)
             from_local = self.at.emit(FromLocalOp(placed.local, dtensor))

@@ -260,6 +260,8 @@ class PartitionedFunction:
         self.mesh = Mesh(mesh) if not isinstance(mesh, Mesh) else mesh
         self.tactics = check_tactics(tactics)
         self._compiled: dict[tuple[Any, ...], Any] = {}
+        # what `.lower` made and no call has compiled yet: the call reuses it
+        self._lowered: dict[tuple[Any, ...], Any] = {}
         functools.update_wrapper(self, fn)
 
     def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -278,14 +280,30 @@ class PartitionedFunction:
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """A `Lowered`; with a `Pipeline` among the tactics, a
-        `partir.pipeline.lowered.PipelinedLowered` (built from the step's jaxpr)."""
+        `partir.pipeline.lowered.PipelinedLowered` (built from the step's jaxpr).
+        A later call at the same shapes runs it rather than partitioning again."""
         args = self._positional(args, kwargs)
+        lowered: Any
         if self._pipelined:
             from partir.pipeline.lowered import lower_pipeline
 
             jax_mesh = devices_for(self.mesh, self.jax_mesh)
-            return lower_pipeline(self.fn, args, self.mesh, self.tactics, jax_mesh)
-        return lower(self.fn, args, self.mesh, self.tactics, jax_mesh=self.jax_mesh)
+            lowered = lower_pipeline(self.fn, args, self.mesh, self.tactics, jax_mesh)
+        else:
+            lowered = lower(self.fn, args, self.mesh, self.tactics, jax_mesh=self.jax_mesh)
+        key = _signature(KeyBoundary.of(args).raw(args))
+        if key not in self._compiled:
+            self._lowered[key] = lowered
+        return lowered
+
+    def _lowered_for(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+        """The lowering `.lower` made at these shapes (taken: the call
+        compiles it once), or a new one."""
+        lowered = self._lowered.pop(key, None)
+        if lowered is None:
+            lowered = self.lower(*args)
+            self._lowered.pop(key, None)
+        return lowered
 
     @property
     def _pipelined(self) -> bool:
@@ -303,9 +321,9 @@ class PartitionedFunction:
                     "partir.jit(check=True) validates IR stages, which a Pipeline step "
                     "does not have; compare it with jax.jit instead"
                 )
-            compiled = self._compiled[key] = self.lower(*args).compile()
+            compiled = self._compiled[key] = self._lowered_for(key, args).compile()
         if compiled is None:
-            lowered = self.lower(*args)
+            lowered = self._lowered_for(key, args)
             compiled = self._compiled[key] = lowered.compile()
             if self.check:
                 from partir.validation import CheckedCall

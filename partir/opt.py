@@ -19,6 +19,7 @@ message and exit with status 1;
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -168,6 +169,9 @@ class PartirOptMain(xDSLOptMain):
         try:
             super().setup_pipeline()
         except ValueError as err:
+            unknown = self._unknown_option()
+            if unknown:  # xDSL may first say a required option is missing
+                raise PartirValueError(unknown) from err
             if str(err).startswith("Incompatible types"):
                 raise PartirValueError(self._bad_option()) from err
             raise
@@ -191,6 +195,25 @@ class PartirOptMain(xDSLOptMain):
             self.pipeline = checking_numerics(self.pipeline)
         if any(isinstance(p, EmitJaxPass) for p in passes):
             self.pipeline = refusing_unemittable(self.pipeline)
+
+    def _unknown_option(self) -> str | None:
+        """A pass option no pass of the pipeline has (a misspelt `axs=`),
+        named with the nearest option and the pass's options."""
+        for spec in parse_pipeline(self.args.passes):
+            factory = self.available_passes.get(spec.name)
+            if factory is None:
+                continue
+            pass_class = factory()
+            known = [f.name for f in fields(pass_class) if f.init and f.name != "name"]
+            for option in spec.normalize_parameter_names().parameters:
+                if option not in known:
+                    near = difflib.get_close_matches(option, known, n=1)
+                    guess = f" (did you mean {near[0].replace('_', '-')}?)" if near else ""
+                    return (
+                        f"{spec.name}: no option {option.replace('_', '-')}{guess}; "
+                        f"the options are {_option_text(pass_class) or 'none'}"
+                    )
+        return None
 
     def _bad_option(self) -> str:
         """Which pass option has a value of the wrong type (xDSL's message

@@ -132,7 +132,7 @@ def partition(
     declare_mesh(module, mesh)
     result = Partitioned(module, plans)
     passes: list[ModulePass] = [
-        AutomaticPass(tactic) if isinstance(tactic, Automatic) else ApplyPlanPass(plan)
+        AutomaticPass(tactic) if isinstance(tactic, Automatic) else ApplyPlanPass(plan, tactic)
         for tactic, plan in zip(tactics, plans, strict=True)
     ]
     names = iter(stage_names(tactics))  # the pipeline runs the passes in order
@@ -145,6 +145,8 @@ def partition(
             return
         assert isinstance(done, ApplyPlanPass | AutomaticPass)
         result.actions += done.actions
+        if isinstance(done, ApplyPlanPass):  # planned again after the tactics before
+            result.plans[len(result.decided)] = done.applied[0]
         tactic = next(schedule)
         if isinstance(done, AutomaticPass) and isinstance(tactic, Automatic) and done.results:
             result.searches += done.results

@@ -26,7 +26,7 @@ from xdsl.utils.exceptions import PassFailedException
 
 from dialects.errors import PartirValueError
 from dialects.escaping import quoted
-from dialects.functions import entry_function
+from dialects.functions import entry_function, return_whole_over
 from dialects.heap import paused_gc
 from dialects.locations import in_scope
 from dialects.partir import MeshOp, OriginAttr, find_mesh
@@ -34,6 +34,7 @@ from lowering.to_jax import emit_jax
 from lowering.to_spmd import LowerToSpmdPass
 from partir.mesh import Mesh
 from partir.plan import (
+    Leaf,
     Plan,
     PlannedTile,
     ProgramView,
@@ -45,7 +46,7 @@ from partir.plan import (
 from partir.selections import Selection, record_selections
 from partir.tactics import TACTICS, Automatic, Tactic
 from partir.values import ValueReferenceError, find_value
-from rewrites.actions import TileAction, apply_tactic_action, take_action_numbers
+from rewrites.actions import ActionError, TileAction, apply_tactic_action, take_action_numbers
 from rewrites.conflicts import ConflictLog, record_conflicts
 from rewrites.inline_calls import InlineCallsPass
 from rewrites.propagation import PropagatePass, propagate
@@ -148,8 +149,13 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
             value = _leaf_value(entry, tile, referenced)
             dim = dims[tile.leaf.name, tile.dim] = _dim_of(value, tile.dim)
             action = TileAction(value, dim, tile.axis, origin, label)
-            apply_tactic_action(action, mesh_op, log)
+            try:
+                apply_tactic_action(action, mesh_op, log)
+            except ActionError as err:  # e.g. a dim the tactics before split too finely
+                raise TacticError(f"{plan.tactic}: {err}") from None
             actions.append(action)
+        for kept in plan.whole:
+            return_whole_over(entry, kept.leaf.index, kept.axis)
         record_selections(
             module,
             [
@@ -168,12 +174,27 @@ class ApplyPlanPass(ModulePass):
 
     name = "partir-apply-plan"
     plan: Plan | None = None
+    tactic: Tactic | None = None
+    """The tactic that made `plan`, planned again on the module as the
+    tactics before left it where they split a leaf the plan names (the plan
+    made up front saw whole shapes; ZeRO picks its dim per device)."""
     actions: list[TileAction] = field(default_factory=list, init=False, compare=False)
     """The actions taken, filled in by `apply`."""
+    applied: list[Plan] = field(default_factory=list, init=False, compare=False)
+    """The plan applied (`plan`, or the one made again), filled in by `apply`."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         assert self.plan is not None
-        self.actions[:] = apply_plan(op, self.plan)
+        plan = self.plan
+        if self.tactic is not None:
+            view = ProgramView.of(entry_function(op))
+            named = [t.leaf for t in plan] + [p.leaf for p in plan.passed]
+            named += [w.leaf for w in plan.whole]
+            if any(isinstance(leaf, Leaf) and leaf.name in view.splits for leaf in named):
+                mesh = Mesh(module_mesh(op, plan.tactic).axes)
+                plan = self.tactic.plan(view, mesh)
+        self.applied[:] = [plan]
+        self.actions[:] = apply_plan(op, plan)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ applies; the whole plan is what the report shows (`partir.selections`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
@@ -19,8 +19,11 @@ from xdsl.ir import Attribute
 from dialects.errors import PartirValueError
 from dialects.escaping import readable
 from dialects.functions import NAME_ATTR
+from lowering.to_spmd import input_slices
+from partir.mesh import Mesh
 from partir.selections import Selection
 from partir.selectors import POSITIONAL_ROOT, argument_root, display_path, select
+from rewrites.projection import tilings
 
 
 class TacticError(PartirValueError):
@@ -51,6 +54,21 @@ class ProgramView:
 
     arguments: tuple[Leaf, ...]
     results: tuple[Leaf, ...]
+    splits: Mapping[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    """Leaf name -> the (dim, axis) splits every use of an argument takes
+    (`lowering.to_spmd.input_slices`), or the loops that make a result
+    (`rewrites.projection.tilings`), as the tactics before and propagation
+    left the program: a tactic that picks a dim from a leaf's shape reads
+    the per-device one (`local_shape`)."""
+
+    def local_shape(self, leaf: Leaf, mesh: Mesh) -> tuple[int, ...]:
+        """`leaf`'s shape on one device after the earlier tactics' splits
+        (rounded up where an axis does not divide a dim: the padded part)."""
+        shape = list(leaf.shape)
+        for dim, axis in self.splits.get(leaf.name, ()):
+            if dim < len(shape) and axis in mesh.axes:
+                shape[dim] = -(-shape[dim] // mesh.axes[axis])
+        return tuple(shape)
 
     @staticmethod
     def of(entry: func.FuncOp) -> ProgramView:
@@ -64,19 +82,30 @@ class ProgramView:
             return out
 
         ins, outs = entry.function_type.inputs.data, entry.function_type.outputs.data
+        arg_names = names(entry.arg_attrs, len(ins), POSITIONAL_ROOT)
+        res_names = names(entry.res_attrs, len(outs), "result")
+        splits = {
+            name: tuple(sliced)
+            for name, arg in zip(arg_names, entry.body.block.args, strict=True)
+            if (sliced := input_slices(arg))
+        }
+        ret = entry.body.block.last_op
+        if isinstance(ret, func.ReturnOp):
+            for name, value in zip(res_names, ret.arguments, strict=True):
+                if tiled := [(t.dim, t.axis) for t in tilings(value)]:
+                    splits[name] = tuple(tiled)
         return ProgramView(
             tuple(
                 Leaf("argument", i, n, t)
-                for i, (n, t) in enumerate(
-                    zip(names(entry.arg_attrs, len(ins), POSITIONAL_ROOT), ins, strict=True)
-                )
+                for i, (n, t) in enumerate(zip(arg_names, ins, strict=True))
             ),
             tuple(
                 Leaf("result", i, n, t)
                 for i, (n, t) in enumerate(
-                    zip(names(entry.res_attrs, len(outs), "result"), outs, strict=True)
+                    zip(res_names, outs, strict=True)
                 )
             ),
+            splits,
         )
 
     def find(
@@ -151,6 +180,17 @@ class PassedLeaf:
 
 
 @dataclass(frozen=True)
+class ReturnedWhole:
+    """A result the tactic returns whole over `axis`, however the tiles split
+    the value that computes it (`dialects.functions.WHOLE_OVER`)."""
+
+    leaf: Leaf
+    axis: str
+    role: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """What one tactic decided: the tiles to take, in order, and the leaves it
     looked at and left as they are."""
@@ -160,6 +200,8 @@ class Plan:
     passed: tuple[PassedLeaf, ...] = ()
     label: str = ""
     """The tactic as the report names it ("ZeRO-3(batch)"); `tactic` if empty."""
+    whole: tuple[ReturnedWhole, ...] = ()
+    """Results returned whole over an axis (ZeRO-1's updated parameters)."""
 
     def __iter__(self) -> Iterator[PlannedTile]:
         return iter(self.tiles)
@@ -178,6 +220,10 @@ class Plan:
         ]
         decided += [
             (p.leaf, Selection(label, p.leaf.name, None, "", p.role, p.reason)) for p in self.passed
+        ]
+        decided += [
+            (w.leaf, Selection(label, w.leaf.name, None, w.axis, w.role, w.reason))
+            for w in self.whole
         ]
         decided.sort(key=lambda d: (d[0].kind == "result", d[0].index))
         referenced = [

@@ -85,6 +85,8 @@ class Roles:
     untrained: frozenset[str] = frozenset()
     """Slash paths of the leaves under a parameters node that no optimizer
     state copies (NNX's RNG counters and keys): state, not parameters."""
+    returned: dict[str, str] = field(default_factory=dict)
+    """State root -> the result subtree (slash form) it comes back updated as."""
 
     @staticmethod
     def of(arguments: Sequence[NamedLeaf], results: Sequence[NamedLeaf]) -> Roles:
@@ -96,6 +98,7 @@ class Roles:
         for leaf in arguments:
             roots[_root(leaf)].append(leaf)
         state: dict[str, str] = {}
+        returned_as: dict[str, str] = {}
         claimed: set[str] = set()
         trees = {root: _subtrees(leaves) for root, leaves in roots.items()}
         for root, leaves in roots.items():
@@ -110,11 +113,20 @@ class Roles:
             free = [n for n in nodes if not any(_overlap(n, c) for c in claimed)]
             if free:
                 claimed.add(free[0])
+                returned_as[root] = free[0]
                 state[root] = f"returned updated as {display_path(free[0])}"
             elif root in STATE_ROOTS:
                 state[root] = "named as state"
         parameters, optimizer, mirrors, untrained = _parameters_and_optimizer(list(state), trees)
-        return Roles(state, parameters, optimizer, mirrors, untrained)
+        return Roles(state, parameters, optimizer, mirrors, untrained, returned_as)
+
+    def returned_node(self, node: str) -> str | None:
+        """The result subtree (slash form) a state node (a root, or a node
+        inside one, such as NNX's `state/0`) comes back updated as."""
+        for root, result in self.returned.items():
+            if node == root or node.startswith(f"{root}/"):
+                return result + node[len(root):]
+        return None
 
     def parameters_of(self, leaf: NamedLeaf) -> str | None:
         """The parameters node `leaf` is a trained leaf of, or None."""
@@ -157,9 +169,11 @@ class Roles:
         why = self.state.get(root, "named as state")
         return f"under {display_path(root)}: {why}, and no optimizer state mirrors it"
 
-    def data(self, arguments: Sequence[L]) -> list[L] | str:
+    def data(self, arguments: Sequence[L], parts: int = 1) -> list[L] | str:
         """The data arguments (not state, rank >= 1, one leading dimension),
-        or why the program does not say which they are."""
+        or why the program does not say which they are, with the `inputs=`
+        (and, for data too short on dim 0 for `parts` devices, the `dim=`)
+        that would split them."""
         candidates = [leaf for leaf in arguments if leaf.shape and _root(leaf) not in self.state]
         if not candidates:
             stated = ", ".join(f"{root} ({why})" for root, why in self.state.items())
@@ -183,11 +197,31 @@ class Roles:
         # A guess for the message: roots with one leading dim, lone arrays first.
         batch_like = [root for root, dims in by_root.items() if len(dims) == 1]
         batch_like = [r for r in batch_like if r in lone] or batch_like or list(by_root)
+        short = [r for r in batch_like if min(by_root[r]) < parts]
+        named = [r for r in batch_like if r not in short] or batch_like
         return (
             f"cannot tell the data from the state: the arguments not returned updated "
             f"({', '.join(by_root)}) do not share a leading dimension ({groups}); "
-            f"name the data, e.g. inputs={batch_like!r}"
+            f"name the data, e.g. inputs={named!r}"
+            + "".join(_other_dim(r, candidates, parts) for r in short)
         )
+
+
+def _other_dim(root: str, leaves: Sequence[L], parts: int) -> str:
+    """How to split `root`, whose dim 0 is too short for `parts` devices
+    (a graph's `edge_index [2, E]`): on the first dim all its leaves share
+    with an element per device, by a BatchParallel of its own."""
+    shapes = [leaf.shape for leaf in leaves if _root(leaf) == root]
+    rank = min(len(shape) for shape in shapes)
+    dims = [d for d in range(1, rank) if len({s[d] for s in shapes}) == 1 and shapes[0][d] >= parts]
+    where = (
+        f"add a BatchParallel of its own with inputs=[{root!r}], dim={dims[0]}"
+        if dims else "leave it out"
+    )
+    return (
+        f"; {root}'s dim 0 has {min(s[0] for s in shapes)} elements, fewer than {parts} "
+        f"devices: {where}"
+    )
 
 
 def _parameters_and_optimizer(

@@ -99,7 +99,7 @@ from partir.cost.estimate import Estimate, estimate
 from partir.cost.profile import Profile
 from partir.mesh import Mesh
 from partir.passes import apply_plan
-from partir.plan import Leaf, ProgramView, TacticError
+from partir.plan import Leaf, Plan, ProgramView, TacticError
 from partir.roles import Roles
 from partir.selections import recorded_selections
 from partir.selectors import KEY_SLASH, argument_root, exact_selector, select, slash_path
@@ -243,15 +243,34 @@ def _tactic_source(tactic: Tactic) -> str:
     return repr(tactic)
 
 
+CALIBRATED = "calibrated"
+"""The `profile=` that asks for this machine's measured profile
+(`partir.cost.calibrate.machine_profile`)."""
+
+
 def resolve_profile(profile: str | Profile | None) -> tuple[Profile, str]:
-    """The profile to search on, and a note saying which it is."""
+    """The profile to search on, and a note saying which it is: the one
+    given, else the shipped default; this machine's calibrated one only when
+    asked (`CALIBRATED`), so a file another process writes never changes a pick."""
+    from partir.cost.calibrate import SHIPPED_FALLBACK, machine_profile
+
     if isinstance(profile, Profile):
         return profile, f"profile {readable(profile.name)} (given)"
+    if profile == CALIBRATED:
+        return machine_profile()
     if profile is not None:
         return Profile.load(profile), f"profile {readable(str(profile))}"
-    from partir.cost.calibrate import machine_profile
+    return Profile.load(SHIPPED_FALLBACK), (
+        f"profile {readable(SHIPPED_FALLBACK)} (the default; profile={CALIBRATED!r} for this "
+        "machine's, as partir.calibrate() measured it)"
+    )
 
-    return machine_profile()
+
+def _planned(action: Tactic, module: ModuleOp, mesh: Mesh) -> Plan:
+    """`action`'s plan on `module` as the schedule so far left it (ZeRO
+    picks its dims per device), as `partir.partition` applies it when the
+    schedule is pasted."""
+    return action.plan(ProgramView.of(entry_function(module)), mesh)
 
 
 def argument_tiles(spmd: ModuleOp) -> frozenset[Tile]:
@@ -487,7 +506,7 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> Searched:
         nonlocal evaluated, rejected
         began = time.perf_counter()
         try:
-            found, tiles = _evaluate(state_module, action, view, mesh, profile)
+            found, tiles = _evaluate(state_module, action, mesh, profile)
         except (PartirError, ValueError):  # e.g. a dim split over more devices than it has
             rejected += 1
             evaluated += 1
@@ -510,8 +529,7 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> Searched:
     if start + expected > deadline:  # not even the start fits: say so, change nothing
         progress.done()
         skipped = SearchResult.unsearched(ops, expected, tactic, axes, profile.name, note)
-        if tactic.progress:
-            print(skipped, file=sys.stderr)
+        print(skipped if tactic.progress else skipped.message(), file=sys.stderr)
         return Searched(skipped)
     first = evaluate(module, (), None)
     if first is None:
@@ -574,7 +592,7 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> Searched:
             if measured_at == state.step:
                 taken_candidate = fresh.pop(index)
                 taken = state.module.clone()  # the candidate's core IR, made again
-                made = apply_plan(taken, action.plan(view, mesh))
+                made = apply_plan(taken, _planned(action, taken, mesh))
                 state = _State(taken, taken_candidate, state.step + 1, (*state.actions, *made))
                 fresh.clear()
                 # a reference names a value of the state it was read on: drop the
@@ -620,7 +638,7 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> Searched:
             and baseline.candidate.score(None) - runner_up.score(None)
             > _min_gain(baseline.candidate, None)):
         second = baseline.module.clone()
-        made = apply_plan(second, runner_up.schedule[0].plan(view, mesh))
+        made = apply_plan(second, _planned(runner_up.schedule[0], second, mesh))
         other, finished = descend(_State(second, runner_up, 1, tuple(made)))
         if other.candidate.score(limit) < state.candidate.score(limit):
             state = other
@@ -654,8 +672,7 @@ def search(module: ModuleOp, mesh: Mesh, tactic: Automatic) -> Searched:
         profile_note=note,
         axes=axes,
     )
-    if tactic.progress:
-        print(result, file=sys.stderr)
+    print(result if tactic.progress else result.message(), file=sys.stderr)
     if chosen is state.candidate and state.step > 0:
         return Searched(result, state.module, state.actions)
     return Searched(result)
@@ -669,7 +686,7 @@ predicted gains would grow the schedule on noise."""
 
 
 def _evaluate(
-    state: ModuleOp, action: Tactic | None, view: ProgramView, mesh: Mesh, profile: Profile
+    state: ModuleOp, action: Tactic | None, mesh: Mesh, profile: Profile
 ) -> tuple[Estimate, frozenset[Tile]]:
     """`action` applied to a copy of `state`, lowered and estimated; with the
     argument tiles it reached. The copy is garbage after it, cycles and all
@@ -680,7 +697,7 @@ def _evaluate(
     spmd = state.clone()
     try:
         if action is not None:
-            apply_plan(spmd, action.plan(view, mesh))
+            apply_plan(spmd, _planned(action, spmd, mesh))
         lower_to_spmd(spmd)
         return estimate(spmd, profile), argument_tiles(spmd)
     finally:

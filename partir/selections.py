@@ -25,7 +25,9 @@ from dialects.partir import SELECTIONS, SelectionAttr
 @dataclass(frozen=True)
 class Selection:
     """One tactic's decision about one leaf: split `dim` over `axis`, or (dim
-    None) left as it is; `role` is what the tactic took the leaf for."""
+    None) left as it is, or (dim None, an `axis`) a result returned whole
+    over `axis` (`partir.plan.ReturnedWhole`); `role` is what the tactic
+    took the leaf for."""
 
     tactic: str
     """The tactic's label, e.g. "BatchParallel(batch)", "ZeRO-3(batch)"."""
@@ -37,7 +39,9 @@ class Selection:
 
     @property
     def split(self) -> str:
-        return "not split" if self.dim is None else f"dim {self.dim} over {self.axis}"
+        if self.dim is None:
+            return f"returned whole over {self.axis}" if self.axis else "not split"
+        return f"dim {self.dim} over {self.axis}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,7 +112,12 @@ def _summary(selections: Sequence[Selection]) -> str:
         on = f"dim {dims[0]}" if len(dims) == 1 else "dims " + ", ".join(map(str, dims))
         over = f" over {', '.join(axes)}" if len(axes) > 1 else ""
         parts.append(f"{_count(len(leaves), role)} on {on}{over}")
-    parts += [f"{_count(len(chosen), role)} not split" for role, chosen in sorted(whole.items())]
+    for role, chosen in sorted(whole.items()):
+        kept = [s for s in chosen if s.axis]  # returned whole over an axis
+        if kept:
+            parts.append(f"{_count(len(kept), role)} returned whole")
+        if len(kept) < len(chosen):
+            parts.append(f"{_count(len(chosen) - len(kept), role)} not split")
     return ", ".join(parts)
 
 

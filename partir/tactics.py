@@ -18,7 +18,7 @@ meaning; `CLI_NAME` names the pass and `from_options` builds the tactic from the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dialects.errors import PartirTypeError
@@ -32,6 +32,7 @@ from partir.plan import (
     PlannedTile,
     ProgramView,
     ReferencedValue,
+    ReturnedWhole,
     TacticError,
     tactic_label,
 )
@@ -141,7 +142,10 @@ def _check_distinct_axes(tiles: list[PlannedTile], who: str) -> None:
 
 
 class Tactic:
-    """Base class: `plan` returns the tiling actions, validated, without rewriting."""
+    """Base class: `plan` returns the tiling actions, validated, without rewriting.
+
+    Subclasses are dataclasses with `repr=False`, so they print as the short
+    call `Tactic.__repr__` writes."""
 
     CLI_NAME: ClassVar[str]
     """The `partir-opt` pass running this tactic (its options are the fields)."""
@@ -153,6 +157,19 @@ class Tactic:
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         raise NotImplementedError
 
+    def __repr__(self) -> str:
+        """The call that makes this tactic: required fields by position, the
+        others only where they differ from their default (Megatron's ~250
+        default selectors are not printed)."""
+        shown = []
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.default is MISSING and f.default_factory is MISSING:
+                shown.append(repr(value))
+            elif value is not f.default and value != f.default:
+                shown.append(f"{f.name}={value!r}")
+        return f"{self.name}({', '.join(shown)})"
+
     @classmethod
     def from_options(cls, **options: Any) -> Tactic:
         """The tactic a pass's options describe; an option left unset (None)
@@ -160,7 +177,7 @@ class Tactic:
         return cls(**{k: v for k, v in options.items() if v is not None})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ManualPartition(Tactic):
     """Tile exactly what you name, selector:dim=axis (`spec="x:0=batch","params/w1:1=model"`).
 
@@ -199,6 +216,19 @@ class ManualPartition(Tactic):
                 planned += tiles
         axes = dict.fromkeys(tile.axis for tile in planned)
         return Plan(self.name, tuple(planned), label=tactic_label(self.name, *axes))
+
+    def __repr__(self) -> str:
+        """The call that makes this tactic: required fields by position, the
+        others only where they differ from their default (Megatron's ~250
+        default selectors are not printed)."""
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.default is MISSING and f.default_factory is MISSING:
+                shown.append(repr(value))
+            elif value is not f.default and value != f.default:
+                shown.append(f"{f.name}={value!r}")
+        return f"{self.name}({', '.join(shown)})"
 
     @classmethod
     def from_options(cls, **options: Any) -> Tactic:
@@ -240,7 +270,7 @@ def _referenced_tiles(
     return tiles
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class BatchParallel(Tactic):
     """Data parallelism: tile dim 0 of the data inputs over `axis`.
 
@@ -282,7 +312,7 @@ def _data_tiles(
                  for leaf in program.arguments]
     else:
         found = Roles.of(program.arguments, program.results)
-        data = found.data(program.arguments)
+        data = found.data(program.arguments, _axis_size(mesh, axis, who))
         if isinstance(data, str):
             raise TacticError(f"{who}: {data}")
         roles = [found.describe(leaf, data) for leaf in program.arguments]
@@ -369,7 +399,7 @@ def _megatron_dim(leaf: Leaf, dim: int) -> int:
     return dim
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Megatron(Tactic):
     """Tensor parallelism for transformer blocks (Megatron-LM's split) over `axis`.
 
@@ -490,7 +520,7 @@ EXPERT_WEIGHTS = ("**/*expert*", "**/*expert*/**")
 (`experts_w1`, `moe/experts/w_in`), under the parameters' roots."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ExpertParallel(Tactic):
     """Expert parallelism in GShard's layout over `axis`: the experts' stacked
     weights split on their expert dim (`expert_dim`), the tokens (the data
@@ -577,12 +607,14 @@ class ExpertParallel(Tactic):
         return counts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ZeRO(Tactic):
     """ZeRO sharding over the data axis: state split on dim 0 instead of replicated.
 
     - stage 1: the optimizer state (`opt_state`; by default the state that
-      mirrors the parameters' tree, `partir.roles`: Adam's `m` and `v`);
+      mirrors the parameters' tree, `partir.roles`: Adam's `m` and `v`); the
+      updated parameters return as they came, whole over `axis` (the step
+      all-gathers each update's shards, in `.collectives` and the estimate);
     - stage 2: also the updated parameters and state the step returns
       (`updates`, default every result of rank >= 1): the update is computed
       shard by shard, so each gradient is only ever needed as a shard and
@@ -596,8 +628,10 @@ class ZeRO(Tactic):
     leaf whose dim 0 has fewer elements than the axis has devices (flax's
     attention output kernel `[heads, head_dim, out]`, a stack of fewer
     layers) on the first dim that has enough (`zero_dim`), and scalars stay
-    replicated. A selector you pass must select leaves whose dim 0 has at
-    least one element per device.
+    replicated. After other tactics the dim is picked from the per-device
+    shape they leave (`ProgramView.splits`), and a leaf they split over
+    `axis` already is left so. A selector you pass must select leaves whose
+    dim 0 has at least one element per device.
     """
 
     axis: str
@@ -628,7 +662,7 @@ class ZeRO(Tactic):
         option = "updates" if results else ("opt_state" if role == "optimizer state" else "params")
         if given is not None:
             return [
-                _plan(leaf, 0, self.axis, mesh, self.name, role, f"selected by {option}=")
+                self._given(program, leaf, mesh, role, f"selected by {option}=")
                 for leaf in program.find(given, who=self.name, results=results)
             ]
         planned = []
@@ -637,13 +671,39 @@ class ZeRO(Tactic):
                 passed.append(PassedLeaf(leaf, "state", "beside the parameters, not trained "
                                          "(no optimizer state mirrors it), left whole"))
                 continue
-            dim = zero_dim(leaf.shape, parts)
-            if dim is None:
-                passed.append(PassedLeaf(leaf, role, f"{why(leaf)}; {_too_short(leaf, parts)}"))
+            earlier = program.splits.get(leaf.name, ())
+            if any(axis == self.axis for _, axis in earlier):
+                already = f"already split over {quoted(self.axis)} by the tactics before, left so"
+                passed.append(PassedLeaf(leaf, role, f"{why(leaf)}; {already}"))
                 continue
-            how = _zero_where(leaf.shape, dim, parts)
+            shape = program.local_shape(leaf, mesh)  # per device, after the tactics before
+            dim = zero_dim(shape, parts, split=[d for d, _ in earlier])
+            if dim is None:
+                short = _too_short(leaf, shape, parts)
+                passed.append(PassedLeaf(leaf, role, f"{why(leaf)}; {short}"))
+                continue
+            how = _zero_where(shape, dim, parts)
             reason = f"{why(leaf)}; {how}" if how else why(leaf)
             planned.append(PlannedTile(leaf, dim, self.axis, role, reason))
+        return planned
+
+    def _given(
+        self, program: ProgramView, leaf: Leaf, mesh: Mesh, role: str, reason: str
+    ) -> PlannedTile:
+        """A leaf a selector named, on dim 0: refused where the tactics
+        before leave dim 0 too short per device to split over the axis."""
+        planned = _plan(leaf, 0, self.axis, mesh, self.name, role, reason)
+        parts = mesh.axes[self.axis]
+        earlier = program.splits.get(leaf.name, ())
+        local = program.local_shape(leaf, mesh)
+        over = [quoted(a) for d, a in earlier if d == 0]
+        if over and (self.axis in [a for d, a in earlier] or local[0] < parts or local[0] % parts):
+            raise TacticError(
+                f"{self.name}: {leaf.name}'s dim 0 is already split over {', '.join(over)} by "
+                f"the tactics before, {local[0]} elements per device, which {quoted(self.axis)} "
+                f"({parts} devices) cannot split again; leave {leaf.name} out of the selector, "
+                "or use the default selectors (they pick the dim from the per-device shape)"
+            )
         return planned
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
@@ -656,6 +716,9 @@ class ZeRO(Tactic):
             results=False, role="optimizer state",
             why=lambda leaf: roles.why_optimizer(str(roles.optimizer_of(leaf))), passed=passed,
         )
+        whole: tuple[ReturnedWhole, ...] = ()
+        if self.stage == 1:
+            whole = self._returned_whole(program, roles)
         if self.stage >= 2:
             planned += self._leaves(
                 program, mesh, self.updates, ["result/**"], results=True, role="update",
@@ -669,18 +732,48 @@ class ZeRO(Tactic):
                 passed=passed, trained=roles.parameters_of,
             )
         if not planned:
+            split = [p for p in passed if "already split over" in p.reason]
+            if split:
+                raise TacticError(
+                    f"{self.name}: nothing to shard: the tactics before split every leaf it "
+                    f"would ({display_path(split[0].leaf.name)}, ...) over "
+                    f"{quoted(self.axis)} already; give ZeRO another axis"
+                )
             raise TacticError(
                 f"{self.name}: nothing to shard (no optimizer state, updates "
                 "or parameters with a dim 0 of at least one element per device)"
             )
         label = tactic_label(f"{self.name}-{self.stage}", self.axis)
-        return Plan(self.name, tuple(planned), tuple(passed), label)
+        return Plan(self.name, tuple(planned), tuple(passed), label, whole)
+
+    def _returned_whole(self, program: ProgramView, roles: Roles) -> tuple[ReturnedWhole, ...]:
+        """Stage 1 returns the updated parameters as they came: whole over
+        the axis (the step gathers each update's shards), which stage 2
+        leaves split."""
+        came_split = set()  # the result paths of parameters split over the axis already
+        for node in roles.parameters:
+            result = roles.returned_node(node)
+            for leaf in program.arguments:
+                path = slash_path(leaf.name)
+                earlier = program.splits.get(leaf.name, ())
+                under = path == node or path.startswith(f"{node}/")
+                if under and result is not None and any(a == self.axis for _, a in earlier):
+                    came_split.add(result + path[len(node):])
+        nodes = [n for n in map(roles.returned_node, roles.parameters) if n is not None]
+        leaves = [
+            leaf for leaf in program.results
+            if any(f"{slash_path(leaf.name)}/".startswith(f"{n}/") for n in nodes)
+            and slash_path(leaf.name) not in came_split
+        ]
+        reason = "returned whole as the parameters came (ZeRO-2 returns them split)"
+        return tuple(ReturnedWhole(leaf, self.axis, "updated parameter", reason) for leaf in leaves)
 
 
-def _too_short(leaf: Leaf, parts: int) -> str:
-    if not leaf.shape:
+def _too_short(leaf: Leaf, shape: tuple[int, ...], parts: int) -> str:
+    if not shape:
         return "a scalar, left whole"
-    return f"no dim of {leaf.shape} has an element per device ({parts}), left whole"
+    local = f" ({shape} per device after the tactics before)" if shape != leaf.shape else ""
+    return f"no dim of {leaf.shape}{local} has an element per device ({parts}), left whole"
 
 
 def _zero_where(shape: tuple[int, ...], dim: int, parts: int) -> str:
@@ -692,21 +785,24 @@ def _zero_where(shape: tuple[int, ...], dim: int, parts: int) -> str:
     return ", ".join(notes)
 
 
-def zero_dim(shape: tuple[int, ...], parts: int) -> int | None:
-    """The dim ZeRO splits a state leaf of `shape` on over `parts` devices:
-    dim 0 where it has an element per device (padded where `parts` does not
-    divide it), else the first dim `parts` divides, else the first with an
-    element per device; None where no dim has (a scalar, a tiny vector).
+def zero_dim(shape: tuple[int, ...], parts: int, split: Sequence[int] = ()) -> int | None:
+    """The dim ZeRO splits a state leaf of `shape` (per device) on over
+    `parts` devices: dim 0 where it has an element per device (padded where
+    `parts` does not divide it), else the first dim `parts` divides, else
+    the first with an element per device; None where no dim has (a scalar, a
+    tiny vector). A dim in `split` (split by the tactics before) only where
+    `parts` divides it, unpadded.
 
     A leaf, its optimizer state and its update share a shape, so they agree."""
-    if shape and shape[0] >= parts:
+    usable = [d for d, n in enumerate(shape) if d not in split or n % parts == 0]
+    if 0 in usable and shape[0] >= parts:
         return 0
-    enough = [d for d, n in enumerate(shape) if n >= parts]
+    enough = [d for d in usable if shape[d] >= parts]
     divided = [d for d in enough if shape[d] % parts == 0]
     return next(iter(divided or enough), None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Automatic(Tactic):
     """Search the rest of the schedule: partitioning actions on `axes`,
     evaluated by propagation, lowering and the cost model (`partir.search`).
@@ -717,7 +813,8 @@ class Automatic(Tactic):
     exceeds `memory_limit_bytes` are rejected; the search stops after
     `time_budget_s` with the best candidate so far. `profile` names the
     machine it predicts for (a shipped profile's name or a JSON file; by
-    default this machine's calibrated profile, `partir.cost.calibrate`).
+    default the shipped `cpu-host-8`; `"calibrated"` for this machine's
+    profile as `partir.calibrate` saved it).
     Deterministic for a `seed` when the search ends before the budget.
     What it chose is `chosen`, a schedule of tactics you can paste in its
     place (`lowered.searches`, `partir.search.SearchResult.schedule_source`).
@@ -730,7 +827,7 @@ class Automatic(Tactic):
     seed: int = 0
     top_k: int = 5
     progress: bool = True
-    """A progress bar on stderr while it searches."""
+    """A progress bar and the top candidates on stderr; without it, only the pick."""
     chosen: tuple[Tactic, ...] | None = field(default=None, metadata={"pass_option": False})
     """The schedule a search chose (set on the copy `partir.partition`
     records, so replaying a partition applies it instead of searching again)."""

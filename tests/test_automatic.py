@@ -263,6 +263,31 @@ def test_the_default_profile_is_this_machines_calibrated_one_else_the_shipped(
     assert profile == mine and "calibrated profile" in note
 
 
+def test_the_calibrated_profile_is_read_only_when_asked(tmp_path, monkeypatch):
+    """A profile `calibrate()` saves (here: by another process) changes no
+    default search; `profile="calibrated"` asks for it."""
+    from partir.cost.calibrate import SHIPPED_FALLBACK, default_label
+    from partir.search import resolve_profile
+
+    monkeypatch.setenv("PARTIR_CACHE_DIR", str(tmp_path))
+    measured = partir.Profile.load("h100-8")
+    (tmp_path / "profiles").mkdir(mode=0o700)
+    mine = partir.Profile(default_label(jax.devices()), measured.device, measured.levels)
+    mine.save(tmp_path / "profiles" / f"{mine.name}.json")
+    profile, note = resolve_profile(None)
+    assert profile == partir.Profile.load(SHIPPED_FALLBACK) and "profile='calibrated'" in note
+    assert resolve_profile("calibrated")[0] == mine
+    assert resolve_profile("h100-8")[0] == measured
+
+
+def test_without_progress_the_pick_is_still_printed(capsys):
+    auto = partir.Automatic(profile=CPU, time_budget_s=1e-3, progress=False)
+    lower(mlp_train_step.program, mlp_args(), [partir.BatchParallel("batch"), auto])
+    err = capsys.readouterr().err
+    assert "Automatic(model): evaluated 0 candidates" in err and "paste: []" in err
+    assert "rank |" not in err
+
+
 def test_partir_opt_has_the_auto_pass():
     options = {f.name for f in __import__("dataclasses").fields(TACTIC_PASSES[partir.Automatic])}
     assert options == {"axes", "time_budget_s", "memory_limit_bytes", "profile", "seed",

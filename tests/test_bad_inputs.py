@@ -106,6 +106,13 @@ def _select_by_magnitude(x):
                                x[:, :2], np.float32(0), jax.lax.add)
 
 
+def _momentum(p, v, x):
+    """A momentum step on one weight `[4, 8]` (its velocity `v` mirrors it)."""
+    g = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p["w"])))(p)
+    v = {"w": 0.9 * v["w"] + g["w"]}
+    return {"w": p["w"] - 0.1 * v["w"]}, v
+
+
 def _keyword_only(x, *, y):
     return x + y
 
@@ -122,6 +129,10 @@ API_CASES = [
     ApiCase("mesh-str-size", lambda: partir.Mesh({"a": "4"}), partir.PartirTypeError, r"'a' needs an int size, got '4' \(str\)"),
     ApiCase("mesh-bool-size", lambda: partir.Mesh({"a": True}), partir.PartirTypeError, r"int size, got True \(bool\)"),
     ApiCase("mesh-zero-size", lambda: partir.Mesh({"a": 0}), partir.PartirValueError, r"'a' needs a positive size, got 0"),
+    ApiCase("mesh-numpy-float-size", lambda: partir.Mesh({"a": np.float32(4)}), partir.PartirTypeError,
+            r"'a' needs an int size, got np\.float32\(4\.0\) \(float32\)"),
+    ApiCase("simulate-unknown-profile", lambda: partir.simulate(exp, (X,), {"batch": 4}, [], "h100-16x9"),
+            partir.PartirValueError, r"no profile file 'h100-16x9'; the named profiles are \[.*'h100-16x8'"),
     ApiCase("mesh-negative-size", lambda: partir.Mesh({"a": -2}), partir.PartirValueError, r"positive size, got -2"),
     ApiCase("jit-mesh-int", lambda: partir.jit(exp, mesh=4), partir.PartirTypeError, r"Mesh takes"),
     ApiCase("mesh-too-big", lambda: partir.jit(exp, mesh=partir.Mesh({"a": 16}))(X), partir.PartirValueError,
@@ -161,6 +172,10 @@ API_CASES = [
             partir.TacticError, r"BatchParallel: no argument matches 'y'; the arguments are: x"),
     ApiCase("batch-no-data", lambda: lower(lambda params: params["w1"] * 2, PARAMS, tactics=[partir.BatchParallel("batch")]),
             partir.TacticError, r"found no data arguments; name them with inputs="),
+    ApiCase("batch-short-dim-0", lambda: lower(lambda x, e: x[e[0]] * 2, X, np.zeros((2, 8), np.int32),
+            tactics=[partir.BatchParallel("batch")]), partir.TacticError,
+            r"e\.g\. inputs=\['x'\]; e's dim 0 has 2 elements, fewer than 4 devices: add a BatchParallel "
+            r"of its own with inputs=\['e'\], dim=1"),
     ApiCase("batch-scalar-only", lambda: lower(lambda x: x * 2, np.float32(3), tactics=[partir.BatchParallel("batch")]),
             partir.TacticError, r"found no data arguments"),
     # ManualPartition
@@ -225,6 +240,16 @@ API_CASES = [
             r"dim 0 of params\['w1'\] \(shape \(3, 6\)\) has size 3, fewer elements"),
     ApiCase("zero-selector-nothing", lambda: lower(mlp, PARAMS, X, tactics=[partir.ZeRO("batch", params="params/w9")]),
             partir.TacticError, r"ZeRO: no argument matches 'params/w9'"),
+    ApiCase("zero-after-a-split-too-fine", lambda: lower(_momentum, {"w": np.ones((4, 8), np.float32)},
+            {"w": np.zeros((4, 8), np.float32)}, X, tactics=[partir.ManualPartition({"p/w": {0: "model"}}),
+            partir.ZeRO("batch", stage=3, params="p/w")]), partir.TacticError,
+            r"ZeRO: p\['w'\]'s dim 0 is already split over \"model\" by the tactics before, 2 elements "
+            r"per device.*leave p\['w'\] out of the selector"),
+    ApiCase("zero-every-leaf-split-already", lambda: lower(_momentum, {"w": np.ones((4, 8), np.float32)},
+            {"w": np.zeros((4, 8), np.float32)}, X, tactics=[partir.ManualPartition({"p/w": {0: "model"},
+            "v/w": {0: "model"}}), partir.ZeRO("model", stage=1)]), partir.TacticError,
+            r"ZeRO: nothing to shard: the tactics before split every leaf it would \(v/w, \.\.\.\) "
+            r"over \"model\" already; give ZeRO another axis"),
     # arguments
     ApiCase("arg-str", lambda: partir.jit(lambda s: s, mesh=MESH)("hello"), partir.PartirTypeError,
             r"argument s is 'hello' \(of type str\).*make it an array"),
@@ -363,7 +388,11 @@ OPT_CASES = [
     # passes and options
     opt("unknown-pass", PLAIN, "partir-megatorn", r"error: Unrecognized passes: \['partir-megatorn'\]; partir's passes: .*--help"),
     opt("unknown-option", PLAIN, f"{DECLARE},partir-zero{{axis=x stages=2}}",
-        r'error: Provided arguments \["stages"\] not found in expected arguments \["axis", "stage", '),
+        r"error: partir-zero: no option stages \(did you mean stage\?\); the options are \{axis=required stage=3 "),
+    opt("misspelt-required-option", PLAIN, f"{DECLARE},partir-batch-parallel{{axs=x}}",
+        r"error: partir-batch-parallel: no option axs \(did you mean axis\?\); the options are \{axis=required "),
+    opt("unknown-option-hyphen", PLAIN, f"{DECLARE},partir-auto{{time-budget=2}}",
+        r"error: partir-auto: no option time-budget \(did you mean time-budget-s\?\)"),
     opt("unterminated-quote", PLAIN, 'partir-declare-mesh{axes="x=4', r"error: cannot read the pass pipeline \(-p\) at column \d+: .*closing quote"),
     opt("unterminated-brace", PLAIN, "partir-declare-mesh{axes=x", r"error: cannot read the pass pipeline \(-p\)"),
     opt("stage-not-int", PLAIN, f"{DECLARE},partir-zero{{axis=x stage=x}}", r"error: partir-zero: option stage=x needs int; the options are \{axis=required stage=3 "),
@@ -381,6 +410,8 @@ OPT_CASES = [
     opt("no-mesh", PLAIN, "partir-batch-parallel{axis=x}", r"error: BatchParallel: the module declares no mesh; .*partir-declare-mesh"),
     opt("no-mesh-tile", PLAIN, "partir-tile{value=x axis=x}", r"error: partir-tile: the module declares no mesh"),
     opt("batch-unknown-axis", PLAIN, f"{DECLARE},partir-batch-parallel{{axis=batch}}", r'error: BatchParallel: unknown mesh axis "batch"; the mesh has "x", "y"'),
+    opt("unnamed-argument-selector", PLAIN.replace(' {partir.name = "x"}', ""), f"{DECLARE},partir-batch-parallel{{axis=x inputs=x}}",
+        r"error: BatchParallel: no argument matches 'x'; the arguments are: args/0"),
     opt("batch-inputs-nothing", PLAIN, f"{DECLARE},partir-batch-parallel{{axis=x inputs=z}}", r"error: BatchParallel: no argument matches 'z'"),
     opt("batch-fewer-than-devices", PLAIN, 'partir-declare-mesh{axes="x=16"},partir-batch-parallel{axis=x}', r'dim 0 of x \(shape \(8, 4\)\) has size 8, fewer elements than mesh axis "x" has devices \(16\)'),
     opt("megatron-nothing", PLAIN, f"{DECLARE},partir-megatron{{axis=y}}", r"error: Megatron: no parameter is named like"),

@@ -18,7 +18,7 @@ Per block (12 parameter leaves; mesh {"batch": 4, "model": 2}):
 |---|---|
 | DP | AR(batch)×13: the 12 gradients and the loss |
 | DP + Megatron | AR(model)×3 of activations: 2 forward, 1 backward (the gradient reaching the second norm); the first norm's input needs no gradient (it is the data), so its scale and bias gradients, partial over "model", are summed over both axes at once, AR(batch, model)×2; AR(batch)×11, the other gradients and the loss |
-| DP + ZeRO-1 | RS(batch)×12 of the gradients, AR(batch)×1 (the loss) |
+| DP + ZeRO-1 | RS(batch)×12 of the gradients, AG(batch)×12 of the updated parameters, AR(batch)×1 (the loss) |
 | DP + ZeRO-3 | AG(batch)×12 of the parameters, RS(batch)×12, AR(batch)×1 |
 
 A stack of 2 blocks under `nn.scan` (flax) or `lax.scan` (equinox) has them
@@ -28,9 +28,9 @@ the loop carries to the layer below needs the first norm's too); ZeRO-3
 gathers each layer's 12 parameters in the forward loop and the 8 the backward
 pass reads (the matrices and the norm scales) in the backward loop.
 
-ZeRO-1 and ZeRO-3 return the updated parameters split as the optimizer state
-is (the update is computed shard by shard): a stage-1 step made to return
-them whole would all-gather each once more.
+ZeRO-1 returns the updated parameters as they came, whole: the step
+all-gathers each update's shards once, AG(batch)×12 (ZeRO-2 would return
+them split); ZeRO-3 returns them split, as they came.
 
 Default `Megatron` plans the hand-written split of flax's and haiku's blocks
 (heads, not head_dim). A Flax NNX GPT (its state in one argument,
@@ -281,8 +281,9 @@ def test_zero_shards_the_optimizer_state_and_parameters(name, stage):
     assert [c.axes for c in program.collectives] == [("batch",)] * len(program.collectives)
     assert sizes(scattered) == params
     assert [moved(c) for c in program.collectives if c.kind == "all_reduce"] == [1]
-    if stage == 1:
-        assert gathered == []
+    if stage == 1:  # each update gathered once: the parameters return as they came
+        whole = sorted(leaf.size for leaf in jax.tree.leaves(_case(name)[0][0]))
+        assert sizes(gathered) == whole and all(loop_of(c) is None for c in gathered)
     elif name in BLOCKS:
         assert sizes(gathered) == params
     else:

@@ -79,6 +79,13 @@ def test_a_matmul_runs_at_the_published_peak():
     assert e.flops == 2 * n**3
     assert abs(e.compute_seconds / (2 * n**3 / 989.5e12) - 1) < 0.15
     assert e.comm_seconds == 0 and e.kernels == 1
+    assert simulate(lambda a, b: a @ b, (a, a), {"x": 1}, [], "h100-8") == e  # by name
+
+
+def test_simulate_names_a_profile_it_does_not_know():
+    a = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    with pytest.raises(partir.PartirError, match="h100-8"):
+        simulate(lambda a: a, (a,), {"x": 1}, [], "h100-16x9")
 
 
 def test_axes_find_their_levels():

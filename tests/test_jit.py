@@ -133,6 +133,25 @@ def test_calls_are_cached_per_signature():
     assert len(fn._compiled) == 2
 
 
+def test_a_call_after_lower_runs_that_lowering(monkeypatch):
+    """`f.lower(*args)` then `f(*args)` partitions once, also from abstract shapes."""
+    import partir.api
+
+    made = []
+    real = partir.api.lower
+    monkeypatch.setattr(partir.api, "lower", lambda *a, **k: made.append(1) or real(*a, **k))
+    fn = partir.jit(mlp_train_step.program, mesh=MESH, tactics=[partir.BatchParallel("batch")])
+    args = mlp_train_step.make_args()
+    shapes = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+    lowered = fn.lower(*shapes)
+    got = fn(*args)
+    fn(*args)
+    assert len(made) == 1 and fn._lowered == {}
+    for g, r in zip(jax.tree_util.tree_leaves(got),
+                    jax.tree_util.tree_leaves(lowered.compile()(*args)), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
+
+
 def test_a_jax_mesh_is_accepted():
     devices = np.array(jax.devices()[:8]).reshape(4, 2)
     mesh = jax.sharding.Mesh(devices, ("batch", "model"),
@@ -265,3 +284,138 @@ def test_reverse_and_its_gradient_with_the_kept_dim_tiled():
                                       partir.Mesh({"batch": 4}))
     assert lowered.source.count("lax.rev(") >= 2
     assert set(emitted_collectives(compiled, (w, x))) == {("all_reduce", ("batch",))}
+
+
+def _graph_step(params, nodes, edge_index, target):
+    """A message-passing step with PyG's `edge_index [2, E]` (senders, receivers)."""
+    def loss(params):
+        h = nodes @ params["w_in"]
+        sent = h[edge_index[0]] @ params["w_msg"]
+        messages = jax.ops.segment_sum(sent, edge_index[1], num_segments=nodes.shape[0])
+        return jnp.mean((jnp.tanh(h + messages) @ params["w_out"] - target) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+
+def _graph_args(nodes=16, edges=48, width=8):
+    rng = np.random.default_rng(0)
+    shapes = {"w_in": (width, width), "w_msg": (width, width), "w_out": (width, 4)}
+    params = {k: (rng.normal(size=s) * 0.3).astype(np.float32) for k, s in shapes.items()}
+    return (params, rng.normal(size=(nodes, width)).astype(np.float32),
+            rng.integers(0, nodes, (2, edges)).astype(np.int32),
+            rng.normal(size=(nodes, 4)).astype(np.float32))
+
+
+def test_batch_parallels_advice_on_a_graph_step_runs():
+    """The data share no leading dim: the error names the inputs= and, for
+    `edge_index [2, E]`, the dim= that split them; that schedule runs."""
+    args = _graph_args()
+    with pytest.raises(partir.TacticError) as info:
+        partir.jit(_graph_step, mesh=MESH, tactics=[partir.BatchParallel("batch")]).lower(*args)
+    assert "inputs=['nodes', 'target']; edge_index's dim 0 has 2 elements, fewer than 4 " \
+        "devices: add a BatchParallel of its own with inputs=['edge_index'], dim=1" in str(info.value)
+    lowered, _ = run_and_check(_graph_step, args, [
+        partir.BatchParallel("batch", inputs=["nodes", "target"]),
+        partir.BatchParallel("batch", inputs=["edge_index"], dim=1),
+    ])
+    assert lowered.conflicts == []
+
+
+def test_zero1_returns_the_parameters_as_they_came():
+    """ZeRO-1 shards Adam's state; the updated parameters come back whole
+    (the sharding the parameters came with), gathered inside the step, where
+    `.collectives` and the estimate count it; ZeRO-2 returns them split."""
+    args = block_train_step.make_args(batch=8)
+    ref = jax.jit(block_train_step.program)(*args)
+    estimates = {}
+    for stage in (1, 2):
+        tactics = [partir.BatchParallel("batch"), partir.ZeRO("batch", stage)]
+        lowered, compiled = run_and_check(block_train_step.program, args, tactics)
+        _, params, state = compiled(*args)
+        specs = {tuple(p.sharding.spec) for p in jax.tree.leaves(params)}
+        gathered = [c for c in lowered.collectives if c.kind == "all_gather"]
+        leaves = jax.tree.leaves(ref[1])
+        if stage == 1:
+            assert specs == {()}
+            assert sorted(c.bytes_per_device for c in gathered) == sorted(
+                p.size * p.dtype.itemsize for p in leaves)
+        else:
+            assert all("batch" in spec for spec in specs) and gathered == []
+        assert all("batch" in tuple(m.sharding.spec) for m in jax.tree.leaves(state["m"]))
+        estimates[stage] = lowered.estimate("h100-8").comm_seconds
+    assert estimates[1] > estimates[2]
+
+
+def _experts_step(params, velocity, x):
+    """Two expert matrices `[experts, in, out]`, every token through every
+    expert, and a momentum update (its velocity mirrors the parameters)."""
+    def loss(params):
+        inputs = x @ params["proj"] if "proj" in params else x
+        h = jnp.tanh(jnp.einsum("bd,edh->beh", inputs, params["experts"]["w_up"]))
+        return jnp.mean(jnp.einsum("beh,ehd->bd", h, params["experts"]["w_down"]) ** 2)
+
+    grads = jax.grad(loss)(params)
+    velocity = jax.tree.map(lambda v, g: 0.9 * v + g, velocity, grads)
+    return jax.tree.map(lambda p, v: p - 0.1 * v, params, velocity), velocity
+
+
+def _experts_args(experts=4, width=8, hidden=16, batch=16, proj=True):
+    rng = np.random.default_rng(0)
+    params = {"proj": rng.normal(size=(width, width)).astype(np.float32),
+              "experts": {"w_up": rng.normal(size=(experts, width, hidden)).astype(np.float32),
+                          "w_down": rng.normal(size=(experts, hidden, width)).astype(np.float32)}}
+    if not proj:
+        del params["proj"]
+    return params, jax.tree.map(np.zeros_like, params), rng.normal(size=(batch, width)).astype(np.float32)
+
+
+EXPERTS_OVER_MODEL = partir.ManualPartition({"params/experts/*": {0: "model"}})
+
+
+def test_zero_after_an_expert_split_picks_its_dim_per_device():
+    """4 experts over "model" leave 2 per device, fewer than "batch"'s 4: ZeRO
+    splits the next dim of the parameters and of their velocity (which
+    propagation split like them), not dim 0 (it was an ActionError)."""
+    args = _experts_args()
+    tactics = [partir.BatchParallel("batch"), EXPERTS_OVER_MODEL, partir.ZeRO("batch", 3)]
+    lowered, _ = run_and_check(_experts_step, args, tactics)
+    zero = [s for s in lowered.report().selections if s.tactic == "ZeRO-3(batch)" and s.dim is not None]
+    assert {(s.leaf.split("[")[0], s.dim) for s in zero if "experts" in s.leaf} == {
+        ("params", 1), ("velocity", 1), ("result", 1)}
+    assert {s.dim for s in zero if "proj" in s.leaf} == {0}
+
+
+def test_zero_on_the_axis_an_earlier_tactic_split_leaves_those_leaves_be():
+    args = _experts_args()
+    tactics = [partir.BatchParallel("batch"), EXPERTS_OVER_MODEL, partir.ZeRO("model", 3)]
+    lowered, _ = run_and_check(_experts_step, args, tactics)
+    chosen = [s for s in lowered.report().selections if s.tactic == "ZeRO-3(model)"]
+    kept = {s.leaf: s.reason for s in chosen if s.dim is None}
+    assert "already split over \"model\" by the tactics before" in kept["params['experts']['w_up']"]
+    assert {s.leaf for s in chosen if s.dim == 0} >= {"params['proj']", "velocity['proj']"}
+    with pytest.raises(partir.TacticError, match=r"ZeRO: nothing to shard: the tactics before split "
+                       r"every leaf it would .* over \"model\" already; give ZeRO another axis"):
+        partir.jit(_experts_step, mesh=MESH, tactics=[EXPERTS_OVER_MODEL, partir.ZeRO("model", 3)]
+                   ).lower(*_experts_args(proj=False))
+
+
+def test_zero_given_leaves_an_earlier_tactic_split_too_finely_is_a_clear_error():
+    with pytest.raises(partir.TacticError, match=r"ZeRO: params\['experts'\]\['w_up'\]'s dim 0 is "
+                       r"already split over \"model\" by the tactics before, 2 elements per device.*"
+                       "leave params"):
+        partir.jit(_experts_step, mesh=MESH, tactics=[
+            EXPERTS_OVER_MODEL, partir.ZeRO("batch", 3, params="params/experts/w_up")]).lower(*_experts_args())
+
+
+def test_zero1_returns_parameters_an_earlier_tactic_split_over_its_axis_split():
+    """"As they came": a parameter split over the ZeRO axis by the tactics
+    before comes back split over it, not gathered."""
+    from tests.test_bad_inputs import _momentum
+
+    args = ({"w": np.ones((4, 8), np.float32)}, {"w": np.zeros((4, 8), np.float32)},
+            np.ones((8, 4), np.float32))
+    tactics = [partir.ManualPartition({"p/w": {0: "model"}}), partir.ZeRO("model", stage=1)]
+    lowered, compiled = run_and_check(_momentum, args, tactics)
+    assert [tuple(o.sharding.spec) for o in jax.tree.leaves(compiled(*args))] == [("model",)] * 2
+    assert not [c for c in lowered.collectives if c.kind == "all_gather"]

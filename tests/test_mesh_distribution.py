@@ -20,6 +20,15 @@ def test_mesh_is_its_ir_form_and_back() -> None:
     assert Mesh.single_device().size == 1 and not list(Mesh.single_device())
 
 
+def test_numpy_integers_are_mesh_sizes() -> None:
+    """A size read off an array's shape or a NumPy computation is an int."""
+    import numpy as np
+
+    mesh = Mesh({"batch": np.int64(4), "model": np.uint8(2)})
+    assert mesh == MESH and all(type(n) is int for n in mesh.axes.values())
+    assert str(mesh.to_op()) == str(MESH.to_op())
+
+
 def test_mesh_sizes_and_groups_follow_jax_device_order() -> None:
     assert (MESH.size, MESH.size_of(["model"]), MESH.size_of(("batch", "model"))) == (8, 2, 8)
     assert MESH["batch"] == 4 and dict(MESH) == {"batch": 4, "model": 2}

@@ -154,7 +154,8 @@ def test_a_parameters_root_named_layers():
     assert report.tactic_lines() == [
         "BatchParallel(batch): 2 data leaves on dim 0, 8 state leaves not split",
         "Megatron(model): 2 column weight leaves on dim 1, 2 row weight leaves on dim 0",
-        "ZeRO-1(batch): 4 optimizer state leaves on dim 0",
+        "ZeRO-1(batch): 4 optimizer state leaves on dim 0, "
+        "4 updated parameter leaves returned whole",
     ]
     chosen = {(s.tactic, s.leaf): s.reason for s in report.selections}
     assert chosen["ZeRO-1(batch)", "velocity[1]['w_out']"] == (
@@ -177,8 +178,13 @@ def test_zero_says_which_dim_it_split_and_why():
     partir.partition(module, partir.Mesh({"batch": 4}), [partir.ZeRO("batch", stage=1)])
     report = build_report(module)
     assert report.tactic_lines() == [
-        "ZeRO-1(batch): 1 optimizer state leaf on dim 1, 1 optimizer state leaf not split"]
-    split, whole = sorted(report.selections, key=lambda s: s.dim is None)
+        "ZeRO-1(batch): 1 optimizer state leaf on dim 1, 1 optimizer state leaf not split, "
+        "1 updated parameter leaf returned whole"]
+    returned = [s for s in report.selections if s.role == "updated parameter"]
+    assert [(s.leaf, s.split) for s in returned] == [
+        ("result[0]['blocks']['w']", "returned whole over batch")]
+    state = [s for s in report.selections if s.role != "updated parameter"]
+    split, whole = sorted(state, key=lambda s: s.dim is None)
     assert split.reason == ("under opt, which mirrors the parameters params; "
                             "dim 0 has 2 elements, fewer than 4 devices, dim 1 padded 6 -> 8")
     assert (whole.leaf, whole.reason) == (

@@ -285,3 +285,15 @@ def test_megatron_leaves_a_scalar_named_like_a_weight_whole():
     view = ProgramView.of(entry_function(module))
     plan = partir.Megatron("model").plan(view, partir.Mesh({"model": 2}))
     assert [(slash_path(t.leaf.name), t.dim) for t in plan] == [("params/attn/wq", 1)]
+
+
+def test_a_tactic_prints_as_its_short_call():
+    """Defaults are not printed (Megatron has ~250 default selectors)."""
+    assert repr(partir.Megatron("model")) == "Megatron('model')"
+    assert repr(partir.ZeRO("batch", 1)) == "ZeRO('batch', stage=1)"
+    assert repr(partir.BatchParallel("b", inputs="x/**")) == "BatchParallel('b', inputs='x/**')"
+    assert repr(partir.Megatron("m", row=("w2",))) == "Megatron('m', row=('w2',))"
+    assert repr(partir.Automatic(profile="h100-8", progress=False)) == (
+        "Automatic(profile='h100-8', progress=False)"
+    )
+    assert eval(repr(partir.ZeRO("batch", 2)), vars(partir)) == partir.ZeRO("batch", 2)

@@ -33,20 +33,21 @@ def simulate(
     args: Sequence[Any],
     mesh: Mesh | Mapping[str, int],
     tactics: Sequence[Tactic],
-    profile: Profile,
+    profile: Profile | str,
 ) -> Estimate:
     """Partition `fn` at `args` (arrays or `jax.ShapeDtypeStruct`s) over
     `mesh` (any size: no devices are used) with `tactics`, and estimate one
-    step on `profile`."""
+    step on `profile` (a `Profile`, a shipped profile's name or a JSON file)."""
     from lowering.to_spmd import lower_to_spmd
     from partir.importer import import_program
     from partir.keys import KeyBoundary
     from partir.partition import partition
 
+    chosen = profile if isinstance(profile, Profile) else Profile.load(profile)
     mesh = mesh if isinstance(mesh, Mesh) else Mesh(dict(mesh))
     keys = KeyBoundary.of(tuple(args))
     fn, raw = keys.raw_function(fn), keys.raw(tuple(args))
     module = import_program(fn, *abstract(raw), supported_only=True).module
     partition(module, mesh, check_tactics(tactics))
     lower_to_spmd(module)
-    return estimate(module, profile)
+    return estimate(module, chosen)

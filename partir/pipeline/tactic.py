@@ -36,7 +36,7 @@ from partir.plan import Plan, ProgramView, TacticError
 from partir.tactics import BatchParallel, Megatron, Tactic, ZeRO
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Pipeline(Tactic):
     """Pipeline the layer loop over `axis` with `microbatches` under `schedule`.
 

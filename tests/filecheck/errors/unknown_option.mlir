@@ -7,5 +7,5 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> {
 }
 
 // CHECK-NOT:  Traceback
-// CHECK:      error: Provided arguments ["stages"] not found in expected arguments ["axis", "stage", "params", "opt_state", "updates"]
+// CHECK:      error: partir-zero: no option stages (did you mean stage?); the options are {axis=required stage=3 params=none opt-state=none updates=none}
 // CHECK-NOT:  Traceback

@@ -1,5 +1,6 @@
 // RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4"},partir-zero{axis=batch stage=1}' | filecheck %s --check-prefix=STAGE1
 // RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4"},partir-zero{axis=batch stage=3}' | filecheck %s --check-prefix=STAGE3
+// RUN: partir-opt %s -p 'partir-declare-mesh{axes="batch=4"},partir-zero{axis=batch stage=1},partir-lower-spmd' | filecheck %s --check-prefix=SPMD1
 
 // partir-zero on a momentum-SGD update. Stage 1 shards the optimizer state
 // (opt_state/**) on dim 0: the state update runs on a quarter of the rows, and
@@ -16,8 +17,11 @@ func.func @main(%w: tensor<8x4xf32> {partir.name = "params['w']"}, %b: tensor<8x
 }
 
 // What ZeRO chose and why is recorded on the module (partir-inspect shows it):
-// STAGE1:      builtin.module attributes {partir.actions = 1 : i64, partir.selections = [#partir.selection<tactic = "ZeRO-1(batch)", role = "optimizer state", dim = 0, axis = "batch", reason = "under opt_state, named as optimizer state", leaves = ["opt_state['m']"]>]} {
+// STAGE1:      builtin.module attributes {partir.actions = 1 : i64, partir.selections = [#partir.selection<tactic = "ZeRO-1(batch)", role = "optimizer state", dim = 0, axis = "batch", reason = "under opt_state, named as optimizer state", leaves = ["opt_state['m']"]>,
+// STAGE1-SAME:   #partir.selection<tactic = "ZeRO-1(batch)", role = "updated parameter", dim = none, axis = "batch", reason = "returned whole as the parameters came (ZeRO-2 returns them split)", leaves = ["result[0]['w']", "result[0]['b']"]>]} {
+// The updated parameters return whole, as they came (the lowering gathers them):
 // STAGE1-LABEL:  func.func @main
+// STAGE1-SAME:     -> (tensor<8x4xf32> {partir.name = "result[0]['w']", partir.whole_over = ["batch"]}
 // STAGE1-NEXT:     %m2 = partir.loop "batch" [#partir.tile<0>] (%[[R:.*]]: !partir.range<4>) {
 // STAGE1-NEXT:       %[[M:.*]] = partir.slice 0 %m[%[[R]]] : tensor<8x4xf32> -> tensor<2x4xf32>
 // STAGE1-NEXT:       %[[G:.*]] = partir.slice 0 %g[%[[R]]] : tensor<8x4xf32> -> tensor<2x4xf32>
@@ -45,3 +49,9 @@ func.func @main(%w: tensor<8x4xf32> {partir.name = "params['w']"}, %b: tensor<8x
 // STAGE3-NEXT:       partir.yield %[[B2]] : tensor<2xf32>
 // STAGE3-NEXT:     } {origin = #partir.origin<3, "ZeRO", "result[0]['b']">} : tensor<8xf32>
 // STAGE3-NEXT:     func.return %w2, %b2, %m2
+
+// Lowered, stage 1 gathers the parameter update before the return; the
+// optimizer state returns split:
+// SPMD1:       %[[W2:.*]] = stablehlo.subtract %w_1, %{{.*}} {dist = !spmd.dtensor<8x4xf32, [{"batch"}, {}]>} : tensor<2x4xf32>
+// SPMD1:       %[[G:.*]] = spmd.all_gather %[[W2]] dim 0 over ["batch"] {needed_by = "func.return"
+// SPMD1:       func.return %{{.*}} : !spmd.dtensor<8x4xf32, [{}, {}]>, !spmd.dtensor<8xf32, [{}]>, !spmd.dtensor<8x4xf32, [{"batch"}, {}]>
