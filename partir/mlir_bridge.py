@@ -29,14 +29,9 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import IRDLOperation
 from xdsl.utils.exceptions import ParseError
 
-from dialects.locations import SourceLocation, Step, read_location
+from dialects.errors import UnsupportedError
+from dialects.locations import SourceLocation, Step, read_location, source_location
 from dialects.parser import PartirParser as Parser
-
-PASS_THROUGH = frozenset({"sdy.sharding_constraint"})
-"""Ops imported as their operand: `jax.lax.with_sharding_constraint` (and the
-constraint JAX adds where a committed array meets `random_wrap`) is a hint
-for GSPMD's propagation; in partir the tactics decide where values live, and
-the value itself is unchanged."""
 
 
 class AttributeCache:
@@ -154,11 +149,18 @@ class MlirToXdsl:
         attributes: dict[str, Attribute] = {}
         named = mlir_op.attributes
         for key in named:
-            attr = self._cache.attribute(str(named[key]))
+            text = str(named[key])
+            try:
+                attr = self._cache.attribute(text)
+            except ParseError as err:
+                raise self._unreadable(mlir_op, f"its attribute {key} = {text}", err) from None
             (properties if key in property_names else attributes)[key] = attr
         regions = [self._convert_region(r) for r in mlir_op.regions]
         operands = [self._values[v] for v in mlir_op.operands]
-        result_types = [self._cache.type(str(r.type)) for r in mlir_op.results]
+        try:
+            result_types = [self._cache.type(str(r.type)) for r in mlir_op.results]
+        except ParseError as err:
+            raise self._unreadable(mlir_op, "its result types", err) from None
         op = op_type.create(
             operands=operands,
             result_types=result_types,
@@ -170,6 +172,18 @@ class MlirToXdsl:
             self._values[mlir_result] = result
         op.location = self._location(mlir_op.location)
         return op
+
+    def _unreadable(self, mlir_op: Any, what: str, err: ParseError) -> UnsupportedError:
+        """A `PartirError` for an op partir cannot read: the op, where the
+        user's code made it, what part of it and xDSL's reason (never xDSL's
+        bare `ParseError`)."""
+        where = source_location(self._location(mlir_op.location)).frame
+        at = f" (at {where})" if where else ""
+        return UnsupportedError(
+            f"cannot import {mlir_op.name}{at}: partir cannot read {what:.300}: "
+            f"{err.msg}; compute it outside the partir.jit function, "
+            "or file an issue with this op"
+        )
 
     def _location(self, location: Any) -> LocationAttr:
         """`location` in partir's form (`dialects.locations`: the name stack
@@ -208,11 +222,6 @@ class MlirToXdsl:
             for mlir_arg, arg in zip(mlir_block.arguments, block.args, strict=True):
                 self._values[mlir_arg] = arg
             for mlir_op in mlir_block.operations:
-                if mlir_op.operation.name in PASS_THROUGH:
-                    (operand,) = mlir_op.operation.operands
-                    (result,) = mlir_op.operation.results
-                    self._values[result] = self._values[operand]
-                    continue
                 block.add_op(self.convert_op(mlir_op.operation))
             blocks.append(block)
         return Region(blocks)

@@ -19,6 +19,7 @@ from xdsl.ir import Attribute
 from dialects.errors import PartirValueError
 from dialects.escaping import readable
 from dialects.functions import NAME_ATTR
+from partir.annotations import Annotation, read_annotations
 from partir.selections import Selection
 from partir.selectors import POSITIONAL_ROOT, argument_root, display_path, select
 
@@ -47,10 +48,12 @@ class Leaf:
 
 @dataclass(frozen=True)
 class ProgramView:
-    """The names a tactic can select: the entry function's leaves."""
+    """The names a tactic can select: the entry function's leaves, and the
+    shardings the program states itself (`partir.annotations`)."""
 
     arguments: tuple[Leaf, ...]
     results: tuple[Leaf, ...]
+    annotations: tuple[Annotation, ...] = ()
 
     @staticmethod
     def of(entry: func.FuncOp) -> ProgramView:
@@ -77,6 +80,7 @@ class ProgramView:
                     zip(names(entry.res_attrs, len(outs), "result"), outs, strict=True)
                 )
             ),
+            read_annotations(entry),
         )
 
     def find(
@@ -126,13 +130,23 @@ class ReferencedValue:
 
 
 @dataclass(frozen=True)
+class AnnotatedValue:
+    """The value the `ordinal`-th `sdy.sharding_constraint` of the entry
+    (program order) constrains, found when the tile is taken; `name` is what
+    the report calls it (`partir.annotations.Annotation.value`)."""
+
+    ordinal: int
+    name: str
+
+
+@dataclass(frozen=True)
 class PlannedTile:
     """Tile `leaf` along `dim` over mesh `axis`; `role` is what the tactic took
     the leaf for ("data", "column weight", ...) and `reason` why, for the
     report (`partir.selections`); `label`, if given, is what the action's
     origin and conflicts call the value (by default the leaf's name)."""
 
-    leaf: Leaf | ScopedValue | ReferencedValue
+    leaf: Leaf | ScopedValue | ReferencedValue | AnnotatedValue
     dim: int
     axis: str
     role: str = "named"
@@ -160,6 +174,10 @@ class Plan:
     passed: tuple[PassedLeaf, ...] = ()
     label: str = ""
     """The tactic as the report names it ("ZeRO-3(batch)"); `tactic` if empty."""
+    removes_annotations: bool = False
+    """Whether applying the plan takes JAX's shardings out of the program
+    (`partir.annotations.remove_annotations`): `Annotations`' plan, whose
+    tiles are those shardings."""
 
     def __iter__(self) -> Iterator[PlannedTile]:
         return iter(self.tiles)
@@ -169,7 +187,8 @@ class Plan:
 
     def selections(self) -> list[Selection]:
         """Every decision, in the leaves' order (arguments, then results),
-        then the values inside the program it named by reference."""
+        then the values inside the program it named by reference or that
+        the program's own annotations name."""
         label = self.label or self.tactic
         decided = [
             (t.leaf, Selection(label, t.leaf.name, t.dim, t.axis, t.role, t.reason))
@@ -183,7 +202,7 @@ class Plan:
         referenced = [
             Selection(label, t.leaf.name, t.dim, t.axis, t.role, t.reason)
             for t in self.tiles
-            if isinstance(t.leaf, ReferencedValue)
+            if isinstance(t.leaf, ReferencedValue | AnnotatedValue)
         ]
         return [selection for _, selection in decided] + referenced
 

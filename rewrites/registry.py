@@ -833,6 +833,7 @@ RULES: dict[str, RuleBuilder] = {
     "stablehlo.sort": sort_rule,
     "stablehlo.select": elementwise_rule,
     "stablehlo.clamp": elementwise_rule,
+    "sdy.sharding_constraint": elementwise_rule,  # the identity, until `Annotations` runs
 }
 for _cls in (*UNARY_CLASSES.values(), *BINARY_CLASSES.values()):
     RULES[_cls.name] = elementwise_rule
@@ -944,6 +945,7 @@ LINEAR: dict[str, Callable[[Operation], Linear]] = {
     "stablehlo.concatenate": lambda op: (frozenset(range(len(op.operands))),),
     "stablehlo.real": lambda op: _FIRST,
     "stablehlo.imag": lambda op: _FIRST,
+    "sdy.sharding_constraint": lambda op: _FIRST,
 }
 """Per op name: its `Linear` sets (none where a condition fails: a convert or
 a divide that is not on floats, a reduce that does not add into zero)."""
