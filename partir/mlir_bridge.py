@@ -12,6 +12,7 @@ distinct location into partir's form (`dialects.locations`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -99,6 +100,49 @@ def _nowhere(path: str) -> bool:
     return False
 
 
+USER_FRAME_OPS = frozenset({"sdy.sharding_constraint"})
+"""Ops located at the user's own line rather than the innermost frame: an
+annotation made through a library (flax's `nn.with_logical_constraint`
+calls `with_sharding_constraint` in flax's own file) is the user's where
+they called the library, which the report names it by."""
+
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
+
+
+def _frames(location: Any) -> list[tuple[str | None, Any]]:
+    """The call stack of a jaxlib location, innermost first: each frame's
+    function name (None if unnamed) and its file position."""
+    frames: list[tuple[str | None, Any]] = []
+    node, name = location, None
+    while node is not None:
+        if isinstance(node, ir.NameLoc):
+            name, node = node.name_str, node.child_loc
+        elif isinstance(node, ir.CallSiteLoc):
+            frames += _frames(node.callee)
+            node, name = node.caller, None
+        elif isinstance(node, ir.FileLineColLoc):
+            frames.append((name, node))
+            break
+        else:
+            break
+    return frames
+
+
+def _in_user_code(located: LocationAttr, location: Any) -> LocationAttr:
+    """`located`, at the innermost frame outside installed libraries when
+    its own frame is inside one (`USER_FRAME_OPS`)."""
+    where = source_location(located)
+    if where.file is None or not any(d in where.file.split(os.sep) for d in _LIBRARY_DIRS):
+        return located
+    for function, frame in _frames(location):
+        parts = frame.filename.split(os.sep)
+        if not any(d in parts for d in _LIBRARY_DIRS):
+            return SourceLocation(
+                where.name_stack, frame.filename, frame.start_line, frame.start_col, function
+            ).attribute()
+    return located
+
+
 class MlirToXdsl:
     """Converts a jaxlib `ir.Module` (or any MLIR op) into the same xDSL IR.
 
@@ -171,6 +215,8 @@ class MlirToXdsl:
         for mlir_result, result in zip(mlir_op.results, op.results, strict=True):
             self._values[mlir_result] = result
         op.location = self._location(mlir_op.location)
+        if mlir_op.name in USER_FRAME_OPS:
+            op.location = _in_user_code(op.location, mlir_op.location)
         return op
 
     def _unreadable(self, mlir_op: Any, what: str, err: ParseError) -> UnsupportedError:
