@@ -45,6 +45,9 @@ ALTERNATIVES: dict[str, str] = {
     "stablehlo.cholesky": "factorise outside the partir.jit function",
     "stablehlo.triangular_solve": "solve outside the partir.jit function",
     "stablehlo.map": "apply the function elementwise with jnp ops (vectorised), not lax.map",
+    "sdy.manual_computation": "partir does not keep a nested jax.shard_map (a manual region) "
+    "yet: call the shard_map outside the partir.jit function, or write its body with jnp ops "
+    "and a with_sharding_constraint (partir.Annotations makes it an action)",
 }
 """The nearest supported way to compute what an unsupported op computes."""
 

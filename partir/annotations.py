@@ -192,8 +192,9 @@ def read_annotations(entry: func.FuncOp) -> tuple[Annotation, ...]:
             sharding = d.data.get(SHARDING)
             if isinstance(sharding, ShardingAttr):
                 add(kind, i, names[i], f"{kind} sharding", None, sharding)
-    refs = references(entry)
-    for i, op in enumerate(constraint_ops(entry)):
+    constraints = constraint_ops(entry)
+    refs = references(entry) if constraints else {}
+    for i, op in enumerate(constraints):
         name = _value_name(constrained_value(op), arguments, refs)
         add(CONSTRAINT, i, name, _source(op), _where(op), op.sharding)
     return tuple(found)

@@ -52,7 +52,7 @@ from partir.plan import (
 from partir.selections import Selection, record_selections
 from partir.tactics import TACTICS, Automatic, Tactic
 from partir.values import ValueReferenceError, find_value
-from rewrites.actions import TileAction, apply_tactic_action, take_action_numbers
+from rewrites.actions import ActionError, TileAction, apply_tactic_action, take_action_numbers
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin, record_conflicts
 from rewrites.inline_calls import InlineCallsPass
 from rewrites.propagation import PropagatePass, propagate
@@ -193,7 +193,12 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
             if isinstance(tile.leaf, AnnotatedValue) and _inside_loop(value, tile, origin, log):
                 continue
             action = TileAction(value, dim, tile.axis, origin, label)
-            apply_tactic_action(action, mesh_op, log)
+            try:
+                apply_tactic_action(action, mesh_op, log)
+            except ActionError as err:
+                if not isinstance(tile.leaf, AnnotatedValue):
+                    raise
+                raise TacticError(f"{plan.tactic}: {tile.reason}: {err}") from None
             actions.append(action)
         record_selections(
             module,

@@ -200,6 +200,30 @@ def test_check_runs_the_stages_that_hold_annotations():
     assert_leaves_close(fn(*args), jax.jit(mlp)(*args))
 
 
+def test_an_annotation_that_cannot_apply_is_a_partir_error_with_its_line():
+    def f(x):
+        return jax.lax.with_sharding_constraint(x * 2, NamedSharding(AUTO, P(None, "batch")))
+
+    with pytest.raises(partir.PartirError) as err:
+        partir.jit(f, mesh=MESH).lower(rand(8, 2))
+    line = line_of(f, "with_sharding_constraint")
+    assert f"with_sharding_constraint at test_annotations.py:{line}" in str(err.value)
+    assert 'smaller than mesh axis "batch"' in str(err.value)
+
+
+def test_a_scalar_argument_alone_adds_no_stage():
+    """JAX's `@empty_mesh` tag on a scalar splits nothing: no Annotations stage."""
+
+    def f(x, lr):
+        return x * lr
+
+    lowered = partir.jit(f, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs="x")]).lower(
+        rand(8, 4), 0.5
+    )
+    assert [s.name for s in lowered.stages] == ["import", "BatchParallel", "spmd"]
+    assert "sdy" not in lowered.stage("BatchParallel")
+
+
 # --- explicit mode ---------------------------------------------------------------
 
 
@@ -321,7 +345,7 @@ def test_a_flax_transformer_with_logical_constraints_partitions_with_annotations
     jax.jit's compiled program on the same mesh."""
     pytest.importorskip("flax")
     import flax.linen as nn
-    import optax
+    import optax  # type: ignore[import-untyped]
 
     from benchmarks.hlo_stats import collective_stats
 
@@ -348,7 +372,7 @@ def test_a_flax_transformer_with_logical_constraints_partitions_with_annotations
         args = jax.tree.map(np.asarray, (*state, x, y))  # where jax.jit put them: no matter
         compiled = jax.jit(step).lower(*args).compile()
         want = compiled(*args)
-        jit_bytes = collective_stats(compiled.as_text())["total"]
+        jit_bytes = collective_stats(compiled.as_text() or "")["total"]
         lowered = partir.jit(step, mesh=MESH).lower(*args)
         got = lowered.compile()(*args)
     assert_leaves_close(got, want)
@@ -361,3 +385,14 @@ def test_a_flax_transformer_with_logical_constraints_partitions_with_annotations
     line = line_of(block, '("batch", "length", "mlp")')
     assert any(s.reason == f"with_sharding_constraint at test_annotations.py:{line}"
                and s.axis == "model" for s in annotated(lowered))
+
+
+def test_an_annotated_program_exports_to_onnx():
+    """The ONNX export reads the import stage, where the constraint still is:
+    it is its value there, and the model runs with jax.jit's numbers."""
+    ort = pytest.importorskip("onnxruntime")
+    args = (rand(8, 16), rand(16, 32), rand(32, 4))
+    model = partir.jit(mlp, mesh=MESH).lower(*args).to_onnx()
+    session = ort.InferenceSession(model.SerializeToString())
+    (got,) = session.run(None, {i.name: a for i, a in zip(session.get_inputs(), args, strict=True)})
+    assert_leaves_close(got, np.asarray(jax.jit(mlp)(*args)))
