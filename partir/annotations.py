@@ -15,13 +15,13 @@ and distributions replace.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
-from dialects.functions import NAME_ATTR
 from dialects.locations import source_location
 from dialects.sdy import SHARDING, MeshAttr, MeshOp, ShardingAttr, ShardingConstraintOp
 from partir.values import references
@@ -146,17 +146,7 @@ def _where(op: Operation) -> str | None:
     return f"{os.path.basename(found.file)}:{found.line}"
 
 
-def _leaf_names(attrs: ArrayAttr[DictionaryAttr] | None, count: int, root: str) -> list[str]:
-    names = [f"{root}[{i}]" for i in range(count)]
-    if attrs is not None:
-        for i, d in enumerate(attrs.data):
-            name = d.data.get(NAME_ATTR)
-            if name is not None and hasattr(name, "data"):
-                names[i] = name.data
-    return names
-
-
-def _value_name(value: SSAValue, arguments: list[str], refs: dict[Operation, str]) -> str:
+def _value_name(value: SSAValue, arguments: Sequence[str], refs: dict[Operation, str]) -> str:
     if isinstance(value, BlockArgument):
         return arguments[value.index] if value.index < len(arguments) else f"argument {value.index}"
     owner = value.owner
@@ -164,15 +154,15 @@ def _value_name(value: SSAValue, arguments: list[str], refs: dict[Operation, str
     return refs.get(owner) or describe_value(value)
 
 
-def read_annotations(entry: func.FuncOp) -> tuple[Annotation, ...]:
+def read_annotations(
+    entry: func.FuncOp, arguments: Sequence[str], results: Sequence[str]
+) -> tuple[Annotation, ...]:
     """Every sharding `entry` states: its arguments', its results', then its
     constraints' in program order (a trivial one, e.g. JAX's
-    `@empty_mesh, []` on a scalar, included: it splits nothing)."""
+    `@empty_mesh, []` on a scalar, included: it splits nothing).
+    `arguments` and `results` name the leaves (`partir.plan.ProgramView`)."""
     module = entry.parent_op()
     meshes = _meshes(module) if isinstance(module, ModuleOp) else {}
-    ins, outs = entry.function_type.inputs.data, entry.function_type.outputs.data
-    arguments = _leaf_names(entry.arg_attrs, len(ins), "args")
-    results = _leaf_names(entry.res_attrs, len(outs), "result")
     found: list[Annotation] = []
 
     def add(kind: str, index: int, value: str, source: str, where: str | None, s: ShardingAttr):

@@ -67,20 +67,17 @@ class ProgramView:
             return out
 
         ins, outs = entry.function_type.inputs.data, entry.function_type.outputs.data
+        arguments = names(entry.arg_attrs, len(ins), POSITIONAL_ROOT)
+        results = names(entry.res_attrs, len(outs), "result")
         return ProgramView(
             tuple(
                 Leaf("argument", i, n, t)
-                for i, (n, t) in enumerate(
-                    zip(names(entry.arg_attrs, len(ins), POSITIONAL_ROOT), ins, strict=True)
-                )
+                for i, (n, t) in enumerate(zip(arguments, ins, strict=True))
             ),
             tuple(
-                Leaf("result", i, n, t)
-                for i, (n, t) in enumerate(
-                    zip(names(entry.res_attrs, len(outs), "result"), outs, strict=True)
-                )
+                Leaf("result", i, n, t) for i, (n, t) in enumerate(zip(results, outs, strict=True))
             ),
-            read_annotations(entry),
+            read_annotations(entry, arguments, results),
         )
 
     def find(
