@@ -4,7 +4,9 @@
 <["batch"=4, "model"=2]>` declares a mesh, `#sdy.sharding<@mesh, [{"batch"},
 {}]>` on an argument or result says how it is split (JAX tags every scalar
 argument `#sdy.sharding<@empty_mesh, []>`), and `sdy.sharding_constraint`
-is `jax.lax.with_sharding_constraint` or `jax.sharding.reshard` on a value.
+is `jax.lax.with_sharding_constraint` or `jax.sharding.reshard` on a value;
+`sdy.manual_computation` is a nested `jax.shard_map` (a manual region: its
+body is per-device code, ending in `sdy.return`).
 xdsl-jax has no `sdy` dialect; partir defines what it reads, with Shardy's
 syntax, so such programs import, print and parse back. The `Annotations`
 tactic (`partir.annotations`) turns these shardings into tiling actions and
@@ -35,12 +37,15 @@ from xdsl.irdl import (
     irdl_op_definition,
     operand_def,
     prop_def,
+    region_def,
     result_def,
     traits_def,
+    var_operand_def,
+    var_result_def,
 )
 from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
-from xdsl.traits import Pure
+from xdsl.traits import HasParent, IsTerminator, Pure, ReturnLike
 from xdsl.utils.exceptions import VerifyException
 
 from dialects.escaping import quoted
@@ -376,4 +381,97 @@ class ShardingConstraintOp(IRDLOperation):
             )
 
 
-SDY = Dialect("sdy", [MeshOp, ShardingConstraintOp], [MeshAttr, ShardingAttr])
+@irdl_attr_definition
+class ShardingPerValueAttr(ParametrizedAttribute):
+    """`#sdy.sharding_per_value<[<@mesh, [...]>, ...]>`: one sharding per value
+    (a manual region's operands or results)."""
+
+    name = "sdy.sharding_per_value"
+    shardings: ArrayAttr[ShardingAttr]
+
+    def __init__(self, shardings: Sequence[ShardingAttr]):
+        super().__init__(ArrayAttr(shardings))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        def one() -> ShardingAttr:
+            with parser.in_angle_brackets():
+                return ShardingAttr.new(ShardingAttr.parse_body(parser))
+
+        with parser.in_angle_brackets():
+            found = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, one)
+        return (ArrayAttr(found),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        def one(sharding: ShardingAttr) -> None:
+            with printer.in_angle_brackets():
+                sharding.print_body(printer)
+
+        with printer.in_angle_brackets(), printer.in_square_brackets():
+            printer.print_list(self.shardings.data, one)
+
+
+@irdl_attr_definition
+class ManualAxesAttr(ParametrizedAttribute):
+    """`#sdy<manual_axes{"batch", "model"}>`: the mesh axes a manual region's
+    body is written per device over."""
+
+    name = "sdy.manual_axes"
+    axes: ArrayAttr[StringAttr]
+
+    def __init__(self, axes: Sequence[str]):
+        super().__init__(ArrayAttr(StringAttr(a) for a in axes))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a.data for a in self.axes.data)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        names = _parse_axis_names(parser, "the manual axes")
+        return (ArrayAttr(StringAttr(n) for n in names),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        with printer.in_braces():
+            printer.print_list(self.names, printer.print_string_literal)
+
+
+@irdl_op_definition
+class ManualComputationOp(IRDLOperation):
+    """`sdy.manual_computation`: a nested `jax.shard_map`. Its operands are
+    split as `in_shardings` say before they enter, its body runs on every
+    device over `manual_axes` at the parts' (local) types with its own
+    collectives, and its results are the devices' parts put together as
+    `out_shardings` say. Printed in MLIR's generic form."""
+
+    name = "sdy.manual_computation"
+    tensors = var_operand_def(AnyTensorType)
+    results_ = var_result_def(AnyTensorType)
+    in_shardings = prop_def(ShardingPerValueAttr)
+    out_shardings = prop_def(ShardingPerValueAttr)
+    manual_axes = prop_def(ManualAxesAttr)
+    body = region_def("single_block")
+
+    def verify_(self) -> None:
+        block = self.body.block
+        ins, outs = self.in_shardings.shardings.data, self.out_shardings.shardings.data
+        if len(ins) != len(self.tensors) or len(outs) != len(self.results_):
+            raise VerifyException(f"{self.name}: one sharding per operand and per result")
+        if len(block.args) != len(self.tensors):
+            raise VerifyException(f"{self.name}: its body takes one argument per operand")
+
+
+@irdl_op_definition
+class ReturnOp(IRDLOperation):
+    """`sdy.return`: the values a manual region's body yields (each device's part)."""
+
+    name = "sdy.return"
+    values = var_operand_def()
+    traits = traits_def(IsTerminator(), HasParent(ManualComputationOp), ReturnLike(), Pure())
+
+
+SDY = Dialect(
+    "sdy",
+    [MeshOp, ShardingConstraintOp, ManualComputationOp, ReturnOp],
+    [MeshAttr, ShardingAttr, ShardingPerValueAttr, ManualAxesAttr],
+)

@@ -23,11 +23,16 @@ from lowering.jax_ir import UnsupportedOpError, op_position
 from lowering.jax_ops import EMITTERS
 
 STRUCTURAL = frozenset(
-    {"builtin.module", "func.func", "func.call", "func.return", "stablehlo.return", "sdy.mesh"}
+    {
+        "builtin.module", "func.func", "func.call", "func.return", "stablehlo.return",
+        "sdy.mesh", "sdy.manual_computation", "sdy.return",
+    }
 )
 """Ops that are program structure, not computation: modules and functions
-(calls are inlined), region terminators their parent op's emitter reads, and
-JAX's own mesh declaration (partir declares its mesh itself)."""
+(calls are inlined), region terminators their parent op's emitter reads,
+JAX's own mesh declaration (partir declares its mesh itself), and a manual
+region, whose body the SPMD lowering places per device
+(`dialects.manual_regions`)."""
 
 _CALLBACKS = (
     "host callbacks (jax.debug.print, jax.debug.callback, jax.pure_callback, io_callback) "
@@ -45,9 +50,6 @@ ALTERNATIVES: dict[str, str] = {
     "stablehlo.cholesky": "factorise outside the partir.jit function",
     "stablehlo.triangular_solve": "solve outside the partir.jit function",
     "stablehlo.map": "apply the function elementwise with jnp ops (vectorised), not lax.map",
-    "sdy.manual_computation": "partir does not keep a nested jax.shard_map (a manual region) "
-    "yet: call the shard_map outside the partir.jit function, or write its body with jnp ops "
-    "and a with_sharding_constraint (partir.Annotations makes it an action)",
 }
 """The nearest supported way to compute what an unsupported op computes."""
 

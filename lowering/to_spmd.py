@@ -42,6 +42,7 @@ from dialects.dtypes import tensor_type
 from dialects.functions import entry_function
 from dialects.heap import paused_gc
 from dialects.locations import is_unknown
+from dialects.manual_regions import operand_distributions, result_distributions
 from dialects.mesh import Mesh
 from dialects.names import op_name
 from dialects.op_kinds import per_op_kind
@@ -56,6 +57,8 @@ from dialects.partir import (
     YieldOp,
     find_mesh,
 )
+from dialects.sdy import ManualComputationOp
+from dialects.sdy import ReturnOp as SdyReturnOp
 from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
 from lowering.distributions import Placed, Redistributor, Remake
 from rewrites.projection import LoopRelations, enclosing_axes, range_axis
@@ -266,6 +269,29 @@ class SpmdLowering:
             Region(self._lower_region(body, dists, local_types, carried)),
         ]
         self._emit_carrier(op, operands, dists, regions)
+
+    def _lower_manual(self, op: ManualComputationOp) -> None:
+        """A nested shard_map on the devices' parts: each operand is converted
+        to the parts its `in_shardings` give (`dialects.manual_regions`), the
+        body (per-device code, its collectives partir's already) runs inline
+        on them, and its results are the parts `out_shardings` give."""
+        operands = self._convert_all(
+            op.tensors, operand_distributions(op), f"{op_name(op)} in_specs"
+        )
+        block = op.body.block
+        mapping: dict[SSAValue, SSAValue] = dict(zip(block.args, operands, strict=True))
+        for inner in block.ops:
+            if isinstance(inner, SdyReturnOp):
+                returned = [mapping.get(v, v) for v in inner.operands]
+                break
+            clone = inner.clone(value_mapper=mapping)
+            self.at.emit(clone)
+            for old, new in zip(inner.results, clone.results, strict=True):
+                mapping[old] = new
+        else:
+            raise LoweringError(f"{op_name(op)}: its body has no sdy.return")
+        for old, local, dist in zip(op.results, returned, result_distributions(op), strict=True):
+            self.env[old] = Placed(local, dist)
 
     def _carried_dist(self, value: SSAValue) -> Distribution:
         """What `value`'s users slice it by (a carried value's distribution)."""
@@ -593,6 +619,8 @@ def _lowerer_for(op: Operation) -> Lowerer:
         return SpmdLowering._lower_barrier
     if isinstance(op, BRANCHING_OPS):
         return SpmdLowering._lower_branching
+    if isinstance(op, ManualComputationOp):
+        return SpmdLowering._lower_manual
     return SpmdLowering._lower_compute
 
 
