@@ -4,7 +4,9 @@ JAX writes them in Shardy's dialect (`dialects.sdy`): an
 `sdy.sharding_constraint` for each `jax.lax.with_sharding_constraint` (a
 `NamedSharding`, or a bare `PartitionSpec` under `jax.set_mesh`) and each
 `jax.sharding.reshard`, and an `sdy.sharding` on an argument or result whose
-type carries a sharding (explicit mode). `read_annotations` lists them, each
+type carries a sharding (explicit mode), and the `in_specs` and `out_specs`
+of a nested `jax.shard_map` (`sdy.manual_computation`: its operands enter
+split as they say, its results come out so). `read_annotations` lists them, each
 with the value it is about, its mesh, its dims' axes and the user's line;
 the `Annotations` tactic (`partir.tactics`) makes them tiling actions, and
 `remove_annotations` then takes the constraints out of the IR (each is its
@@ -23,21 +25,32 @@ from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from dialects.locations import source_location
-from dialects.sdy import SHARDING, MeshAttr, MeshOp, ShardingAttr, ShardingConstraintOp
+from dialects.manual_regions import manual_regions, mesh_of
+from dialects.sdy import (
+    SHARDING,
+    ManualComputationOp,
+    MeshAttr,
+    MeshOp,
+    ShardingAttr,
+    ShardingConstraintOp,
+)
 from partir.values import references
 from rewrites.actions import describe_value
 
 ARGUMENT, RESULT, CONSTRAINT = "argument", "result", "constraint"
+REGION_OPERAND, REGION_RESULT = "shard_map operand", "shard_map result"
+"""The kinds of a manual region's in_spec (of its operand) and out_spec (of its result)."""
 
 
 @dataclass(frozen=True)
 class Annotation:
-    """One sharding the program states: of argument or result `index`, or of
+    """One sharding the program states: of argument or result `index`, of
     the value the `index`-th `sdy.sharding_constraint` (program order)
-    constrains."""
+    constrains, or of operand (result) `position` of the `index`-th manual
+    region."""
 
     kind: str
-    """`ARGUMENT`, `RESULT` or `CONSTRAINT`."""
+    """`ARGUMENT`, `RESULT`, `CONSTRAINT`, `REGION_OPERAND` or `REGION_RESULT`."""
     index: int
     value: str
     """What the report calls the annotated value: an argument's path, or
@@ -52,6 +65,7 @@ class Annotation:
     dims: tuple[tuple[str, ...], ...]
     """Per dim, the mesh axes it is split over, major first."""
     unreduced: tuple[str, ...] = ()
+    position: int = 0
 
     @property
     def describe(self) -> str:
@@ -183,11 +197,38 @@ def read_annotations(
             if isinstance(sharding, ShardingAttr):
                 add(kind, i, names[i], f"{kind} sharding", None, sharding)
     constraints = constraint_ops(entry)
-    refs = references(entry) if constraints else {}
+    regions = manual_regions(entry)
+    refs = references(entry) if constraints or regions else {}
     for i, op in enumerate(constraints):
         name = _value_name(constrained_value(op), arguments, refs)
         add(CONSTRAINT, i, name, _source(op), _where(op), op.sharding)
+    for i, region in enumerate(regions):
+        mesh = tuple(mesh_of(region).axes.items())
+        for kind, values, shardings, specs in (
+            (REGION_OPERAND, region.tensors, region.in_shardings, "in_specs"),
+            (REGION_RESULT, region.results, region.out_shardings, "out_specs"),
+        ):
+            for k, (value, s) in enumerate(zip(values, shardings.shardings.data, strict=True)):
+                found.append(
+                    Annotation(
+                        kind, i, _value_name(value, arguments, refs), f"shard_map {specs}[{k}]",
+                        _where(region), s.mesh_name.data, mesh, tuple(s.dims), position=k,
+                    )
+                )
     return tuple(found)
+
+
+def annotated_value(entry: func.FuncOp, kind: str, ordinal: int, position: int) -> SSAValue:
+    """The value an annotation of `kind` is about (`Annotation`): the
+    `ordinal`-th constraint's value, or operand (result) `position` of the
+    `ordinal`-th manual region, as the program is before the annotations'
+    tiles are taken."""
+    if kind == CONSTRAINT:
+        return constrained_value(constraint_ops(entry)[ordinal])
+    region = manual_regions(entry)[ordinal]
+    if kind == REGION_OPERAND:
+        return region.tensors[position]
+    return region.results[position]
 
 
 def holds_annotations(module: ModuleOp) -> bool:
@@ -197,6 +238,8 @@ def holds_annotations(module: ModuleOp) -> bool:
     the replicated constraint it adds at `random_wrap`, split nothing.)"""
     for op in module.walk():
         if isinstance(op, ShardingConstraintOp) and any(op.sharding.dims):
+            return True
+        if isinstance(op, ManualComputationOp):
             return True
         if isinstance(op, func.FuncOp):
             for attrs in (op.arg_attrs, op.res_attrs):

@@ -33,8 +33,7 @@ from dialects.partir import LoopOp, MeshOp, OriginAttr, find_mesh
 from lowering.to_jax import emit_jax
 from lowering.to_spmd import LowerToSpmdPass
 from partir.annotations import (
-    constrained_value,
-    constraint_ops,
+    annotated_value,
     remove_annotations,
     set_aside_jax_meshes,
 )
@@ -177,11 +176,13 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
             for tile in plan
             if isinstance(tile.leaf, ReferencedValue)
         }
-        if plan.removes_annotations:  # each constraint's value, then no constraints
-            constraints = constraint_ops(entry)
+        if plan.removes_annotations:  # each annotated value, then no constraints
             for tile in plan:
                 if isinstance(tile.leaf, AnnotatedValue):
-                    referenced[tile.leaf] = constrained_value(constraints[tile.leaf.ordinal])
+                    leaf = tile.leaf
+                    referenced[leaf] = annotated_value(
+                        entry, leaf.kind, leaf.ordinal, leaf.position
+                    )
             remove_annotations(module)
         actions = []
         dims: dict[tuple[str, int], int] = {}

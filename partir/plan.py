@@ -129,11 +129,15 @@ class ReferencedValue:
 @dataclass(frozen=True)
 class AnnotatedValue:
     """The value the `ordinal`-th `sdy.sharding_constraint` of the entry
-    (program order) constrains, found when the tile is taken; `name` is what
-    the report calls it (`partir.annotations.Annotation.value`)."""
+    (program order) constrains, or (`kind` a manual region's) operand or
+    result `position` of its `ordinal`-th manual region, found when the tile
+    is taken (`partir.annotations.annotated_value`); `name` is what the
+    report calls it (`partir.annotations.Annotation.value`)."""
 
     ordinal: int
     name: str
+    kind: str = "constraint"
+    position: int = 0
 
 
 @dataclass(frozen=True)

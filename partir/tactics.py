@@ -658,7 +658,7 @@ class Annotations(Tactic):
             elif note.kind == RESULT:
                 leaf = program.results[note.index]
             else:
-                leaf = AnnotatedValue(note.index, note.value)
+                leaf = AnnotatedValue(note.index, note.value, note.kind, note.position)
             for dim, axes in enumerate(note.dims):
                 for axis in axes:
                     if isinstance(leaf, Leaf):
