@@ -165,6 +165,9 @@ def manual_regions(module: Operation) -> list[ManualComputationOp]:
     return [op for op in module.walk() if isinstance(op, ManualComputationOp)]
 
 
+MANUAL_COLLECTIVE = "the nested jax.shard_map (as written)"
+"""What the report says a manual region's own collective is needed by."""
+
 REGION_MESH = "mesh"
 """A normalised region's attribute: its mesh (`#sdy.mesh<[...]>`), which it
 keeps when JAX's mesh declarations are gone (`partir.annotations`)."""

@@ -839,6 +839,8 @@ for _cls in (*UNARY_CLASSES.values(), *BINARY_CLASSES.values()):
     RULES[_cls.name] = elementwise_rule
 
 OPAQUE_REASONS: dict[str, str] = {
+    "sdy.manual_computation": "a nested jax.shard_map: kept per device as written; its operands "
+    "enter split as its in_specs say and its results leave as its out_specs say (Annotations)",
     "stablehlo.scatter(multi-input)": "a loop has one result; this scatter has several",
     "stablehlo.dynamic_broadcast_in_dim": "the result shape is a run-time value",
     "stablehlo.while": "a loop: every device runs it on its parts of the carried values, "

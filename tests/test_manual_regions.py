@@ -16,6 +16,8 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 import partir
 from dialects.context import make_context
+from dialects.manual_regions import MANUAL_COLLECTIVE
 from dialects.parser import PartirParser
 from dialects.sdy import ManualComputationOp
 from tests.numerics import assert_leaves_close
@@ -73,3 +76,115 @@ def test_the_regions_psum_is_kept_as_written():
     assert "lax.psum(" in lowered.source
     reduced = [c for c in lowered.report().collectives if c.kind == "all_reduce"]
     assert [c.axes for c in reduced] == [("model",)]
+
+
+def test_the_region_prints_and_parses_back():
+    lowered = batch_parallel(step).lower(rand(16, 8), rand(8, 4))
+    text = str(lowered.imported)
+    assert "sdy.manual_computation" in text and "spmd.all_reduce" in text
+    reparsed = PartirParser(make_context(), text).parse_module()
+    (region,) = [op for op in reparsed.walk() if isinstance(op, ManualComputationOp)]
+    assert region.manual_axes.names == ("batch", "model")
+    assert str(reparsed) == text
+
+
+def test_its_specs_are_actions_listed_with_the_shard_maps_line():
+    """The operand enters split as in_specs say, the result leaves split as
+    out_specs say, so the work around the kernel stays split: the kernel's
+    psum is the only collective, and no device holds a whole 16x4 value."""
+    lowered = batch_parallel(step).lower(rand(16, 8), rand(8, 4))
+    report = lowered.report()
+    line = inspect.getsourcelines(step)[1] + 2  # the jax.shard_map call
+    specs = {
+        (s.reason.split(" at ")[0], s.dim, s.axis)
+        for s in report.selections if s.tactic == "Annotations"
+    }
+    assert specs == {
+        ("shard_map in_specs[0]", 0, "batch"), ("shard_map in_specs[0]", 1, "model"),
+        ("shard_map in_specs[1]", 0, "model"), ("shard_map out_specs[0]", 0, "batch"),
+    }
+    assert all(
+        s.reason.endswith(f"test_manual_regions.py:{line}")
+        for s in report.selections if s.tactic == "Annotations"
+    )
+    assert [c.kind for c in report.collectives] == ["all_reduce"]
+    assert report.collectives[0].needed_by == MANUAL_COLLECTIVE
+    assert (16, 4) not in {v.local_shape for v in report.values}
+
+
+def layer(h, w1, w2):
+    """A hand-written Megatron MLP: columns of w1, rows of w2, one psum."""
+    return jax.lax.psum(jax.nn.relu(h @ w1) @ w2, "model")
+
+
+def mlp_loss(params, batch):
+    h = jnp.tanh(batch["x"] @ params["embed"])
+    out = jax.shard_map(
+        layer, mesh=AUTO,
+        in_specs=(P("batch"), P(None, "model"), P("model", None)), out_specs=P("batch"),
+    )(h, params["w1"], params["w2"])
+    return jnp.mean((out - batch["y"]) ** 2)
+
+
+def sgd_step(params, batch):
+    loss, grads = jax.value_and_grad(mlp_loss)(params, batch)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+def test_a_training_step_differentiates_through_the_kernel():
+    """jax.grad makes a second region (the kernel's transpose) with its own
+    psum; both are kept, and every stage checks against jax.jit."""
+    params = {"embed": rand(6, 8), "w1": rand(8, 16), "w2": rand(16, 8)}
+    batch = {"x": rand(32, 6), "y": rand(32, 8)}
+    fn = partir.jit(
+        sgd_step, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs=["batch/*"])],
+        check=True,
+    )
+    assert_leaves_close(fn(params, batch), jax.jit(sgd_step)(params, batch))
+
+
+def test_a_kernel_summing_over_every_axis_with_no_tactic():
+    def contract(x, w):
+        return jax.shard_map(
+            lambda a, b: jax.lax.psum(a @ b, ("batch", "model")), mesh=AUTO,
+            in_specs=(P(None, ("batch", "model")), P(("batch", "model"))), out_specs=P(),
+        )(x, w)
+
+    x, w = rand(4, 16), rand(16, 3)
+    got = partir.jit(contract, mesh=MESH, tactics=[], check=True)(x, w)
+    assert_leaves_close(got, jax.jit(contract)(x, w))
+
+
+def _partial_manual(x):
+    return jax.shard_map(
+        lambda a: jax.lax.psum(a, "model"), mesh=AUTO, in_specs=P(None, "model"),
+        out_specs=P(), axis_names={"model"},
+    )(x)
+
+
+def _pmax(x):
+    return jax.shard_map(
+        lambda a: jax.lax.pmax(a, "model"), mesh=AUTO, in_specs=P("batch", "model"),
+        out_specs=P("batch"),
+    )(x)
+
+
+def _gather(x):
+    return jax.shard_map(
+        lambda a: jax.lax.all_gather(a, "model", axis=1, tiled=True), mesh=AUTO,
+        in_specs=P("batch", "model"), out_specs=P("batch"), check_vma=False,
+    )(x)
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (_partial_manual, r'manual over "model" but the mesh has "batch", "model"'),
+        (_pmax, r"stablehlo.all_reduce at .*test_manual_regions.py:\d+.* pmax"),
+        (_gather, r"stablehlo.all_gather at .*test_manual_regions.py:\d+.*only collectives"),
+    ],
+    ids=["some-axes-manual", "pmax", "all-gather"],
+)
+def test_what_partir_cannot_keep_is_refused_by_name(fn, message):
+    with pytest.raises(partir.PartirError, match=message):
+        partir.jit(fn, mesh=MESH, tactics=[])(rand(16, 8))

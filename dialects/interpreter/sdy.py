@@ -12,10 +12,10 @@ results together as its `out_shardings` say.
 
 from __future__ import annotations
 
-from xdsl.interpreter import Interpreter, InterpreterFunctions, PythonValues, impl, register_impls
-
 import numpy as np
 from xdsl.dialects.builtin import TensorType
+from xdsl.ir import SSAValue
+from xdsl.interpreter import Interpreter, InterpreterFunctions, PythonValues, impl, register_impls
 
 from dialects.manual_regions import mesh_of, operand_distributions, result_distributions
 from dialects.sdy import ManualComputationOp, ShardingConstraintOp
@@ -42,7 +42,7 @@ class SdyFunctions(InterpreterFunctions):
         mesh = mesh_of(op)
         devices = range(mesh.size)
         block = op.body.block
-        values = {
+        values: dict[SSAValue, list[np.ndarray]] = {
             arg: [device_part(np.asarray(a), dist, d, mesh) for d in devices]
             for arg, a, dist in zip(block.args, args, operand_distributions(op), strict=True)
         }
