@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 from xdsl.dialects.builtin import TensorType
-from xdsl.ir import SSAValue
 from xdsl.interpreter import Interpreter, InterpreterFunctions, PythonValues, impl, register_impls
+from xdsl.ir import SSAValue
 
 from dialects.manual_regions import mesh_of, operand_distributions, result_distributions
 from dialects.sdy import ManualComputationOp, ShardingConstraintOp
