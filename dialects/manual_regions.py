@@ -7,7 +7,8 @@ its body run on each device's parts: its operands converted to the parts
 `in_shardings` give, its results the parts `out_shardings` give. The body's
 collectives come from JAX as `stablehlo.all_reduce` with device-id
 `replica_groups`; `normalize_manual_regions` rewrites each as partir's
-`spmd.all_reduce` over the mesh axes its groups span, which the interpreters,
+`spmd.all_reduce` over the mesh axes its groups span (`psum_scatter`,
+`all_gather` and `ppermute` their `spmd` ops too), which the interpreters,
 the SPMD lowering and the emitter already know. What partir cannot keep (a
 region over some of the axes, a collective other than a sum) is an
 `UnsupportedError` naming it and what to do.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr, ModuleOp, TensorType
 from xdsl.ir import Operation
 
 from dialects.distribution import Distribution
@@ -27,15 +28,22 @@ from dialects.locations import source_location
 from dialects.mesh import Mesh
 from dialects.names import op_name
 from dialects.sdy import ManualComputationOp, MeshAttr, MeshOp, ShardingAttr
-from dialects.spmd import AllReduceOp
+from dialects.spmd import AllGatherOp, AllReduceOp, CollectivePermuteOp, ReduceScatterOp
 
-_SUM_COLLECTIVES = frozenset({"stablehlo.all_reduce"})
+_KEPT_COLLECTIVES = frozenset(
+    {
+        "stablehlo.all_reduce",
+        "stablehlo.reduce_scatter",
+        "stablehlo.all_gather",
+        "stablehlo.collective_permute",
+    }
+)
+"""The collectives a region's body may hold: `psum`, `psum_scatter`,
+`all_gather` and `ppermute` (each becomes its `spmd` op)."""
+
 _OTHER_COLLECTIVES = frozenset(
     {
-        "stablehlo.all_gather",
-        "stablehlo.reduce_scatter",
         "stablehlo.all_to_all",
-        "stablehlo.collective_permute",
         "stablehlo.collective_broadcast",
         "stablehlo.partition_id",
         "stablehlo.replica_id",
@@ -117,32 +125,89 @@ def _group_axes(op: Operation, mesh: Mesh) -> tuple[str, ...]:
 def _is_sum(op: Operation) -> bool:
     if len(op.regions) != 1 or len(op.regions[0].blocks) != 1:
         return False
-    names = [inner.name for inner in op.regions[0].block.ops]
+    names = [op_name(inner) for inner in op.regions[0].block.ops]
     return names == ["stablehlo.add", "stablehlo.return"]
+
+
+def _int(op: Operation, key: str) -> int:
+    found = op.attributes.get(key) or op.properties.get(key)
+    if not isinstance(found, IntegerAttr):
+        raise UnsupportedError(f"{op_name(op)}{_where(op)} in a shard_map has no {key}")
+    return found.value.data
+
+
+def _permute_axes(op: Operation, mesh: Mesh) -> tuple[tuple[str, ...], list[tuple[int, int]]]:
+    """The mesh axes a `ppermute`'s device pairs move along, and the pairs as
+    positions in each group along them (the same in every group)."""
+    pairs_attr = op.attributes.get("source_target_pairs") or op.properties.get(
+        "source_target_pairs"
+    )
+    if not isinstance(pairs_attr, DenseIntOrFPElementsAttr):
+        raise UnsupportedError(f"{op_name(op)}{_where(op)} in a shard_map has no pairs")
+    flat = [int(v) for v in pairs_attr.get_values()]
+    pairs = list(zip(flat[::2], flat[1::2], strict=True))
+    devices = mesh.devices
+    moved = {a for s, t in pairs for a in mesh.axes if devices[s][a] != devices[t][a]}
+    axes = tuple(a for a in mesh.axes if a in moved)
+    by_group: dict[tuple[int, ...], set[tuple[int, int]]] = {}
+    for s, t in pairs:
+        key = tuple(devices[s][a] for a in mesh.axes if a not in moved)
+        by_group.setdefault(key, set()).add(
+            (mesh.group_index(devices[s], axes), mesh.group_index(devices[t], axes))
+        )
+    shapes = {frozenset(v) for v in by_group.values()}
+    groups = mesh.size // mesh.size_of(axes)
+    if len(shapes) != 1 or len(by_group) != groups:
+        raise UnsupportedError(
+            f"{op_name(op)}{_where(op)} in a shard_map moves values between devices in a way "
+            "that differs between groups; write the permutation over named mesh axes "
+            "(jax.lax.ppermute(x, axis_name, perm))"
+        )
+    return axes, sorted(shapes.pop())
+
+
+def _kept(op: Operation, mesh: Mesh) -> Operation:
+    """The `spmd` op doing what JAX's collective `op` does, on the same value."""
+    name = op_name(op)
+    if len(op.operands) != 1 or len(op.results) != 1:
+        raise UnsupportedError(
+            f"{name}{_where(op)} in a shard_map takes several values at once; apply "
+            "the collective to one array at a time"
+        )
+    value, ty = op.operands[0], op.results[0].type
+    assert isinstance(ty, TensorType)
+    if name == "stablehlo.collective_permute":
+        axes, pairs = _permute_axes(op, mesh)
+        return CollectivePermuteOp(value, axes, pairs)
+    axes = _group_axes(op, mesh)
+    if name == "stablehlo.all_gather":
+        return AllGatherOp(value, _int(op, "all_gather_dim"), axes, ty)
+    if not _is_sum(op):
+        raise UnsupportedError(
+            f"{name}{_where(op)} in a shard_map: partir keeps a nested shard_map's "
+            "jax.lax.psum and psum_scatter; compute pmax / pmin outside it"
+        )
+    if name == "stablehlo.reduce_scatter":
+        return ReduceScatterOp(value, _int(op, "scatter_dimension"), axes, ty)
+    return AllReduceOp(value, axes)
 
 
 def _normalize_body(region: ManualComputationOp, mesh: Mesh) -> None:
     for op in list(region.body.walk()):
         name = op_name(op)
-        if name in _SUM_COLLECTIVES:
-            if not _is_sum(op) or len(op.operands) != 1:
-                raise UnsupportedError(
-                    f"{op_name(op)}{_where(op)} in a shard_map: partir keeps a nested shard_map's "
-                    "jax.lax.psum; compute pmax / pmin, or several operands at once, outside it"
-                )
-            axes = _group_axes(op, mesh)
-            new = AllReduceOp(op.operands[0], axes)
+        if name in _KEPT_COLLECTIVES:
+            new = _kept(op, mesh)
             new.location = op.location
             assert op.parent is not None
             op.parent.insert_op_before(new, op)
-            op.results[0].replace_all_uses_with(new.result)
+            op.results[0].replace_all_uses_with(new.results[0])
             op.detach()
             op.erase()
         elif name in _OTHER_COLLECTIVES or isinstance(op, ManualComputationOp):
             raise UnsupportedError(
-                f"{op_name(op)}{_where(op)} in a nested jax.shard_map: partir keeps a shard_map "
-                "whose only collectives are jax.lax.psum; move this one outside the shard_map "
-                "(partir inserts the collectives its partitioning needs)"
+                f"{name}{_where(op)} in a nested jax.shard_map: partir keeps a shard_map "
+                "whose collectives are psum, psum_scatter, all_gather and ppermute; move this "
+                "one outside the shard_map (partir inserts the collectives its partitioning needs)"
             )
 
 

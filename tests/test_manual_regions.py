@@ -155,6 +155,36 @@ def test_a_kernel_summing_over_every_axis_with_no_tactic():
     assert_leaves_close(got, jax.jit(contract)(x, w))
 
 
+def ring_sum(a):
+    """The sum over "batch", passing parts around the ring (as ring attention
+    passes its keys and values): a ppermute in a fori_loop."""
+
+    def hop(_, carry):
+        acc, message = carry
+        message = jax.lax.ppermute(message, "batch", [(i, (i + 1) % 4) for i in range(4)])
+        return acc + message, message
+
+    return jax.lax.fori_loop(0, 3, hop, (a, a))[0]
+
+
+def gather_and_scatter(a):
+    whole = jax.lax.all_gather(a, "model", axis=1, tiled=True)
+    return whole[:, :4] * 3.0 + jax.lax.psum_scatter(whole, "model", scatter_dimension=1, tiled=True)
+
+
+@pytest.mark.parametrize("kernel", [ring_sum, gather_and_scatter])
+def test_kernels_with_ppermute_all_gather_and_psum_scatter(kernel):
+    def fn(x):
+        y = jax.shard_map(
+            kernel, mesh=AUTO, in_specs=P("batch", "model"), out_specs=P("batch", "model"),
+            check_vma=kernel is ring_sum,
+        )(jnp.cos(x))
+        return y.sum(axis=0)
+
+    x = rand(16, 8)
+    assert_leaves_close(partir.jit(fn, mesh=MESH, tactics=[], check=True)(x), jax.jit(fn)(x))
+
+
 def _partial_manual(x):
     return jax.shard_map(
         lambda a: jax.lax.psum(a, "model"), mesh=AUTO, in_specs=P(None, "model"),
@@ -169,10 +199,10 @@ def _pmax(x):
     )(x)
 
 
-def _gather(x):
+def _all_to_all(x):
     return jax.shard_map(
-        lambda a: jax.lax.all_gather(a, "model", axis=1, tiled=True), mesh=AUTO,
-        in_specs=P("batch", "model"), out_specs=P("batch"), check_vma=False,
+        lambda a: jax.lax.all_to_all(a, "model", 0, 1, tiled=True), mesh=AUTO,
+        in_specs=P("batch", "model"), out_specs=P("batch", "model"),
     )(x)
 
 
@@ -181,9 +211,9 @@ def _gather(x):
     [
         (_partial_manual, r'manual over "model" but the mesh has "batch", "model"'),
         (_pmax, r"stablehlo.all_reduce at .*test_manual_regions.py:\d+.* pmax"),
-        (_gather, r"stablehlo.all_gather at .*test_manual_regions.py:\d+.*only collectives"),
+        (_all_to_all, r"stablehlo.all_to_all at .*test_manual_regions.py:\d+.*psum_scatter"),
     ],
-    ids=["some-axes-manual", "pmax", "all-gather"],
+    ids=["some-axes-manual", "pmax", "all-to-all"],
 )
 def test_what_partir_cannot_keep_is_refused_by_name(fn, message):
     with pytest.raises(partir.PartirError, match=message):
