@@ -311,8 +311,13 @@ class SpmdLowering:
                 mapping[old] = new
         else:
             raise LoweringError(f"{op_name(op)}: its body has no sdy.return")
+        emitted = set(mapping.values())
         for old, local, dist in zip(op.results, returned, result_distributions(op), strict=True):
             self.env[old] = Placed(local, dist)
+            owner = local.owner
+            if local in emitted and isinstance(owner, Operation) and len(owner.results) == 1:
+                assert isinstance(old.type, TensorType)
+                owner.attributes[DIST] = DTensorType.of(old.type, dist)
 
     def _carried_dist(self, value: SSAValue) -> Distribution:
         """What `value`'s users slice it by (a carried value's distribution)."""
