@@ -251,8 +251,9 @@ def mesh_of(op: ManualComputationOp) -> Mesh:
 
 def normalize_manual_regions(module: ModuleOp) -> None:
     """Check each manual region is one partir keeps, record its mesh on it
-    and rewrite its body's collectives as partir's (the module docstring)."""
-    regions = manual_regions(module)
+    and rewrite its body's collectives as partir's (the module docstring);
+    regions done before are left as they are."""
+    regions = [r for r in manual_regions(module) if REGION_MESH not in r.attributes]
     if not regions:
         return
     meshes = jax_meshes(module)

@@ -30,7 +30,7 @@ from xdsl.dialects.builtin import (
     SymbolNameConstraint,
     TensorType,
 )
-from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue
+from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, Region, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     irdl_attr_definition,
@@ -442,7 +442,13 @@ class ManualComputationOp(IRDLOperation):
     split as `in_shardings` say before they enter, its body runs on every
     device over `manual_axes` at the parts' (local) types with its own
     collectives, and its results are the devices' parts put together as
-    `out_shardings` say. Printed in MLIR's generic form."""
+    `out_shardings` say. Shardy's syntax:
+
+        %r = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"batch"}]>]
+             out_shardings=[<@mesh, [{"batch"}]>] manual_axes={"batch"}
+             (%a: tensor<2xf32>) { ... sdy.return %b : tensor<2xf32> }
+             : (tensor<8xf32>) -> tensor<8xf32>
+    """
 
     name = "sdy.manual_computation"
     tensors = var_operand_def(AnyTensorType)
@@ -451,6 +457,88 @@ class ManualComputationOp(IRDLOperation):
     out_shardings = prop_def(ShardingPerValueAttr)
     manual_axes = prop_def(ManualAxesAttr)
     body = region_def("single_block")
+
+    def __init__(
+        self,
+        operands: Sequence[SSAValue],
+        result_types: Sequence[Attribute],
+        in_shardings: ShardingPerValueAttr,
+        out_shardings: ShardingPerValueAttr,
+        manual_axes: ManualAxesAttr,
+        body: Region,
+    ):
+        super().__init__(
+            operands=[operands],
+            result_types=[result_types],
+            properties={
+                "in_shardings": in_shardings,
+                "out_shardings": out_shardings,
+                "manual_axes": manual_axes,
+            },
+            regions=[body],
+        )
+
+    @classmethod
+    def parse(cls, parser: Parser) -> ManualComputationOp:
+        operands = parser.parse_comma_separated_list(
+            parser.Delimiter.PAREN, parser.parse_unresolved_operand
+        )
+        shardings: dict[str, ShardingPerValueAttr] = {}
+        for key in ("in_shardings", "out_shardings"):
+            parser.parse_keyword(key)
+            parser.parse_punctuation("=")
+
+            def one() -> ShardingAttr:
+                with parser.in_angle_brackets():
+                    return ShardingAttr.new(ShardingAttr.parse_body(parser))
+
+            found = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, one)
+            shardings[key] = ShardingPerValueAttr(found)
+        parser.parse_keyword("manual_axes")
+        parser.parse_punctuation("=")
+        axes = ManualAxesAttr(_parse_axis_names(parser, "the manual axes"))
+        args = parser.parse_comma_separated_list(
+            parser.Delimiter.PAREN, lambda: parser.parse_argument(expect_type=True)
+        )
+        body = parser.parse_region(args)
+        attributes = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        function = parser.parse_function_type()
+        resolved = parser.resolve_operands(operands, function.inputs.data, parser.pos)
+        op = cls(
+            resolved, function.outputs.data, shardings["in_shardings"],
+            shardings["out_shardings"], axes, body,
+        )
+        op.attributes.update(attributes)
+        return op
+
+    def print(self, printer: Printer) -> None:
+        def one(sharding: ShardingAttr) -> None:
+            with printer.in_angle_brackets():
+                sharding.print_body(printer)
+
+        with printer.in_parens():
+            printer.print_list(self.tensors, printer.print_operand)
+        for key, value in (
+            ("in_shardings", self.in_shardings),
+            ("out_shardings", self.out_shardings),
+        ):
+            printer.print_string(f" {key}=")
+            with printer.in_square_brackets():
+                printer.print_list(value.shardings.data, one)
+        printer.print_string(" manual_axes=")
+        self.manual_axes.print_parameters(printer)
+        printer.print_string(" ")
+        with printer.in_parens():
+            printer.print_list(self.body.block.args, printer.print_block_argument)
+        printer.print_string(" ")
+        printer.print_region(self.body, print_entry_block_args=False)
+        if self.attributes:
+            printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_function_type(
+            [v.type for v in self.tensors], [r.type for r in self.results_]
+        )
 
     def verify_(self) -> None:
         block = self.body.block
@@ -468,6 +556,7 @@ class ReturnOp(IRDLOperation):
     name = "sdy.return"
     values = var_operand_def()
     traits = traits_def(IsTerminator(), HasParent(ManualComputationOp), ReturnLike(), Pure())
+    assembly_format = "attr-dict ($values^ `:` type($values))?"
 
 
 SDY = Dialect(

@@ -25,7 +25,7 @@ from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp
 from xdsl.ir import BlockArgument, Operation, SSAValue
 
 from dialects.locations import source_location
-from dialects.manual_regions import manual_regions, mesh_of
+from dialects.manual_regions import manual_regions, mesh_of, normalize_manual_regions
 from dialects.sdy import (
     SHARDING,
     ManualComputationOp,
@@ -111,7 +111,10 @@ def set_aside_jax_meshes(module: ModuleOp) -> None:
     """Move JAX's `sdy.mesh` declarations into the module's `JAX_MESHES`
     attribute: partir's `partir.mesh @mesh` takes the symbol `@mesh` that
     JAX's mesh has, and a module defines a symbol once. The shardings still
-    name JAX's mesh, which `read_annotations` finds there."""
+    name JAX's mesh, which `read_annotations` finds there. Manual regions
+    are read first, while JAX's meshes are declarations
+    (`dialects.manual_regions`; `partir-opt` reads JAX's text this way)."""
+    normalize_manual_regions(module)
     meshes = [op for op in module.body.block.ops if isinstance(op, MeshOp)]
     if not meshes:
         return
