@@ -143,6 +143,24 @@ def test_a_training_step_differentiates_through_the_kernel():
     assert_leaves_close(fn(params, batch), jax.jit(sgd_step)(params, batch))
 
 
+def test_a_kernel_inside_a_scanned_layer():
+    """The region sits in a `lax.scan` body (a while loop): kept per layer."""
+
+    def stack(ws, x):
+        def body(h, w):
+            out = jax.shard_map(
+                layer, mesh=AUTO,
+                in_specs=(P("batch"), P(None, "model"), P("model", None)), out_specs=P("batch"),
+            )(h, *w)
+            return jnp.tanh(out), None
+
+        return jax.lax.scan(body, x, ws)[0].sum()
+
+    ws, x = (rand(3, 8, 16), rand(3, 16, 8)), rand(32, 8)
+    got = batch_parallel(stack, check=True)(ws, x)
+    assert_leaves_close(got, jax.jit(stack)(ws, x))
+
+
 def test_a_kernel_summing_over_every_axis_with_no_tactic():
     def contract(x, w):
         return jax.shard_map(
