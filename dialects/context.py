@@ -9,14 +9,15 @@ from xdsl.dialects.func import Func
 
 from dialects.chlo import CHLO
 from dialects.partir import Partir
+from dialects.sdy import SDY
 from dialects.spmd import SPMD
 from dialects.stablehlo_ext import StableHLO
 
-DIALECTS = (Builtin, Func, Arith, StableHLO, CHLO, Partir, SPMD)
+DIALECTS = (Builtin, Func, Arith, StableHLO, CHLO, SDY, Partir, SPMD)
 
 
 def make_context(*, allow_unregistered: bool = False) -> Context:
-    """A context with builtin, func, arith, StableHLO, CHLO, partir and spmd loaded."""
+    """A context with builtin, func, arith, StableHLO, CHLO, sdy, partir and spmd loaded."""
     ctx = Context(allow_unregistered=allow_unregistered)
     for dialect in DIALECTS:
         ctx.load_dialect(dialect)

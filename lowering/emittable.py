@@ -23,11 +23,16 @@ from lowering.jax_ir import UnsupportedOpError, op_position
 from lowering.jax_ops import EMITTERS
 
 STRUCTURAL = frozenset(
-    {"builtin.module", "func.func", "func.call", "func.return", "stablehlo.return", "sdy.mesh"}
+    {
+        "builtin.module", "func.func", "func.call", "func.return", "stablehlo.return",
+        "sdy.mesh", "sdy.manual_computation", "sdy.return",
+    }
 )
 """Ops that are program structure, not computation: modules and functions
-(calls are inlined), region terminators their parent op's emitter reads, and
-JAX's own mesh declaration (partir declares its mesh itself)."""
+(calls are inlined), region terminators their parent op's emitter reads,
+JAX's own mesh declaration (partir declares its mesh itself), and a manual
+region, whose body the SPMD lowering places per device
+(`dialects.manual_regions`)."""
 
 _CALLBACKS = (
     "host callbacks (jax.debug.print, jax.debug.callback, jax.pure_callback, io_callback) "

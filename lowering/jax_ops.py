@@ -16,6 +16,7 @@ from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.chlo import TopKOp
 from dialects.convolution import ConvolutionOp
+from dialects.sdy import ShardingConstraintOp
 from dialects.stablehlo_ext import CompareOp as ExtCompareOp
 from dialects.stablehlo_ext import (
     DynamicUpdateSliceOp,
@@ -43,7 +44,7 @@ from lowering.jax_elementwise import (
     emit_round,
     emit_select,
 )
-from lowering.jax_ir import OpEmitter, by_name
+from lowering.jax_ir import OpEmitter, by_name, unsupported
 from lowering.jax_literals import emit_constant
 from lowering.jax_reductions import (
     emit_convolution,
@@ -70,7 +71,20 @@ from lowering.jax_structural import (
 )
 
 if TYPE_CHECKING:
-    from lowering.jax_body import Emitter
+    from lowering.jax_body import BodyEmitter, Emitter
+
+
+def emit_sharding_constraint(em: BodyEmitter, op: ShardingConstraintOp) -> str:
+    """A constraint left to emission was never applied: the `Annotations`
+    tactic (`partir-annotations`) turns it into a tiling action and removes
+    it. Refused here rather than emitted as its operand, which would drop the
+    user's annotation silently. (Listed, so the import does not refuse it.)"""
+    raise unsupported(
+        op,
+        "the annotation was not applied; run the partir-annotations pass "
+        "(partir.Annotations) before lowering, which makes it a tiling action",
+    )
+
 
 _SPECIFIC: dict[type[Operation], OpEmitter] = {
     shlo.RoundNearestAfzOp: emit_round("AWAY_FROM_ZERO"),
@@ -106,6 +120,7 @@ _SPECIFIC: dict[type[Operation], OpEmitter] = {
     SelectAndScatterOp: emit_select_and_scatter,
     SortOp: emit_sort,
     TopKOp: emit_top_k,
+    ShardingConstraintOp: emit_sharding_constraint,
     **SPMD_EMITTERS,
 }
 

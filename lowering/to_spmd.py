@@ -32,7 +32,14 @@ from typing import Any, cast
 
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import UNKNOWN_LOC, ArrayAttr, LocationAttr, ModuleOp, TensorType
+from xdsl.dialects.builtin import (
+    UNKNOWN_LOC,
+    ArrayAttr,
+    LocationAttr,
+    ModuleOp,
+    StringAttr,
+    TensorType,
+)
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
 from xdsl_jax.dialects import stablehlo as shlo
@@ -41,9 +48,16 @@ from xdsl_jax.xdsl_extras.traits import Elementwise
 from dialects.carried import BRANCHING_OPS
 from dialects.distribution import Distribution
 from dialects.dtypes import tensor_type
+from dialects.errors import UnsupportedError
 from dialects.functions import entry_function, whole_over
 from dialects.heap import paused_gc
 from dialects.locations import is_unknown
+from dialects.manual_regions import (
+    MANUAL_COLLECTIVE,
+    mesh_of,
+    operand_distributions,
+    result_distributions,
+)
 from dialects.mesh import Mesh
 from dialects.names import op_name
 from dialects.op_kinds import per_op_kind
@@ -58,8 +72,10 @@ from dialects.partir import (
     YieldOp,
     find_mesh,
 )
+from dialects.sdy import ManualComputationOp
+from dialects.sdy import ReturnOp as SdyReturnOp
 from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
-from lowering.distributions import Placed, Redistributor, Remake
+from lowering.distributions import NEEDED_BY, Placed, Redistributor, Remake
 from rewrites.projection import LoopRelations, enclosing_axes, range_axis
 from rewrites.registry import linear_operands
 
@@ -273,6 +289,42 @@ class SpmdLowering:
             Region(self._lower_region(body, dists, local_types, carried)),
         ]
         self._emit_carrier(op, operands, dists, regions)
+
+    def _lower_manual(self, op: ManualComputationOp) -> None:
+        """A nested shard_map on the devices' parts: each operand is converted
+        to the parts its `in_shardings` give (`dialects.manual_regions`), the
+        body (per-device code, its collectives partir's already) runs inline
+        on them, and its results are the parts `out_shardings` give."""
+        if tuple(mesh_of(op).axes.items()) != tuple(self.mesh.axes.items()):
+            raise UnsupportedError(
+                f"{op_name(op)}: the nested jax.shard_map runs on the mesh "
+                f"{dict(mesh_of(op).axes)}, partir partitions over {dict(self.mesh.axes)}; "
+                "give partir.jit the mesh the shard_map uses"
+            )
+        operands = self._convert_all(
+            op.tensors, operand_distributions(op), f"{op_name(op)} in_specs"
+        )
+        block = op.body.block
+        mapping: dict[SSAValue, SSAValue] = dict(zip(block.args, operands, strict=True))
+        for inner in block.ops:
+            if isinstance(inner, SdyReturnOp):
+                returned = [mapping.get(v, v) for v in inner.operands]
+                break
+            clone = inner.clone(value_mapper=mapping)
+            if isinstance(clone, CollectiveOp):  # the user's own, as written
+                clone.attributes[NEEDED_BY] = StringAttr(MANUAL_COLLECTIVE)
+            self.at.emit(clone)
+            for old, new in zip(inner.results, clone.results, strict=True):
+                mapping[old] = new
+        else:
+            raise LoweringError(f"{op_name(op)}: its body has no sdy.return")
+        emitted = set(mapping.values())
+        for old, local, dist in zip(op.results, returned, result_distributions(op), strict=True):
+            self.env[old] = Placed(local, dist)
+            owner = local.owner
+            if local in emitted and isinstance(owner, Operation) and len(owner.results) == 1:
+                assert isinstance(old.type, TensorType)
+                owner.attributes[DIST] = DTensorType.of(old.type, dist)
 
     def _carried_dist(self, value: SSAValue) -> Distribution:
         """What `value`'s users slice it by (a carried value's distribution)."""
@@ -600,6 +652,8 @@ def _lowerer_for(op: Operation) -> Lowerer:
         return SpmdLowering._lower_barrier
     if isinstance(op, BRANCHING_OPS):
         return SpmdLowering._lower_branching
+    if isinstance(op, ManualComputationOp):
+        return SpmdLowering._lower_manual
     return SpmdLowering._lower_compute
 
 

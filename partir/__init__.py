@@ -15,6 +15,7 @@ from partir.mesh import Mesh
 from partir.partition import Partitioned, partition
 from partir.pipeline.tactic import Pipeline
 from partir.tactics import (
+    Annotations,
     Automatic,
     BatchParallel,
     ExpertParallel,
@@ -41,6 +42,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "Annotations",
     "Automatic",
     "BatchParallel",
     "Compiled",

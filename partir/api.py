@@ -68,8 +68,19 @@ def devices_for(mesh: Mesh, jax_mesh: jax.sharding.Mesh | None) -> jax.sharding.
             f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before importing jax"
         )
     grid = np.array(devices[: mesh.size]).reshape(tuple(mesh.axes.values()))
-    auto = (jax.sharding.AxisType.Auto,) * len(mesh.axes)
-    return jax.sharding.Mesh(grid, tuple(mesh.axes), axis_types=auto)
+    return jax.sharding.Mesh(grid, tuple(mesh.axes), axis_types=_axis_types(mesh))
+
+
+def _axis_types(mesh: Mesh) -> tuple[jax.sharding.AxisType, ...]:
+    """Auto axes, or the axis types of the mesh `jax.set_mesh` holds where it
+    is this mesh (explicit mode): `shard_map` refuses a mesh whose axis types
+    differ from the context's."""
+    context = jax.sharding.get_abstract_mesh()
+    names = tuple(getattr(context, "axis_names", ()))
+    sizes = tuple(getattr(context, "axis_sizes", ()))
+    if names == tuple(mesh.axes) and sizes == tuple(mesh.axes.values()):
+        return tuple(context.axis_types)
+    return (jax.sharding.AxisType.Auto,) * len(mesh.axes)
 
 
 @dataclass
@@ -83,7 +94,15 @@ class Compiled:
     keys: KeyBoundary = field(default_factory=KeyBoundary)
 
     def __call__(self, *args: Any) -> Any:
-        outs = self.run(*jax.tree_util.tree_leaves(self.keys.raw(args)))
+        leaves = jax.tree_util.tree_leaves(self.keys.raw(args))
+        if jax.sharding.AxisType.Explicit in self.jax_mesh.axis_types:
+            # explicit mode: shard_map takes arrays typed as its in_specs say
+            specs = self.program.IN_SPECS
+            leaves = [
+                jax.device_put(leaf, jax.sharding.NamedSharding(self.jax_mesh, spec))
+                for leaf, spec in zip(leaves, specs, strict=True)
+            ]
+        outs = self.run(*leaves)
         return self.keys.typed(jax.tree_util.tree_unflatten(self.out_tree, list(outs)))
 
 

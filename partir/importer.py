@@ -28,6 +28,8 @@ from dialects.errors import PartirTypeError
 from dialects.functions import NAME_ATTR, entry_function
 from dialects.heap import paused_gc
 from dialects.locations import source_location
+from dialects.manual_regions import normalize_manual_regions
+from dialects.sdy import SHARDING
 from lowering.emittable import refuse_unemittable
 from partir.mlir_bridge import AttributeCache, MlirToXdsl
 from partir.selectors import POSITIONAL_ROOT
@@ -57,6 +59,7 @@ def import_program(fn: Callable[..., Any], *args: Any, supported_only: bool = Fa
     lowered = jax.jit(fn, keep_unused=True).lower(*args)
     module = import_lowered(lowered.compiler_ir("stablehlo"), supported_only=supported_only)
     entry = entry_function(module)
+    drop_placements(entry, args)
     name_arguments(entry, argument_paths(fn, args))
     name_results(entry, result_paths(lowered.out_info))
     return Imported(module, jax.tree_util.tree_structure(lowered.out_info))
@@ -80,6 +83,7 @@ def import_lowered(mlir_module: Any, *, supported_only: bool = False) -> ModuleO
     with paused_gc():
         module = converter.convert_module(mlir_module)
         InlineCallsPass().apply(_CONTEXT, module)
+        normalize_manual_regions(module)
     if supported_only:
         refuse_unemittable(module, lambda op: source_location(op.location).frame)
     return module
@@ -171,6 +175,37 @@ def _with_name(
     )
     return ArrayAttr(
         [DictionaryAttr({**o, NAME_ATTR: StringAttr(n)}) for o, n in zip(old, names, strict=True)]
+    )
+
+
+def _explicit(leaf: Any) -> bool:
+    """Whether the leaf's type carries its sharding (explicit mode: a mesh
+    axis of its sharding is `AxisType.Explicit`)."""
+    try:
+        aval = jax.typeof(leaf)
+    except TypeError:
+        return False
+    mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
+    return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
+
+
+def drop_placements(entry: func.FuncOp, args: Sequence[Any]) -> None:
+    """Remove the `sdy.sharding` JAX writes on an argument only because the
+    array was placed that way (`jax.device_put` on an auto-mode mesh): where
+    an array happens to live is not part of the program, and partir places
+    the arguments itself. An explicit-mode argument's sharding is part of its
+    type, and stays (the `Annotations` tactic honours it)."""
+    leaves = jax.tree_util.tree_leaves(list(args))
+    attrs = entry.arg_attrs
+    if attrs is None or len(leaves) != len(attrs.data):
+        return
+    entry.arg_attrs = ArrayAttr(
+        [
+            d if _explicit(leaf) else DictionaryAttr(
+                {k: v for k, v in d.data.items() if k != SHARDING}
+            )
+            for leaf, d in zip(leaves, attrs.data, strict=True)
+        ]
     )
 
 

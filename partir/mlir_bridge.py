@@ -12,6 +12,7 @@ distinct location into partir's form (`dialects.locations`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -29,14 +30,9 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import IRDLOperation
 from xdsl.utils.exceptions import ParseError
 
-from dialects.locations import SourceLocation, Step, read_location
+from dialects.errors import UnsupportedError
+from dialects.locations import SourceLocation, Step, read_location, source_location
 from dialects.parser import PartirParser as Parser
-
-PASS_THROUGH = frozenset({"sdy.sharding_constraint"})
-"""Ops imported as their operand: `jax.lax.with_sharding_constraint` (and the
-constraint JAX adds where a committed array meets `random_wrap`) is a hint
-for GSPMD's propagation; in partir the tactics decide where values live, and
-the value itself is unchanged."""
 
 
 class AttributeCache:
@@ -104,6 +100,49 @@ def _nowhere(path: str) -> bool:
     return False
 
 
+USER_FRAME_OPS = frozenset({"sdy.sharding_constraint"})
+"""Ops located at the user's own line rather than the innermost frame: an
+annotation made through a library (flax's `nn.with_logical_constraint`
+calls `with_sharding_constraint` in flax's own file) is the user's where
+they called the library, which the report names it by."""
+
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
+
+
+def _frames(location: Any) -> list[tuple[str | None, Any]]:
+    """The call stack of a jaxlib location, innermost first: each frame's
+    function name (None if unnamed) and its file position."""
+    frames: list[tuple[str | None, Any]] = []
+    node, name = location, None
+    while node is not None:
+        if isinstance(node, ir.NameLoc):
+            name, node = node.name_str, node.child_loc
+        elif isinstance(node, ir.CallSiteLoc):
+            frames += _frames(node.callee)
+            node, name = node.caller, None
+        elif isinstance(node, ir.FileLineColLoc):
+            frames.append((name, node))
+            break
+        else:
+            break
+    return frames
+
+
+def _in_user_code(located: LocationAttr, location: Any) -> LocationAttr:
+    """`located`, at the innermost frame outside installed libraries when
+    its own frame is inside one (`USER_FRAME_OPS`)."""
+    where = source_location(located)
+    if where.file is None or not any(d in where.file.split(os.sep) for d in _LIBRARY_DIRS):
+        return located
+    for function, frame in _frames(location):
+        parts = frame.filename.split(os.sep)
+        if not any(d in parts for d in _LIBRARY_DIRS):
+            return SourceLocation(
+                where.name_stack, frame.filename, frame.start_line, frame.start_col, function
+            ).attribute()
+    return located
+
+
 class MlirToXdsl:
     """Converts a jaxlib `ir.Module` (or any MLIR op) into the same xDSL IR.
 
@@ -154,11 +193,18 @@ class MlirToXdsl:
         attributes: dict[str, Attribute] = {}
         named = mlir_op.attributes
         for key in named:
-            attr = self._cache.attribute(str(named[key]))
+            text = str(named[key])
+            try:
+                attr = self._cache.attribute(text)
+            except ParseError as err:
+                raise self._unreadable(mlir_op, f"its attribute {key} = {text}", err) from None
             (properties if key in property_names else attributes)[key] = attr
         regions = [self._convert_region(r) for r in mlir_op.regions]
         operands = [self._values[v] for v in mlir_op.operands]
-        result_types = [self._cache.type(str(r.type)) for r in mlir_op.results]
+        try:
+            result_types = [self._cache.type(str(r.type)) for r in mlir_op.results]
+        except ParseError as err:
+            raise self._unreadable(mlir_op, "its result types", err) from None
         op = op_type.create(
             operands=operands,
             result_types=result_types,
@@ -169,7 +215,21 @@ class MlirToXdsl:
         for mlir_result, result in zip(mlir_op.results, op.results, strict=True):
             self._values[mlir_result] = result
         op.location = self._location(mlir_op.location)
+        if mlir_op.name in USER_FRAME_OPS:
+            op.location = _in_user_code(op.location, mlir_op.location)
         return op
+
+    def _unreadable(self, mlir_op: Any, what: str, err: ParseError) -> UnsupportedError:
+        """A `PartirError` for an op partir cannot read: the op, where the
+        user's code made it, what part of it and xDSL's reason (never xDSL's
+        bare `ParseError`)."""
+        where = source_location(self._location(mlir_op.location)).frame
+        at = f" (at {where})" if where else ""
+        return UnsupportedError(
+            f"cannot import {mlir_op.name}{at}: partir cannot read {what:.300}: "
+            f"{err.msg}; compute it outside the partir.jit function, "
+            "or file an issue with this op"
+        )
 
     def _location(self, location: Any) -> LocationAttr:
         """`location` in partir's form (`dialects.locations`: the name stack
@@ -208,11 +268,6 @@ class MlirToXdsl:
             for mlir_arg, arg in zip(mlir_block.arguments, block.args, strict=True):
                 self._values[mlir_arg] = arg
             for mlir_op in mlir_block.operations:
-                if mlir_op.operation.name in PASS_THROUGH:
-                    (operand,) = mlir_op.operation.operands
-                    (result,) = mlir_op.operation.results
-                    self._values[result] = self._values[operand]
-                    continue
                 block.add_op(self.convert_op(mlir_op.operation))
             blocks.append(block)
         return Region(blocks)

@@ -24,8 +24,9 @@ from xdsl.passes import ModulePass, PassPipeline
 from dialects.functions import entry_function
 from dialects.heap import paused_gc
 from dialects.locations import located_text
+from partir.annotations import holds_annotations, remove_annotations
 from partir.mesh import Mesh
-from partir.tactics import Automatic, Plan, ProgramView, Tactic
+from partir.tactics import Annotations, Automatic, Plan, ProgramView, Tactic
 from rewrites.conflicts import Conflict, recorded_conflicts
 
 if TYPE_CHECKING:
@@ -99,6 +100,20 @@ class Partitioned:
         return find_stage(self.stages, key).text
 
 
+def with_annotations(module: ModuleOp, tactics: Sequence[Tactic]) -> list[Tactic]:
+    """The schedule to run on `module`: `Annotations` first when the program
+    states shardings of its own and the schedule does not place it (user
+    annotations win, as in PartIR and Shardy). A program with none is rid
+    of JAX's trivial ones (a scalar's `@empty_mesh`, JAX's mesh declarations)
+    here, so no later stage sees them."""
+    if any(isinstance(t, Annotations) for t in tactics):
+        return list(tactics)
+    if holds_annotations(module):
+        return [Annotations(), *tactics]
+    remove_annotations(module)
+    return list(tactics)
+
+
 def plan_schedule(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic]) -> list[Plan]:
     """Each tactic's plan against the module's entry function (raises
     `TacticError` naming the tactic before anything is rewritten)."""
@@ -115,7 +130,8 @@ def partition(
     keep_stages: bool = False,
     verify: bool = False,
 ) -> Partitioned:
-    """Apply `tactics` to `module` (in place), each followed by propagation.
+    """Apply `tactics` to `module` (in place), each followed by propagation
+    (`Annotations` first where the program holds any: `with_annotations`).
 
     With `keep_stages`, `stages` holds "import" and one stage per tactic (see
     `stage_names`); with `verify`, the dialect verifier runs after each tactic.
@@ -128,6 +144,7 @@ def partition(
     )
     from partir.search import decided
 
+    tactics = with_annotations(module, tactics)
     plans = plan_schedule(module, mesh, tactics)
     declare_mesh(module, mesh)
     result = Partitioned(module, plans)

@@ -20,7 +20,7 @@ from typing import Any
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import PassFailedException
 
@@ -29,11 +29,17 @@ from dialects.escaping import quoted
 from dialects.functions import entry_function, return_whole_over
 from dialects.heap import paused_gc
 from dialects.locations import in_scope
-from dialects.partir import MeshOp, OriginAttr, find_mesh
+from dialects.partir import LoopOp, MeshOp, OriginAttr, find_mesh
 from lowering.to_jax import emit_jax
 from lowering.to_spmd import LowerToSpmdPass
+from partir.annotations import (
+    annotated_value,
+    remove_annotations,
+    set_aside_jax_meshes,
+)
 from partir.mesh import Mesh
 from partir.plan import (
+    AnnotatedValue,
     Leaf,
     Plan,
     PlannedTile,
@@ -47,7 +53,7 @@ from partir.selections import Selection, record_selections
 from partir.tactics import TACTICS, Automatic, Tactic
 from partir.values import ValueReferenceError, find_value
 from rewrites.actions import ActionError, TileAction, apply_tactic_action, take_action_numbers
-from rewrites.conflicts import ConflictLog, record_conflicts
+from rewrites.conflicts import Conflict, ConflictLog, describe_origin, record_conflicts
 from rewrites.inline_calls import InlineCallsPass
 from rewrites.propagation import PropagatePass, propagate
 
@@ -63,7 +69,9 @@ def module_mesh(module: ModuleOp, who: str) -> MeshOp:
 
 
 def declare_mesh(module: ModuleOp, mesh: Mesh) -> MeshOp:
-    """Add the mesh to the module, or check the one it declares matches."""
+    """Add the mesh to the module, or check the one it declares matches
+    (JAX's own meshes set aside: `set_aside_jax_meshes`)."""
+    set_aside_jax_meshes(module)
     existing = next((op for op in module.body.block.ops if isinstance(op, MeshOp)), None)
     if existing is not None:
         if existing.axes != mesh.axes:
@@ -82,10 +90,12 @@ def declare_mesh(module: ModuleOp, mesh: Mesh) -> MeshOp:
 
 
 def _leaf_value(
-    entry: func.FuncOp, tile: PlannedTile, referenced: dict[ReferencedValue, SSAValue]
+    entry: func.FuncOp,
+    tile: PlannedTile,
+    referenced: dict[ReferencedValue | AnnotatedValue, SSAValue],
 ) -> SSAValue:
     leaf = tile.leaf
-    if isinstance(leaf, ReferencedValue):
+    if isinstance(leaf, ReferencedValue | AnnotatedValue):
         return referenced[leaf]  # read before the plan's first tile
     if isinstance(leaf, ScopedValue):
         return scoped_value(entry, leaf)
@@ -126,6 +136,32 @@ def scoped_value(entry: func.FuncOp, value: ScopedValue) -> SSAValue:
     )
 
 
+def _inside_loop(value: SSAValue, tile: PlannedTile, origin: OriginAttr, log: ConflictLog) -> bool:
+    """Whether an annotated value is computed inside a loop over the tile's
+    axis (`Annotations` placed after a tactic whose propagation reached it):
+    that earlier split stands, and is reported as a conflict, since the
+    annotation cannot be checked against a part of the value."""
+    op = value.owner if isinstance(value.owner, Operation) else value.owner.parent_op()
+    loop = op.parent_op() if op is not None else None
+    while loop is not None and not (isinstance(loop, LoopOp) and loop.axis_name == tile.axis):
+        loop = loop.parent_op()
+    if loop is None:
+        return False
+    log.record(
+        Conflict(
+            op="annotation",
+            values=(tile.label or tile.leaf.name,),
+            axis=tile.axis,
+            winner=describe_origin(loop.origin),
+            loser=origin.describe(),
+            detail=f"{tile.reason} asks for dim {tile.dim}, but the value is computed per part "
+            f"inside that action's loop over {quoted(tile.axis)}, whose split stands; place "
+            "Annotations first (the default) for the annotation to win",
+        )
+    )
+    return True
+
+
 def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
     """Tile what `plan` names, in order, record what it chose and why on the
     module (`partir.selections`), then propagate; returns the actions."""
@@ -136,11 +172,19 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
         log = ConflictLog()
         # references name ops of the program as the tactics before this one left
         # it: read them all before this plan's tiles add ops of their own
-        referenced = {
+        referenced: dict[ReferencedValue | AnnotatedValue, SSAValue] = {
             tile.leaf: _referenced_value(entry, tile.leaf)
             for tile in plan
             if isinstance(tile.leaf, ReferencedValue)
         }
+        if plan.removes_annotations:  # each annotated value, then no constraints
+            for tile in plan:
+                if isinstance(tile.leaf, AnnotatedValue):
+                    leaf = tile.leaf
+                    referenced[leaf] = annotated_value(
+                        entry, leaf.kind, leaf.ordinal, leaf.position
+                    )
+            remove_annotations(module)
         actions = []
         dims: dict[tuple[str, int], int] = {}
         for number, tile in enumerate(plan, start=first):
@@ -148,10 +192,14 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
             origin = OriginAttr(number, plan.tactic, label)
             value = _leaf_value(entry, tile, referenced)
             dim = dims[tile.leaf.name, tile.dim] = _dim_of(value, tile.dim)
+            if isinstance(tile.leaf, AnnotatedValue) and _inside_loop(value, tile, origin, log):
+                continue
             action = TileAction(value, dim, tile.axis, origin, label)
             try:
                 apply_tactic_action(action, mesh_op, log)
             except ActionError as err:  # e.g. a dim the tactics before split too finely
+                if isinstance(tile.leaf, AnnotatedValue):
+                    raise TacticError(f"{plan.tactic}: {tile.reason}: {err}") from None
                 raise TacticError(f"{plan.tactic}: {err}") from None
             actions.append(action)
         for kept in plan.whole:

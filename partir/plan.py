@@ -20,6 +20,7 @@ from dialects.errors import PartirValueError
 from dialects.escaping import readable
 from dialects.functions import NAME_ATTR
 from lowering.to_spmd import input_slices
+from partir.annotations import Annotation, read_annotations
 from partir.mesh import Mesh
 from partir.selections import Selection
 from partir.selectors import POSITIONAL_ROOT, argument_root, display_path, select
@@ -50,7 +51,8 @@ class Leaf:
 
 @dataclass(frozen=True)
 class ProgramView:
-    """The names a tactic can select: the entry function's leaves."""
+    """The names a tactic can select: the entry function's leaves, and the
+    shardings the program states itself (`partir.annotations`)."""
 
     arguments: tuple[Leaf, ...]
     results: tuple[Leaf, ...]
@@ -60,6 +62,7 @@ class ProgramView:
     (`rewrites.projection.tilings`), as the tactics before and propagation
     left the program: a tactic that picks a dim from a leaf's shape reads
     the per-device one (`local_shape`)."""
+    annotations: tuple[Annotation, ...] = ()
 
     def local_shape(self, leaf: Leaf, mesh: Mesh) -> tuple[int, ...]:
         """`leaf`'s shape on one device after the earlier tactics' splits
@@ -106,6 +109,7 @@ class ProgramView:
                 )
             ),
             splits,
+            read_annotations(entry, arg_names, res_names),
         )
 
     def find(
@@ -155,13 +159,27 @@ class ReferencedValue:
 
 
 @dataclass(frozen=True)
+class AnnotatedValue:
+    """The value the `ordinal`-th `sdy.sharding_constraint` of the entry
+    (program order) constrains, or (`kind` a manual region's) operand or
+    result `position` of its `ordinal`-th manual region, found when the tile
+    is taken (`partir.annotations.annotated_value`); `name` is what the
+    report calls it (`partir.annotations.Annotation.value`)."""
+
+    ordinal: int
+    name: str
+    kind: str = "constraint"
+    position: int = 0
+
+
+@dataclass(frozen=True)
 class PlannedTile:
     """Tile `leaf` along `dim` over mesh `axis`; `role` is what the tactic took
     the leaf for ("data", "column weight", ...) and `reason` why, for the
     report (`partir.selections`); `label`, if given, is what the action's
     origin and conflicts call the value (by default the leaf's name)."""
 
-    leaf: Leaf | ScopedValue | ReferencedValue
+    leaf: Leaf | ScopedValue | ReferencedValue | AnnotatedValue
     dim: int
     axis: str
     role: str = "named"
@@ -202,6 +220,10 @@ class Plan:
     """The tactic as the report names it ("ZeRO-3(batch)"); `tactic` if empty."""
     whole: tuple[ReturnedWhole, ...] = ()
     """Results returned whole over an axis (ZeRO-1's updated parameters)."""
+    removes_annotations: bool = False
+    """Whether applying the plan takes JAX's shardings out of the program
+    (`partir.annotations.remove_annotations`): `Annotations`' plan, whose
+    tiles are those shardings."""
 
     def __iter__(self) -> Iterator[PlannedTile]:
         return iter(self.tiles)
@@ -211,7 +233,8 @@ class Plan:
 
     def selections(self) -> list[Selection]:
         """Every decision, in the leaves' order (arguments, then results),
-        then the values inside the program it named by reference."""
+        then the values inside the program it named by reference or that
+        the program's own annotations name."""
         label = self.label or self.tactic
         decided = [
             (t.leaf, Selection(label, t.leaf.name, t.dim, t.axis, t.role, t.reason))
@@ -229,7 +252,7 @@ class Plan:
         referenced = [
             Selection(label, t.leaf.name, t.dim, t.axis, t.role, t.reason)
             for t in self.tiles
-            if isinstance(t.leaf, ReferencedValue)
+            if isinstance(t.leaf, ReferencedValue | AnnotatedValue)
         ]
         return [selection for _, selection in decided] + referenced
 

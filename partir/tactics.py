@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from dialects.errors import PartirTypeError
 from dialects.escaping import quoted
+from partir.annotations import ARGUMENT, RESULT, Annotation
 from partir.blocks import LEAF_NAMES, OUT_IN_WEIGHTS, block_splits
 from partir.mesh import Mesh
 from partir.plan import (
+    AnnotatedValue,
     Leaf,
     PassedLeaf,
     Plan,
@@ -49,6 +51,7 @@ __all__ = [
     "MEGATRON_COLUMN_BIAS",
     "MEGATRON_ROW",
     "TACTICS",
+    "Annotations",
     "Automatic",
     "BatchParallel",
     "ExpertParallel",
@@ -867,7 +870,69 @@ class Automatic(Tactic):
         return Plan(self.name, (), label=self.name)
 
 
+@dataclass(frozen=True, repr=False)
+class Annotations(Tactic):
+    """The shardings the program states itself, as tiling actions.
+
+    Every `jax.lax.with_sharding_constraint` (a `NamedSharding`, or a bare
+    `PartitionSpec` under `jax.set_mesh`), every `jax.sharding.reshard` and
+    every explicit-mode argument or result sharding (`partir.annotations`)
+    tiles its value as it says, each recorded with the user's line. User
+    annotations win, as in PartIR and Shardy: `partition` runs this tactic
+    first when the program holds annotations, unless the schedule places it;
+    a later tactic that disagrees is a reported conflict. JAX's mesh must be
+    partir's (the same axes, the same sizes). Applying it takes the
+    constraints out of the program (each is its value)."""
+
+    CLI_NAME = "partir-annotations"
+
+    def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
+        tiles: list[PlannedTile] = []
+        for note in program.annotations:
+            if not note.splits:
+                continue
+            self._check_mesh(note, mesh)
+            leaf: Leaf | AnnotatedValue
+            if note.kind == ARGUMENT:
+                leaf = program.arguments[note.index]
+            elif note.kind == RESULT:
+                leaf = program.results[note.index]
+            else:
+                leaf = AnnotatedValue(note.index, note.value, note.kind, note.position)
+            for dim, axes in enumerate(note.dims):
+                for axis in axes:
+                    if isinstance(leaf, Leaf):
+                        tiles.append(_plan(leaf, dim, axis, mesh, self.name, "annotated",
+                                           note.describe))
+                    else:
+                        tiles.append(PlannedTile(leaf, dim, axis, "annotated", note.describe))
+        return Plan(self.name, tuple(tiles), label=self.name, removes_annotations=True)
+
+    def _check_mesh(self, note: Annotation, mesh: Mesh) -> None:
+        """JAX's mesh axes that `note` names are partir's, with the same sizes."""
+        jax_mesh = dict(note.mesh_axes)
+        shown = ", ".join(f"{quoted(a)}={n}" for a, n in note.mesh_axes) or "no axes"
+        ours = ", ".join(f"{quoted(a)}={n}" for a, n in mesh.axes.items())
+        named = [a for axes in note.dims for a in axes]
+        for axis in named:
+            size = jax_mesh.get(axis)
+            if axis not in mesh.axes or (size is not None and size != mesh.axes[axis]):
+                theirs = f"{quoted(axis)}={size}" if size is not None else quoted(axis)
+                raise TacticError(
+                    f"{self.name}: {note.describe} splits {note.value} as {note.spec} on JAX's "
+                    f"mesh @{note.mesh_name} ({shown}), whose axis {theirs} partir's mesh "
+                    f"({ours}) does not have; give partir.jit the mesh the program uses "
+                    "(a jax.sharding.Mesh is accepted), or name partir's axes in the annotation"
+                )
+        if note.unreduced:
+            raise TacticError(
+                f"{self.name}: {note.describe} leaves {note.value} unreduced over "
+                f"{', '.join(map(quoted, note.unreduced))}; partir decides where partial sums "
+                "are reduced itself: drop the unreduced axes from the annotation"
+            )
+
+
 TACTICS: tuple[type[Tactic], ...] = (
-    BatchParallel, Megatron, ExpertParallel, ZeRO, ManualPartition, Automatic
+    BatchParallel, Megatron, ExpertParallel, ZeRO, ManualPartition, Automatic, Annotations
 )
 """Every tactic; each is also a `partir-opt` pass (`partir.passes.tactic_pass`)."""

@@ -833,11 +833,14 @@ RULES: dict[str, RuleBuilder] = {
     "stablehlo.sort": sort_rule,
     "stablehlo.select": elementwise_rule,
     "stablehlo.clamp": elementwise_rule,
+    "sdy.sharding_constraint": elementwise_rule,  # the identity, until `Annotations` runs
 }
 for _cls in (*UNARY_CLASSES.values(), *BINARY_CLASSES.values()):
     RULES[_cls.name] = elementwise_rule
 
 OPAQUE_REASONS: dict[str, str] = {
+    "sdy.manual_computation": "a nested jax.shard_map: kept per device as written; its operands "
+    "enter split as its in_specs say and its results leave as its out_specs say (Annotations)",
     "stablehlo.scatter(multi-input)": "a loop has one result; this scatter has several",
     "stablehlo.dynamic_broadcast_in_dim": "the result shape is a run-time value",
     "stablehlo.while": "a loop: every device runs it on its parts of the carried values, "
@@ -944,6 +947,7 @@ LINEAR: dict[str, Callable[[Operation], Linear]] = {
     "stablehlo.concatenate": lambda op: (frozenset(range(len(op.operands))),),
     "stablehlo.real": lambda op: _FIRST,
     "stablehlo.imag": lambda op: _FIRST,
+    "sdy.sharding_constraint": lambda op: _FIRST,
 }
 """Per op name: its `Linear` sets (none where a condition fails: a convert or
 a divide that is not on floats, a reduce that does not add into zero)."""

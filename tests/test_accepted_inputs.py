@@ -54,10 +54,11 @@ def test_quoted_keys_are_read_as_python_reads_them():
     assert select("d/é\\", paths) == [1]
 
 
-def test_a_sharding_constraint_in_user_code_is_a_hint_the_tactics_override():
-    """`with_sharding_constraint` (GSPMD's hint) is imported as its value:
-    partir's tactics decide the layout, so a constraint asking for "model"
-    rows costs nothing under BatchParallel, and the numbers are jax.jit's."""
+def test_a_sharding_constraint_in_user_code_is_honoured_before_the_tactics():
+    """`with_sharding_constraint` is the user's annotation (`partir.Annotations`
+    runs first): the constrained value's rows are split over "model", and
+    BatchParallel then splits them further over "batch" (rows over both);
+    the numbers are jax.jit's, and no stage after the annotations holds it."""
     from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
     mesh = jax.make_mesh((4, 2), ("batch", "model"), axis_types=(AxisType.Auto,) * 2)
@@ -69,4 +70,7 @@ def test_a_sharding_constraint_in_user_code_is_a_hint_the_tactics_override():
     compiled = partir.jit(f, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs="x")])
     np.testing.assert_allclose(compiled(X), jax.jit(f)(X), rtol=1e-6)
     lowered = compiled.lower(X)
-    assert lowered.collectives == [] and "sdy.sharding_constraint" not in lowered.stage("import")
+    assert [s.name for s in lowered.stages] == ["import", "Annotations", "BatchParallel", "spmd"]
+    assert "sdy.sharding_constraint" in lowered.stage("import")
+    assert "sdy." not in lowered.stage("Annotations")
+    assert lowered.collectives == []

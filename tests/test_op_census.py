@@ -23,6 +23,7 @@ from xdsl.ir import Operation
 import partir
 from dialects.interpreter.chlo import ChloFunctions
 from dialects.interpreter.core import PartirFunctions
+from dialects.interpreter.sdy import SdyFunctions
 from dialects.interpreter.stablehlo import StableHLOFunctions
 from dialects.names import op_name
 from examples import scanned_stack
@@ -92,7 +93,7 @@ def census() -> dict[str, collections.Counter]:
 @cache
 def implemented() -> frozenset[type[Operation]]:
     return frozenset(
-        op for functions in (StableHLOFunctions, ChloFunctions, PartirFunctions)
+        op for functions in (StableHLOFunctions, ChloFunctions, PartirFunctions, SdyFunctions)
         for op, _ in functions._impls()
     )
 

@@ -28,10 +28,13 @@ def make_interpreter(module: ModuleOp) -> Interpreter:
     here, not at the top: importing this package for its helpers stays light.)"""
     from dialects.interpreter.chlo import ChloFunctions
     from dialects.interpreter.core import PartirFunctions
+    from dialects.interpreter.sdy import SdyFunctions
     from dialects.interpreter.stablehlo import StableHLOFunctions
 
     interp = Interpreter(module)
-    for functions in (FuncFunctions, PartirFunctions, StableHLOFunctions, ChloFunctions):
+    for functions in (
+        FuncFunctions, PartirFunctions, StableHLOFunctions, ChloFunctions, SdyFunctions
+    ):
         interp.register_implementations(functions())
     return interp
 

@@ -200,7 +200,7 @@ def run_spmd(module: ModuleOp, args: Sequence[Any]) -> list[np.ndarray]:
         array = _as_argument(i, value, ty.global_type)
         dist = ty.distribution
         values[arg] = [device_part(array, dist, d, mesh) for d in range(len(mesh.devices))]
-    returned, ret = _Lockstep(mesh, per_device, spmd, values).run(entry.body.block)
+    returned, ret = Lockstep(mesh, per_device, spmd, values).run(entry.body.block)
     if not isinstance(ret, func.ReturnOp):
         raise InterpretationError("the entry function has no func.return")
     arrays = []
@@ -210,7 +210,7 @@ def run_spmd(module: ModuleOp, args: Sequence[Any]) -> list[np.ndarray]:
     return arrays
 
 
-class _Lockstep:
+class Lockstep:
     """Runs a block on every device, op by op, so that a collective finds
     every device's operand; a `stablehlo.while` runs its regions the same way
     (collectives inside the loop), iterating while the devices' condition,

@@ -65,6 +65,7 @@ KINDS: dict[str, Kind] = {
     "stablehlo.constant": Kind.FREE,  # a literal in the executable (bytes, if not a splat)
     "stablehlo.reshape": Kind.FREE,
     "stablehlo.optimization_barrier": Kind.FREE,
+    "sdy.sharding_constraint": Kind.FREE,  # the value itself (an annotation)
     "spmd.to_local": Kind.FREE,
     "spmd.from_local": Kind.FREE,
     "stablehlo.dot_general": Kind.MATMUL,

@@ -42,6 +42,7 @@ from dialects.context import make_context
 from dialects.distribution import Distribution
 from dialects.functions import NAME_ATTR, entry_function
 from dialects.mesh import Mesh
+from dialects.sdy import ShardingConstraintOp
 from dialects.spmd import DTensorType, mesh_of, result_dtensors
 from lowering.collectives import collectives
 from lowering.to_spmd import LowerToSpmdPass
@@ -229,6 +230,9 @@ def build_model(
     for number, op in enumerate(ops):
         if op.name == "func.return":
             returned = list(op.operands)
+            continue
+        if isinstance(op, ShardingConstraintOp):  # an annotation: its value, now decided
+            builder.names[op.results[0]] = builder.name(op.input)
             continue
         builder.op_number = number
         builder.names[op.results[0]] = export_op(builder, op)

@@ -1,0 +1,243 @@
+"""A nested `jax.shard_map` (a manual region, `sdy.manual_computation`) is
+kept per device as written, with its own collectives; partir partitions the
+program around it.
+
+On the 4x2 CPU mesh: a hand-written kernel (a local matmul, then
+`jax.lax.psum` over "model") between work partir partitions under
+BatchParallel; the numbers are jax.jit's, `check=True` runs every stage
+through it (the reference interpreter simulates the region's devices), and
+what partir cannot keep is refused by name.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
+
+import partir
+from benchmarks.hlo_stats import collective_stats
+from dialects.context import make_context
+from dialects.manual_regions import MANUAL_COLLECTIVE
+from dialects.parser import PartirParser
+from dialects.sdy import ManualComputationOp
+from tests.numerics import assert_leaves_close
+
+MESH = partir.Mesh({"batch": 4, "model": 2})
+AUTO = jax.make_mesh((4, 2), ("batch", "model"), axis_types=(AxisType.Auto,) * 2)
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def row_parallel_matmul(x, w):
+    """Each device: its rows and columns of `x` times its rows of `w`, summed over "model"."""
+    return jax.lax.psum(x @ w, "model")
+
+
+def step(x, w):
+    h = jnp.tanh(x)
+    y = jax.shard_map(
+        row_parallel_matmul, mesh=AUTO,
+        in_specs=(P("batch", "model"), P("model", None)), out_specs=P("batch", None),
+    )(h, w)
+    return jnp.sum(y * 2.0, axis=1)
+
+
+def batch_parallel(fn, **kwargs):
+    return partir.jit(
+        fn, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs=["x"])], **kwargs
+    )
+
+
+def test_a_shard_map_kernel_inside_partitions_with_jax_jits_numbers():
+    x, w = rand(16, 8), rand(8, 4)
+    assert_leaves_close(batch_parallel(step)(x, w), jax.jit(step)(x, w))
+
+
+def test_check_runs_every_stage_through_the_region():
+    x, w = rand(16, 8), rand(8, 4)
+    assert_leaves_close(batch_parallel(step, check=True)(x, w), jax.jit(step)(x, w))
+
+
+def test_the_regions_psum_is_kept_as_written():
+    lowered = batch_parallel(step).lower(rand(16, 8), rand(8, 4))
+    assert "lax.psum(" in lowered.source
+    reduced = [c for c in lowered.report().collectives if c.kind == "all_reduce"]
+    assert [c.axes for c in reduced] == [("model",)]
+
+
+def test_the_region_prints_and_parses_back():
+    lowered = batch_parallel(step).lower(rand(16, 8), rand(8, 4))
+    text = str(lowered.imported)
+    assert "sdy.manual_computation" in text and "spmd.all_reduce" in text
+    reparsed = PartirParser(make_context(), text).parse_module()
+    (region,) = [op for op in reparsed.walk() if isinstance(op, ManualComputationOp)]
+    assert region.manual_axes.names == ("batch", "model")
+    assert str(reparsed) == text
+
+
+def test_its_specs_are_actions_listed_with_the_shard_maps_line():
+    """The operand enters split as in_specs say, the result leaves split as
+    out_specs say, so the work around the kernel stays split: the kernel's
+    psum is the only collective, and no device holds a whole 16x4 value."""
+    lowered = batch_parallel(step).lower(rand(16, 8), rand(8, 4))
+    report = lowered.report()
+    line = inspect.getsourcelines(step)[1] + 2  # the jax.shard_map call
+    specs = {
+        (s.reason.split(" at ")[0], s.dim, s.axis)
+        for s in report.selections if s.tactic == "Annotations"
+    }
+    assert specs == {
+        ("shard_map in_specs[0]", 0, "batch"), ("shard_map in_specs[0]", 1, "model"),
+        ("shard_map in_specs[1]", 0, "model"), ("shard_map out_specs[0]", 0, "batch"),
+    }
+    assert all(
+        s.reason.endswith(f"test_manual_regions.py:{line}")
+        for s in report.selections if s.tactic == "Annotations"
+    )
+    assert [c.kind for c in report.collectives] == ["all_reduce"]
+    assert report.collectives[0].needed_by == MANUAL_COLLECTIVE
+    assert (16, 4) not in {v.local_shape for v in report.values}
+
+
+def layer(h, w1, w2):
+    """A hand-written Megatron MLP: columns of w1, rows of w2, one psum."""
+    return jax.lax.psum(jax.nn.relu(h @ w1) @ w2, "model")
+
+
+def mlp_loss(params, batch):
+    h = jnp.tanh(batch["x"] @ params["embed"])
+    out = jax.shard_map(
+        layer, mesh=AUTO,
+        in_specs=(P("batch"), P(None, "model"), P("model", None)), out_specs=P("batch"),
+    )(h, params["w1"], params["w2"])
+    return jnp.mean((out - batch["y"]) ** 2)
+
+
+def sgd_step(params, batch):
+    loss, grads = jax.value_and_grad(mlp_loss)(params, batch)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+def test_a_training_step_differentiates_through_the_kernel():
+    """jax.grad makes a second region (the kernel's transpose) with its own
+    psum; both are kept, every stage checks against jax.jit, and partir
+    moves no more bytes than jax.jit's compiled step (1220 B per device each)."""
+    params = {"embed": rand(6, 8), "w1": rand(8, 16), "w2": rand(16, 8)}
+    batch = {"x": rand(32, 6), "y": rand(32, 8)}
+    fn = partir.jit(
+        sgd_step, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs=["batch/*"])],
+        check=True,
+    )
+    compiled = jax.jit(sgd_step).lower(params, batch).compile()
+    assert_leaves_close(fn(params, batch), compiled(params, batch))
+    moved = sum(c.bytes_per_device for c in fn.lower(params, batch).collectives)
+    assert moved <= collective_stats(compiled.as_text() or "")["total"]["bytes"]
+
+
+def test_a_kernel_inside_a_scanned_layer():
+    """The region sits in a `lax.scan` body (a while loop): kept per layer."""
+
+    def stack(ws, x):
+        def body(h, w):
+            out = jax.shard_map(
+                layer, mesh=AUTO,
+                in_specs=(P("batch"), P(None, "model"), P("model", None)), out_specs=P("batch"),
+            )(h, *w)
+            return jnp.tanh(out), None
+
+        return jax.lax.scan(body, x, ws)[0].sum()
+
+    ws, x = (rand(3, 8, 16), rand(3, 16, 8)), rand(32, 8)
+    got = batch_parallel(stack, check=True)(ws, x)
+    assert_leaves_close(got, jax.jit(stack)(ws, x))
+
+
+def test_a_kernel_summing_over_every_axis_with_no_tactic():
+    def contract(x, w):
+        return jax.shard_map(
+            lambda a, b: jax.lax.psum(a @ b, ("batch", "model")), mesh=AUTO,
+            in_specs=(P(None, ("batch", "model")), P(("batch", "model"))), out_specs=P(),
+        )(x, w)
+
+    x, w = rand(4, 16), rand(16, 3)
+    got = partir.jit(contract, mesh=MESH, tactics=[], check=True)(x, w)
+    assert_leaves_close(got, jax.jit(contract)(x, w))
+
+
+def ring_sum(a):
+    """The sum over "batch", passing parts around the ring (as ring attention
+    passes its keys and values): a ppermute in a fori_loop."""
+
+    def hop(_, carry):
+        acc, message = carry
+        message = jax.lax.ppermute(message, "batch", [(i, (i + 1) % 4) for i in range(4)])
+        return acc + message, message
+
+    return jax.lax.fori_loop(0, 3, hop, (a, a))[0]
+
+
+def gather_and_scatter(a):
+    whole = jax.lax.all_gather(a, "model", axis=1, tiled=True)
+    return whole[:, :4] * 3.0 + jax.lax.psum_scatter(whole, "model", scatter_dimension=1, tiled=True)
+
+
+@pytest.mark.parametrize("kernel", [ring_sum, gather_and_scatter])
+def test_kernels_with_ppermute_all_gather_and_psum_scatter(kernel):
+    def fn(x):
+        y = jax.shard_map(
+            kernel, mesh=AUTO, in_specs=P("batch", "model"), out_specs=P("batch", "model"),
+            check_vma=kernel is ring_sum,
+        )(jnp.cos(x))
+        return y.sum(axis=0)
+
+    x = rand(16, 8)
+    assert_leaves_close(partir.jit(fn, mesh=MESH, tactics=[], check=True)(x), jax.jit(fn)(x))
+
+
+def _partial_manual(x):
+    return jax.shard_map(
+        lambda a: jax.lax.psum(a, "model"), mesh=AUTO, in_specs=P(None, "model"),
+        out_specs=P(), axis_names={"model"},
+    )(x)
+
+
+def _pmax(x):
+    return jax.shard_map(
+        lambda a: jax.lax.pmax(a, "model"), mesh=AUTO, in_specs=P("batch", "model"),
+        out_specs=P("batch"),
+    )(x)
+
+
+def _all_to_all(x):
+    return jax.shard_map(
+        lambda a: jax.lax.all_to_all(a, "model", 0, 1, tiled=True), mesh=AUTO,
+        in_specs=P("batch", "model"), out_specs=P("batch", "model"),
+    )(x)
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (_partial_manual, r'manual over "model" but the mesh has "batch", "model"'),
+        (_pmax, r"stablehlo.all_reduce at .*test_manual_regions.py:\d+.* pmax"),
+        (_all_to_all, r"stablehlo.all_to_all at .*test_manual_regions.py:\d+.*psum_scatter"),
+    ],
+    ids=["some-axes-manual", "pmax", "all-to-all"],
+)
+def test_what_partir_cannot_keep_is_refused_by_name(fn, message):
+    with pytest.raises(partir.PartirError, match=message):
+        partir.jit(fn, mesh=MESH, tactics=[])(rand(16, 8))
