@@ -185,6 +185,32 @@ def test_calibration_measures_this_machine(tmp_path):
     assert lowered.estimate(profile).seconds > 0
 
 
+def test_calibration_on_one_device_measures_it_and_costs_no_communication(tmp_path):
+    """One CPU device: no collective to fit; the device's figures are
+    measured (f32 and bf16 matmuls), the profile says how, and an estimate
+    on it costs no communication, unless the links come from a named profile."""
+    from partir.cost.calibrate import QUICK
+
+    profile = partir.calibrate(
+        {"one": 1}, repeats=1, save=tmp_path / "one.json", progress=None, workload=QUICK
+    )
+    assert profile.levels == ()
+    assert {"f32", "bf16"} <= set(profile.device.peak_flops)
+    assert all(v > 0 for v in profile.device.peak_flops.values())
+    assert profile.device.memory_bandwidth > 0
+    text = " ".join(profile.sources)
+    assert "matmul bf16" in text and "links: none" in text
+    fn, args = block_train_step.program, block_train_step.make_args()
+    lowered = partir.jit(fn, mesh=MESH, tactics=[partir.BatchParallel("batch")]).lower(*args)
+    e = lowered.estimate(profile)
+    assert e.comm_seconds == 0 and e.compute_seconds > 0 and e.collectives
+    linked = partir.calibrate(
+        {"one": 1}, repeats=1, save=False, progress=None, workload=QUICK, links="h100-8"
+    )
+    assert linked.levels == named_profile("h100-8").levels
+    assert lowered.estimate(linked).comm_seconds > 0
+
+
 def test_partir_inspect_estimates_and_plots(tmp_path):
     from partir.inspect import main
 
