@@ -31,6 +31,7 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -163,7 +164,7 @@ def paired_times(first, second, inputs, rounds: int) -> tuple[float, float]:
 
 def measure(
     name: str, program, args, tactics, rounds: int, mesh: partir.Mesh = MESH
-) -> dict[str, object]:
+) -> dict[str, Any]:
     compiled = partir.jit(program, mesh=mesh, tactics=tactics).lower(*args).compile()
     reference, in_shardings = baseline(program, args, compiled)
     leaves = jax.tree_util.tree_leaves(args)
@@ -220,7 +221,7 @@ def pipeline_stack(small: bool):
     return scanned_stack.train_step, scanned_stack.make_args(layers_=8, batch=16, **shapes)
 
 
-def measure_pipeline_rows(small: bool, rounds: int, profile: str) -> list[dict[str, object]]:
+def measure_pipeline_rows(small: bool, rounds: int, profile: str) -> list[dict[str, Any]]:
     """Measured step time, XLA's temp buffers and the collectives of each
     strategy in `PIPELINE_STRATEGIES`, with `estimate(profile)`'s predicted time."""
     program, args = pipeline_stack(small)
@@ -311,7 +312,7 @@ def main() -> None:
         )
 
 
-def print_pipeline_rows(rows: list[dict[str, object]], profile: str) -> None:
+def print_pipeline_rows(rows: list[dict[str, Any]], profile: str) -> None:
     print(
         f"| 8-layer scanned step, 8 devices | collectives | measured ms | predicted ms "
         f"({profile}) | temp KiB |"
