@@ -26,7 +26,9 @@ def _compiled_hlo(program, args, mesh, tactics):
 
 
 def _jit_hlo(program, args) -> str:
-    return jax.jit(program).lower(*args).compile().as_text()
+    text = jax.jit(program).lower(*args).compile().as_text()
+    assert text is not None
+    return text
 
 
 @pytest.mark.parametrize("strategy", ["DP+TP", "ZeRO-3"])
