@@ -70,6 +70,43 @@ def test_an_all_reduce_of_1_gib_on_8_h100s_matches_the_published_bus_bandwidth()
     assert abs(seconds / published - 1) < 0.15
 
 
+def test_independent_all_reduces_pay_one_latency_as_xla_combines_them():
+    """Data parallelism's gradient sums do not depend on each other: XLA
+    combines them into one all-reduce, so the estimate costs one of their
+    summed bytes; tensor parallelism's forward sums follow each other and
+    each pays its own."""
+    from examples import mlp_train_step
+
+    profile = named_profile("h100-8")
+    args = mlp_train_step.make_args()
+    mesh = partir.Mesh({"batch": 8})
+    dp = partir.jit(mlp_train_step.program, mesh=mesh, tactics=[partir.BatchParallel("batch")])
+    e = dp.lower(*args).estimate(profile)
+    sums = [c for c in e.collectives if c.kind == "all_reduce"]
+    assert len(sums) > 2
+    levels = profile.axis_levels(dict(mesh), ("batch",))
+    together = collective_seconds("all_reduce", sum(c.bytes_per_device for c in sums), levels)
+    apart = sum(collective_seconds("all_reduce", c.bytes_per_device, levels) for c in sums)
+    assert e.comm_seconds == pytest.approx(together) and together < apart
+
+    def two_layers(x, w):
+        h = jnp.tanh(jnp.tanh(x @ w) @ w.T)
+        return jnp.tanh(jnp.tanh(h @ w) @ w.T)
+
+    chain = partir.jit(
+        two_layers, mesh=partir.Mesh({"model": 8}),
+        tactics=[partir.ManualPartition({"w": {1: "model"}})],
+    )
+    x, w = jnp.ones((8, 16)), jnp.ones((16, 64))
+    e = chain.lower(x, w).estimate(profile)
+    assert sum(c.count for c in e.collectives if c.kind == "all_reduce") >= 2
+    levels = profile.axis_levels({"model": 8}, ("model",))
+    assert e.comm_seconds == pytest.approx(
+        sum(collective_seconds(c.kind, c.bytes_per_device, levels) * c.count
+            for c in e.collectives)
+    )
+
+
 def test_a_matmul_runs_at_the_published_peak():
     """H100 SXM dense BF16: 989.5 TFLOP/s (datasheet); an 8192^3 matmul is
     compute-bound, so the roofline gives its FLOPs at that peak."""
