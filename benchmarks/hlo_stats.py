@@ -168,3 +168,33 @@ def collective_ops(hlo_text: str) -> list[HloCollective]:
         ) if groups else ()
         found.append(HloCollective(kind, size, times, parsed))
     return found
+
+
+CENSUS_OPS = ("fusion", "transpose", "copy", *KINDS)
+"""The instructions `op_census` counts: kernels (fusions), the layout changes
+XLA could not fold away (transposes, copies), and the collectives."""
+
+_OPCODE = re.compile(r"^\s*(?:ROOT\s+)?%[\w.\-]+\s*=\s*.+?\s(?P<op>[a-z][\w\-]*)\(")
+
+
+def op_census(hlo_text: str) -> dict[str, int]:
+    """How many of each of `CENSUS_OPS` a compiled program's HLO writes (in
+    every computation, fused ones included; a `-start`/`-done` pair counts
+    once, as its collective)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in hlo_text.splitlines():
+        m = _OPCODE.match(line)
+        if m is None:
+            continue
+        op = m.group("op").removesuffix("-start")
+        if op in CENSUS_OPS:
+            counts[op] += 1
+    return {op: counts[op] for op in CENSUS_OPS}
+
+
+def describe_census(census: dict[str, int]) -> str:
+    """`F 133 T 20 C 22 AR 0`: fusions, transposes, copies, collectives."""
+    collectives = sum(census[k] for k in KINDS)
+    return (
+        f"F {census['fusion']} T {census['transpose']} C {census['copy']} coll {collectives}"
+    )

@@ -161,7 +161,7 @@ def main() -> None:
         profile = partir.Profile.load(opts.profile)
     else:
         profile = partir.calibrate(MESHES["4x2"], save=False, progress=None)
-    print(f"profile: {profile.device}, {profile.levels[0]} "
+    print(f"profile: {profile.device}, {profile.levels} "
           f"({time.perf_counter() - start:.0f} s)")
     rows = []
     for prog_name, (program, args) in programs(opts.small).items():
@@ -213,8 +213,10 @@ def main() -> None:
               f"| {parts.arguments / 2**20:.1f}/{parts.outputs / 2**20:.1f}/"
               f"{parts.temporaries / 2**20:.1f} | {xla:.1f} | {mem / xla:.2f} "
               f"| {row['jit_bytes'] / 2**20:.1f} | {row['combined_bytes'] / 2**20:.1f} |")
+    errors = [abs(p / m - 1) for p, m in zip(predicted_ms, measured_ms, strict=True)]
     print(f"\n{len(rows)} strategies; Spearman rho (predicted vs measured time): "
-          f"{spearman(predicted_ms, measured_ms):.3f}")
+          f"{spearman(predicted_ms, measured_ms):.3f}; median |predicted/measured - 1|: "
+          f"{statistics.median(errors):.0%} (max {max(errors):.0%})")
     print(f"total {time.perf_counter() - start:.0f} s")
 
 

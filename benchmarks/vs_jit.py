@@ -8,12 +8,15 @@ conv's output channels and DP + rows (spatial), on the 4x2 CPU mesh: partir's
 given exactly the shardings partir's program takes and returns. Collectives
 and bytes per device come from each compiled HLO, per run (a collective inside
 a loop counts once per iteration); runtime is a paired ratio (alternating runs,
-medians, inputs pre-sharded, same process). Goal: bytes <= jax.jit's on every row, ratio <= 1.
+medians, inputs pre-sharded, same process). Each row also gives both compiled
+programs' HLO census (`hlo_stats.op_census`: fusions, transposes, copies,
+collectives); on a 1-device mesh (`--mesh batch=1,model=1`) partir's is
+jax.jit's. Goal: bytes <= jax.jit's on every row, ratio <= 1.
 
 CPU caveat (see shared/guides/jax.md): 8 virtual devices share 2 cores, so
 time tracks total work; only same-run paired ratios are meaningful.
 
-    python -m benchmarks.vs_jit [--rounds 20] [--small] [--only scanned]
+    python -m benchmarks.vs_jit [--rounds 20] [--small] [--only scanned] [--mesh batch=1,model=1]
     python -m benchmarks.vs_jit --only pipeline [--profile h100-8]
 
 The pipeline rows (`--only pipeline`, and after the table) train an 8-layer
@@ -28,6 +31,7 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -36,7 +40,7 @@ import jax
 from jax.sharding import NamedSharding
 
 import partir
-from benchmarks.hlo_stats import collective_stats, describe
+from benchmarks.hlo_stats import collective_stats, describe, describe_census, op_census
 from examples import block_train_step, cnn_train_step, mlp_train_step, scanned_stack
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
@@ -158,14 +162,17 @@ def paired_times(first, second, inputs, rounds: int) -> tuple[float, float]:
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def measure(name: str, program, args, tactics, rounds: int) -> dict[str, object]:
-    compiled = partir.jit(program, mesh=MESH, tactics=tactics).lower(*args).compile()
+def measure(
+    name: str, program, args, tactics, rounds: int, mesh: partir.Mesh = MESH
+) -> dict[str, Any]:
+    compiled = partir.jit(program, mesh=mesh, tactics=tactics).lower(*args).compile()
     reference, in_shardings = baseline(program, args, compiled)
     leaves = jax.tree_util.tree_leaves(args)
     inputs = [jax.device_put(x, s) for x, s in zip(leaves, in_shardings, strict=True)]
     ours_xla = compiled.run.lower(*inputs).compile()
     ref_xla = reference.lower(*inputs).compile()
     ours, ref = collective_stats(ours_xla.as_text()), collective_stats(ref_xla.as_text())
+    ours_census, ref_census = op_census(ours_xla.as_text()), op_census(ref_xla.as_text())
     t_ours, t_ref = paired_times(compiled.run, reference, inputs, rounds)
     return {
         "name": name,
@@ -176,6 +183,8 @@ def measure(name: str, program, args, tactics, rounds: int) -> dict[str, object]
         "ours_ms": t_ours * 1e3,
         "ref_ms": t_ref * 1e3,
         "ratio": t_ours / t_ref,
+        "ours_census": describe_census(ours_census),
+        "ref_census": describe_census(ref_census),
         "ours_mem": ours_xla.memory_analysis().temp_size_in_bytes,
         "ref_mem": ref_xla.memory_analysis().temp_size_in_bytes,
     }
@@ -212,7 +221,7 @@ def pipeline_stack(small: bool):
     return scanned_stack.train_step, scanned_stack.make_args(layers_=8, batch=16, **shapes)
 
 
-def measure_pipeline_rows(small: bool, rounds: int, profile: str) -> list[dict[str, object]]:
+def measure_pipeline_rows(small: bool, rounds: int, profile: str) -> list[dict[str, Any]]:
     """Measured step time, XLA's temp buffers and the collectives of each
     strategy in `PIPELINE_STRATEGIES`, with `estimate(profile)`'s predicted time."""
     program, args = pipeline_stack(small)
@@ -253,7 +262,17 @@ def main() -> None:
         default="h100-8",
         help="the cost model's profile for the pipeline rows' predicted time",
     )
+    parser.add_argument(
+        "--mesh",
+        default="",
+        help='the mesh of the strategy rows, e.g. "batch=1,model=1" (default: batch=4,model=2)',
+    )
     opts = parser.parse_args()
+    mesh = MESH
+    if opts.mesh:
+        mesh = partir.Mesh(
+            {name: int(size) for name, size in (a.split("=") for a in opts.mesh.split(","))}
+        )
     if opts.only == "pipeline":
         print_pipeline_rows(
             measure_pipeline_rows(opts.small, opts.rounds, opts.profile), opts.profile
@@ -269,21 +288,23 @@ def main() -> None:
     program, args = cnn(opts.small)
     cases += [(f"CNN step {s}", program, args, t) for s, t in CNN_STRATEGIES.items()]
     rows = [
-        measure(name, program, args, tactics, opts.rounds)
+        measure(name, program, args, tactics, opts.rounds, mesh)
         for name, program, args, tactics in cases
         if opts.only in name
     ]
     print(
         "| program | partir collectives | jax.jit collectives | partir bytes/dev | jit bytes/dev "
-        "| partir ms | jit ms | ratio | temp KiB partir/jit |"
+        "| partir ms | jit ms | ratio | temp KiB partir/jit | partir HLO census | jit HLO census |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['name']} | {r['ours']} | {r['ref']} | {r['ours_bytes']:,} | {r['ref_bytes']:,} "
             f"| {r['ours_ms']:.1f} | {r['ref_ms']:.1f} | {r['ratio']:.2f} "
-            f"| {r['ours_mem'] // 1024:,}/{r['ref_mem'] // 1024:,} |"
+            f"| {r['ours_mem'] // 1024:,}/{r['ref_mem'] // 1024:,} "
+            f"| {r['ours_census']} | {r['ref_census']} |"
         )
+    print("\nHLO census: F fusions, T transposes, C copies (every computation), coll collectives.")
     if not opts.only:
         print()
         print_pipeline_rows(
@@ -291,7 +312,7 @@ def main() -> None:
         )
 
 
-def print_pipeline_rows(rows: list[dict[str, object]], profile: str) -> None:
+def print_pipeline_rows(rows: list[dict[str, Any]], profile: str) -> None:
     print(
         f"| 8-layer scanned step, 8 devices | collectives | measured ms | predicted ms "
         f"({profile}) | temp KiB |"

@@ -68,6 +68,17 @@ class Distribution:
         done = set(axes)
         return replace(self, partial=tuple(a for a in self.partial if a not in done))
 
+    def without(self, axes: Iterable[str]) -> Distribution:
+        """Neither split nor partial over `axes` (axes of one device, which
+        distribute nothing: `Mesh.distributes`)."""
+        gone = set(axes)
+        if not gone & set(self.axes):
+            return self
+        return Distribution(
+            tuple(tuple(a for a in d if a not in gone) for d in self.dims),
+            tuple(a for a in self.partial if a not in gone),
+        )
+
     # --- sizes -----------------------------------------------------------------
 
     def parts(self, mesh: Mesh) -> tuple[int, ...]:

@@ -103,6 +103,14 @@ class Mesh(Mapping[str, int]):
             total *= self.check_axis(axis, "Mesh.size_of")
         return total
 
+    def distributes(self, axis: str) -> bool:
+        """Whether splitting or summing over `axis` involves more than one
+        device: an axis of size 1 holds everything on each device, so a
+        value split or partial over it is whole there, and no collective
+        over it is ever made (the SPMD lowering leaves it out of every
+        distribution)."""
+        return self[axis] > 1
+
     def check_axis(self, axis: str, who: str) -> int:
         """The size of `axis`, or a clear error naming `who` asked for it."""
         if axis not in self.axes:

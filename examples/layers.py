@@ -82,7 +82,8 @@ def causal_attention(params: Params, x: jax.Array, heads: int) -> jax.Array:
     q = split_heads(x @ params["wq"] + params["bq"])
     k = split_heads(x @ params["wk"] + params["bk"])
     v = split_heads(x @ params["wv"] + params["bv"])
-    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(head_dim).astype(np.float32)
+    # a Python float: JAX keeps it weakly typed, so bf16 activations stay bf16
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / float(np.sqrt(head_dim))
     mask = jnp.tril(jnp.ones((seq, seq), dtype=bool))
     scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
     weights = jax.nn.softmax(scores, axis=-1)
@@ -134,7 +135,9 @@ def adam_update(
     step = count.astype(jnp.float32)
     m_scale = 1 / (1 - jnp.power(b1, step))
     v_scale = 1 / (1 - jnp.power(b2, step))
-    new_params = jax.tree.map(
-        lambda p, m, v: p - lr * (m * m_scale) / (jnp.sqrt(v * v_scale) + eps), params, m, v
+    new_params = jax.tree.map(  # the scales in the state's type: bf16 stays bf16
+        lambda p, m, v: p - lr * (m * m_scale.astype(m.dtype))
+        / (jnp.sqrt(v * v_scale.astype(v.dtype)) + eps),
+        params, m, v,
     )
     return new_params, {"m": m, "v": v, "count": count}

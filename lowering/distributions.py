@@ -41,6 +41,7 @@ from dialects.spmd import (
     ReduceScatterOp,
 )
 from dialects.stablehlo_ext import SliceOp
+from rewrites.padding import splat
 
 NEEDED_BY = "needed_by"
 """Collective attribute: the op whose use of a value needed the collective."""
@@ -272,6 +273,8 @@ class Redistributor:
         """Each device's part along `dim` over `axis` (a `partir.slice` by the
         axis's range); `axis` is iterated afterwards, so it leaves the dist."""
         dist = placed.dist
+        if not self.mesh.distributes(axis):  # the one device's part is the value
+            return placed
         if dist.dims[dim][:1] == (axis,):
             return Placed(placed.local, dist.with_dim(dim, dist.dims[dim][1:]), placed.origins)
         return self._memo(
@@ -298,11 +301,11 @@ class Redistributor:
             if lo:  # the previous part's last rows: each device sends its own down
                 down = [(i, i + 1) for i in range(last)]
                 rows = self._rows(local, dim, n - lo, n)
-                pieces.insert(0, self.emit(CollectivePermuteOp(rows, (axis,), down)).results[0])
+                pieces.insert(0, self._permuted(rows, axis, down))
             if hi:  # the next part's first rows: each device sends its own up
                 up = [(i + 1, i) for i in range(last)]
                 rows = self._rows(local, dim, 0, hi)
-                pieces.append(self.emit(CollectivePermuteOp(rows, (axis,), up)).results[0])
+                pieces.append(self._permuted(rows, axis, up))
             shape = _shape(local)
             shape[dim] += lo + hi
             local_t = local.type
@@ -316,6 +319,16 @@ class Redistributor:
             return Placed(concat.results[0], part.dist, part.origins)
 
         return self._memo(part, f"halo:{dim}:{axis}:{halo}", make)
+
+    def _permuted(self, value: SSAValue, axis: str, pairs: list[tuple[int, int]]) -> SSAValue:
+        """`value` sent along `pairs` over `axis`: zeros where no pair
+        targets a device, so on an axis of one device (no pairs) a constant
+        zero, not a collective over nothing."""
+        if pairs:
+            return self.emit(CollectivePermuteOp(value, (axis,), pairs)).results[0]
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        return self._emit(splat(ty, 0)).results[0]
 
     def _rows(self, value: SSAValue, dim: int, start: int, stop: int) -> SSAValue:
         """Elements [start, stop) of `value` along `dim` (a stablehlo.slice)."""

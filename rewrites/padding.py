@@ -297,14 +297,14 @@ class _Rebuild:
             iota = shlo.IotaOp(
                 result_types=[line], properties={"iota_dimension": IntegerAttr(0, i64)}
             )
-            bound = _splat(line, shape[dim] // self.c.padded * self.c.n)  # its true size
+            bound = splat(line, shape[dim] // self.c.padded * self.c.n)  # its true size
             inside = CompareOp(iota.results[0], bound.results[0], ComparisonDirection.LT)
             pred = shlo.BroadcastInDimOp(
                 operands=[inside.results[0]],
                 result_types=[tensor_type(IntegerType(1), shape)],
                 properties={"broadcast_dimensions": DenseArrayBase.from_list(i64, [dim])},
             )
-            zeros = _splat(ty, 0)
+            zeros = splat(ty, 0)
             select = shlo.SelectOp(
                 operands=[pred.results[0], value, zeros.results[0]], result_types=[ty]
             )
@@ -325,7 +325,8 @@ def fill_value(element_type: Attribute) -> float:
     return 0
 
 
-def _splat(ty: TensorType, scalar: float) -> shlo.ConstantOp:
+def splat(ty: TensorType, scalar: float) -> shlo.ConstantOp:
+    """A `ty` constant holding `scalar` everywhere."""
     count = math.prod(ty.get_shape())
     value: Any = (scalar, scalar) if isinstance(ty.element_type, ComplexType) else scalar
     typed: Any = ty  # any element type: xDSL's signature lists them one by one
@@ -338,7 +339,7 @@ def _pad(value: SSAValue, high: dict[int, int], parts: int) -> tuple[PadOp, shlo
     assert isinstance(ty, TensorType)
     shape = list(ty.get_shape())
     rank = len(shape)
-    zero = _splat(tensor_type(ty.element_type, []), fill_value(ty.element_type))
+    zero = splat(tensor_type(ty.element_type, []), fill_value(ty.element_type))
     highs = [high.get(d, 0) for d in range(rank)]
     pad = PadOp.create(
         operands=[value, zero.results[0]],

@@ -70,6 +70,43 @@ def test_an_all_reduce_of_1_gib_on_8_h100s_matches_the_published_bus_bandwidth()
     assert abs(seconds / published - 1) < 0.15
 
 
+def test_independent_all_reduces_pay_one_latency_as_xla_combines_them():
+    """Data parallelism's gradient sums do not depend on each other: XLA
+    combines them into one all-reduce, so the estimate costs one of their
+    summed bytes; tensor parallelism's forward sums follow each other and
+    each pays its own."""
+    from examples import mlp_train_step
+
+    profile = named_profile("h100-8")
+    args = mlp_train_step.make_args()
+    mesh = partir.Mesh({"batch": 8})
+    dp = partir.jit(mlp_train_step.program, mesh=mesh, tactics=[partir.BatchParallel("batch")])
+    e = dp.lower(*args).estimate(profile)
+    sums = [c for c in e.collectives if c.kind == "all_reduce"]
+    assert len(sums) > 2
+    levels = profile.axis_levels(dict(mesh), ("batch",))
+    together = collective_seconds("all_reduce", sum(c.bytes_per_device for c in sums), levels)
+    apart = sum(collective_seconds("all_reduce", c.bytes_per_device, levels) for c in sums)
+    assert e.comm_seconds == pytest.approx(together) and together < apart
+
+    def two_layers(x, w):
+        h = jnp.tanh(jnp.tanh(x @ w) @ w.T)
+        return jnp.tanh(jnp.tanh(h @ w) @ w.T)
+
+    chain = partir.jit(
+        two_layers, mesh=partir.Mesh({"model": 8}),
+        tactics=[partir.ManualPartition({"w": {1: "model"}})],
+    )
+    x, w = jnp.ones((8, 16)), jnp.ones((16, 64))
+    e = chain.lower(x, w).estimate(profile)
+    assert sum(c.count for c in e.collectives if c.kind == "all_reduce") >= 2
+    levels = profile.axis_levels({"model": 8}, ("model",))
+    assert e.comm_seconds == pytest.approx(
+        sum(collective_seconds(c.kind, c.bytes_per_device, levels) * c.count
+            for c in e.collectives)
+    )
+
+
 def test_a_matmul_runs_at_the_published_peak():
     """H100 SXM dense BF16: 989.5 TFLOP/s (datasheet); an 8192^3 matmul is
     compute-bound, so the roofline gives its FLOPs at that peak."""
@@ -190,6 +227,32 @@ def test_calibration_measures_this_machine(tmp_path):
     fn, args = block_train_step.program, block_train_step.make_args()
     lowered = partir.jit(fn, mesh=MESH, tactics=[partir.BatchParallel("batch")]).lower(*args)
     assert lowered.estimate(profile).seconds > 0
+
+
+def test_calibration_on_one_device_measures_it_and_costs_no_communication(tmp_path):
+    """One CPU device: no collective to fit; the device's figures are
+    measured (f32 and bf16 matmuls), the profile says how, and an estimate
+    on it costs no communication, unless the links come from a named profile."""
+    from partir.cost.calibrate import QUICK
+
+    profile = partir.calibrate(
+        {"one": 1}, repeats=1, save=tmp_path / "one.json", progress=None, workload=QUICK
+    )
+    assert profile.levels == ()
+    assert {"f32", "bf16"} <= set(profile.device.peak_flops)
+    assert all(v > 0 for v in profile.device.peak_flops.values())
+    assert profile.device.memory_bandwidth > 0
+    text = " ".join(profile.sources)
+    assert "matmul bf16" in text and "links: none" in text
+    fn, args = block_train_step.program, block_train_step.make_args()
+    lowered = partir.jit(fn, mesh=MESH, tactics=[partir.BatchParallel("batch")]).lower(*args)
+    e = lowered.estimate(profile)
+    assert e.comm_seconds == 0 and e.compute_seconds > 0 and e.collectives
+    linked = partir.calibrate(
+        {"one": 1}, repeats=1, save=False, progress=None, workload=QUICK, links="h100-8"
+    )
+    assert linked.levels == named_profile("h100-8").levels
+    assert lowered.estimate(linked).comm_seconds > 0
 
 
 def test_partir_inspect_estimates_and_plots(tmp_path):

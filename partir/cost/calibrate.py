@@ -1,12 +1,18 @@
-"""Measure this machine's profile: matmul and elementwise throughput, the
-cost of a kernel, and each collective on each mesh axis at several sizes,
-fitted to the α-β model the estimator uses (`collective_costs`).
+"""Measure this machine's profile: matmul throughput per element type,
+memory bandwidth, the cost of a kernel, and each collective on each mesh
+axis at several sizes, fitted to the α-β model the estimator uses
+(`collective_costs`).
 
 Every figure is the median of a few timed runs after a warm-up (compiles
-are not timed). The devices JAX sees form one level (this host); the
+are not timed), on work sized to the device (`Workload`): a GPU reaches its
+rate only on large matmuls (8192³) and streams (1 GiB), where a CPU host
+would take minutes. The devices JAX sees form one level (this host); the
 collectives' α and β are one least-squares fit over every kind, axis and
 size, each measurement normalised by the ring factors of its kind and group
 size, so the fit answers "what α and β make the model match this machine".
+On one device there is nothing to fit: the levels come from a named profile
+(`links=`), or there are none, and the estimate then costs no
+communication. The profile's `sources` say what was measured and how.
 """
 
 from __future__ import annotations
@@ -22,12 +28,40 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from dialects.errors import PartirValueError
 from partir.cost.profile import Device, Link, Profile
 
 SIZES = (1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)
 """Bytes per device for each collective measurement."""
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """How large the measurements are: the n of each n³ matmul (the fastest
+    counts), the bytes of each operand of the streaming add, per device, and
+    the bytes per device of each collective."""
+
+    matmul_sizes: tuple[int, ...]
+    stream_bytes: int
+    collective_bytes: tuple[int, ...] = SIZES
+
+
+ACCELERATOR = Workload((2048, 4096, 8192), 1 << 30, (*SIZES, 1 << 24, 1 << 26))
+"""A GPU or TPU: matmuls up to 8192³ and 1 GiB streams reach the chip's rate."""
+
+QUICK = Workload((64, 128), 1 << 20, (1 << 12, 1 << 16))
+"""Seconds, not a minute: for tests and smoke runs (the figures are rough)."""
+
+
+def workload_for(platform: str, devices: int) -> Workload:
+    """The default `Workload` on `devices` devices of `platform`: CPU devices
+    share the host's memory, so its stream (64 MiB per operand, past the
+    caches) is split among them, and its matmuls stop at 512³."""
+    if platform == "cpu":
+        return Workload((128, 256, 512), (1 << 26) // devices)
+    return ACCELERATOR
 
 
 @dataclass(frozen=True)
@@ -83,23 +117,33 @@ def _on_every_device(jax_mesh: Any, body: Callable[..., Any], *locals_: Any) -> 
     return lambda: f(*arrays).block_until_ready()
 
 
-def _matmul_flops(jax_mesh: Any, repeats: int) -> float:
-    """FLOP/s one device sustains on f32 matmuls while every device runs one."""
+def _matmul_flops(jax_mesh: Any, sizes: tuple[int, ...], repeats: int, dtype: Any,
+                  precision: Any = None) -> tuple[float, int]:
+    """FLOP/s one device sustains on `dtype` matmuls while every device runs
+    one (the best over `sizes`), at `precision` (None: JAX's default, which
+    on a GPU runs f32 as TF32), and the n that gave it."""
     import jax.numpy as jnp
 
-    best = 0.0
-    for n in (128, 256, 512):
-        a = jnp.ones((n, n), jnp.float32)
-        seconds = _median_seconds(_on_every_device(jax_mesh, lambda a: a @ a, a), repeats)
-        best = max(best, 2 * n**3 / seconds)
-    return best
+    best, best_n = 0.0, sizes[0]
+    for n in sizes:
+        a = jnp.full((n, n), 0.5, dtype)
+
+        def matmul(a: Any) -> Any:
+            return jnp.matmul(a, a, precision=precision)
+
+        seconds = _median_seconds(_on_every_device(jax_mesh, matmul, a), repeats)
+        if 2 * n**3 / seconds > best:
+            best, best_n = 2 * n**3 / seconds, n
+        del a
+    return best, best_n
 
 
-def _memory_bandwidth(jax_mesh: Any, repeats: int) -> float:
-    """Bytes/s one device streams through an add while every device runs one."""
+def _memory_bandwidth(jax_mesh: Any, stream_bytes: int, repeats: int) -> float:
+    """Bytes/s one device streams through an f32 add of two `stream_bytes`
+    operands into a third while every device runs one."""
     import jax.numpy as jnp
 
-    n = (1 << 24) // jax_mesh.size  # 64 MiB per operand over all devices: past the caches
+    n = max(stream_bytes // 4, 1)
     x = jnp.ones(n, jnp.float32)
     seconds = _median_seconds(_on_every_device(jax_mesh, lambda x, y: x + y, x, x), repeats)
     return 3 * 4 * n / seconds
@@ -168,6 +212,11 @@ def fit_link(measurements: list[Measurement], name: str, size: int) -> Link:
     """α and β minimising the squared relative error of the model over the
     measurements (each weighted by 1/seconds, so small and large sizes count
     alike)."""
+    if not measurements:
+        raise PartirValueError(
+            f"no collective measurements to fit the link {name!r}: a mesh axis of more "
+            "than one device is needed (or take the links of a named profile)"
+        )
     rows, targets = [], []
     for m in measurements:
         steps, factor = _ring_factors(m.kind, m.devices)
@@ -179,18 +228,79 @@ def fit_link(measurements: list[Measurement], name: str, size: int) -> Link:
     return Link(name, size, alpha, beta)
 
 
+@dataclass(frozen=True)
+class _DeviceFigures:
+    """What `_measure_device` found, and how, for the profile's `sources`."""
+
+    device: Device
+    notes: tuple[str, ...]
+
+
+def _measure_device(
+    jax_mesh: Any, work: Workload, repeats: int, platform: str, bar: _Progress
+) -> _DeviceFigures:
+    """Matmul FLOP/s per element type, memory bandwidth and kernel overhead."""
+    import jax
+    import jax.numpy as jnp
+
+    peaks: dict[str, float] = {}
+    notes = []
+    types: list[tuple[str, Any, Any]] = [("f32", jnp.float32, None), ("bf16", jnp.bfloat16, None)]
+    if platform == "gpu":  # JAX's default runs f32 matmuls as TF32: the rate programs get
+        types.append(("f32_highest", jnp.float32, jax.lax.Precision.HIGHEST))
+    for key, dtype, precision in types:
+        peaks[key], n = _matmul_flops(jax_mesh, work.matmul_sizes, repeats, dtype, precision)
+        how = "Precision.HIGHEST (IEEE f32)" if precision else "JAX's default precision"
+        if key == "f32" and platform == "gpu":
+            how += " (TF32 on tensor cores where the GPU has them)"
+        notes.append(
+            f"matmul {key}: {peaks[key] / 1e12:.3f} TFLOP/s, best of n³ for n in "
+            f"{list(work.matmul_sizes)} (at n={n}), {how}, median of {repeats}"
+        )
+        bar.step(f"matmul {key}")
+    bandwidth = _memory_bandwidth(jax_mesh, work.stream_bytes, repeats)
+    notes.append(
+        f"memory: {bandwidth / 1e9:.2f} GB/s, f32 add of two {work.stream_bytes >> 20} MiB "
+        f"operands per device (3 streams), median of {repeats}"
+    )
+    bar.step("memory bandwidth")
+    overhead = _kernel_overhead(jax_mesh, repeats)
+    notes.append(
+        f"kernel overhead: {overhead * 1e6:.2f} µs, slope of time over chains of 8 and 64 "
+        "unfusable 8x8 matmuls"
+    )
+    bar.step("kernel overhead")
+    capacity = _memory_capacity(jax_mesh.devices.flat[0])
+    return _DeviceFigures(Device(peaks, bandwidth, capacity, overhead), tuple(notes))
+
+
+def _levels_of(links: str | Profile | None) -> tuple[Link, ...]:
+    """The link levels of `links` (a profile or a named one), or none."""
+    if links is None:
+        return ()
+    return (links if isinstance(links, Profile) else Profile.load(links)).levels
+
+
 def calibrate(
     mesh: Mapping[str, int] | None = None,
     *,
     repeats: int = 5,
     save: bool | str | Path = True,
     progress: TextIO | None = sys.stderr,
-    sizes: tuple[int, ...] = SIZES,
+    sizes: tuple[int, ...] | None = None,
+    workload: Workload | None = None,
+    links: str | Profile | None = None,
     name: str | None = None,
 ) -> Profile:
     """This machine's `Profile`, measured on `mesh` (default: one axis over
-    every device JAX sees). Saved as JSON (0600) in partir's private cache
-    directory, or at `save` if it is a path; takes about a minute."""
+    every device JAX sees). The collectives over the mesh's axes of more
+    than one device give the link level; where there are none (one device),
+    the levels are `links`' (a profile or a shipped name, e.g. "h100-8"),
+    or absent, and an estimate then costs no communication. `workload` sizes
+    the measurements (default `workload_for` the platform; `QUICK` for a
+    smoke run), `sizes` overrides its collective bytes. Saved as JSON (0600)
+    in partir's private cache directory, or at `save` if it is a path; takes
+    about a minute on the CPU host."""
     import jax
 
     from partir.api import devices_for
@@ -199,34 +309,47 @@ def calibrate(
     devices = jax.devices()
     mesh = dict(mesh) if mesh is not None else {"devices": len(devices)}
     jax_mesh = devices_for(Mesh(mesh), None)
-    steps = 3 + len(KINDS) * len(sizes) * sum(1 for a in mesh if mesh[a] > 1)
-    bar = _Progress(steps, progress)
-    flops = _matmul_flops(jax_mesh, repeats)
-    bar.step("matmul")
-    bandwidth = _memory_bandwidth(jax_mesh, repeats)
-    bar.step("memory bandwidth")
-    overhead = _kernel_overhead(jax_mesh, repeats)
-    bar.step("kernel overhead")
+    platform = devices[0].platform
+    work = workload or workload_for(platform, jax_mesh.size)
+    collective_bytes = sizes or work.collective_bytes
+    axes = [a for a in mesh if mesh[a] > 1]
+    matmuls = 3 if platform == "gpu" else 2
+    bar = _Progress(matmuls + 2 + len(KINDS) * len(collective_bytes) * len(axes), progress)
+    figures = _measure_device(jax_mesh, work, repeats, platform, bar)
     measured = []
-    for axis, n in mesh.items():
-        if n == 1:
-            continue
+    for axis in axes:
         for kind in KINDS:
-            for nbytes in sizes:
+            for nbytes in collective_bytes:
                 run, moved = _collective(kind, axis, jax_mesh, nbytes)
                 seconds = _median_seconds(run, repeats)
-                measured.append(Measurement(kind, axis, n, moved, seconds))
+                measured.append(Measurement(kind, axis, mesh[axis], moved, seconds))
                 bar.step(f"{kind} over {axis}, {nbytes >> 10} KiB")
-    platform = devices[0].platform
-    capacity = _memory_capacity(devices[0])
+    if measured:
+        levels: tuple[Link, ...] = (
+            fit_link(measured, f"{platform} devices", jax_mesh.size),
+        )
+        link_note = (
+            f"links: one level of {jax_mesh.size}, α-β fitted to {len(measured)} collective "
+            f"measurements ({', '.join(KINDS)}; {len(collective_bytes)} sizes per axis)"
+        )
+    else:
+        levels = _levels_of(links)
+        link_note = (
+            f"links: {len(levels)} level(s) taken from {getattr(links, 'name', links)!r}"
+            if links is not None
+            else "links: none (one device: no collective measured; estimates cost no "
+            "communication)"
+        )
     label = name or default_label(devices)
     profile = Profile(
         name=label,
-        device=Device({"f32": flops}, bandwidth, capacity, overhead),
-        levels=(fit_link(measured, f"{platform} devices", len(devices)),),
+        device=figures.device,
+        levels=levels,
         sources=(
-            f"partir.cost.calibrate on {platform} x{len(devices)}, mesh {mesh}, "
-            f"{len(measured)} collective measurements, {time.strftime('%Y-%m-%d %H:%M')}",
+            f"partir.cost.calibrate on {platform} x{len(devices)} ({devices[0].device_kind}), "
+            f"mesh {mesh}, {time.strftime('%Y-%m-%d %H:%M')}",
+            *figures.notes,
+            link_note,
         ),
     )
     if save:

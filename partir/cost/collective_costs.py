@@ -14,11 +14,18 @@ bandwidth β_k, a ring (DistPar's appendix A.3) costs, for B bytes:
 - all-to-all of B: every device keeps 1/n_k of its data on each level and
   sends the rest, (n_k - 1) α_k + (n_k - 1)/n_k · B / β_k;
 - collective permute of B: one hop, α + B / β over the outermost level crossed.
+
+XLA's combiner merges all-reduces over the same group that do not depend
+on each other (a step's gradient sums) into one: the group pays α once, for
+all their bytes (`combined_seconds`).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
+
+from xdsl.ir import Block, SSAValue
 
 from dialects.spmd import CollectiveOp
 from partir.cost.profile import Link, Profile
@@ -57,3 +64,39 @@ def op_seconds(op: CollectiveOp, mesh: Mapping[str, int], profile: Profile) -> f
         return 0.0
     levels = profile.axis_levels(mesh, op.axis_names)
     return collective_seconds(op.kind, op.bytes_per_device, levels)
+
+
+COMBINED_KINDS = frozenset({"all_reduce"})
+"""The collectives XLA's combiner merges when independent (on CPU it does
+not merge reduce-scatters or all-gathers: their counts in the compiled HLO
+are the program's)."""
+
+
+def combined_seconds(
+    block: Block, mesh: Mapping[str, int], profile: Profile
+) -> dict[CollectiveOp, float]:
+    """Seconds of each collective of `block` that XLA combines with others:
+    those of a `COMBINED_KINDS` kind over the same axes at the same depth
+    (the number of collectives on the longest path of values leading to
+    it, so none of them depends on another) run as one collective of their
+    summed bytes, each taking its share by bytes. Collectives not combined
+    are left out (`op_seconds`)."""
+    depth: dict[SSAValue, int] = {}
+    groups: dict[tuple[str, tuple[str, ...], int], list[CollectiveOp]] = defaultdict(list)
+    for op in block.ops:
+        level = max((depth.get(v, 0) for v in op.operands), default=0)
+        if isinstance(op, CollectiveOp) and op.communicates:
+            if op.kind in COMBINED_KINDS:
+                groups[(op.kind, op.axis_names, level)].append(op)
+            level += 1
+        for result in op.results:
+            depth[result] = level
+    seconds: dict[CollectiveOp, float] = {}
+    for (kind, axes, _), ops in groups.items():
+        if len(ops) < 2:
+            continue
+        total = sum(op.bytes_per_device for op in ops)
+        together = collective_seconds(kind, total, profile.axis_levels(mesh, axes))
+        for op in ops:
+            seconds[op] = together * op.bytes_per_device / max(total, 1)
+    return seconds

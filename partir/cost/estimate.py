@@ -4,9 +4,10 @@ Per op, a roofline over its local shapes (`op_costs`): the larger of its
 FLOPs at the device's peak for its element type and its bytes at the memory
 bandwidth, plus the device's kernel overhead if it runs as a kernel of its
 own. Per collective, α-β over the links its group crosses
-(`collective_costs`). A `while` costs its trip count times its body (the
-count read from JAX's `scan`/`fori_loop` form: a counter from a constant,
-compared below a constant), a conditional its dearest branch. Peak memory
+(`collective_costs`), independent all-reduces combined into one as XLA
+does. A `while` costs its trip count times its body (the count read
+from JAX's `scan`/`fori_loop` form: a counter from a constant, compared
+below a constant), a conditional its dearest branch. Peak memory
 is the report's liveness estimate (`partir.report.memory`) with XLA's
 fusion: an op `op_costs.fused` into its users holds no buffer.
 
@@ -32,7 +33,7 @@ from dialects.functions import entry_function
 from dialects.heap import paused_gc
 from dialects.partir import find_mesh
 from dialects.spmd import CollectiveOp
-from partir.cost.collective_costs import op_seconds
+from partir.cost.collective_costs import combined_seconds, op_seconds
 from partir.cost.op_costs import Kind, fused, kind_of, op_cost
 from partir.cost.profile import Profile
 
@@ -140,10 +141,13 @@ class _Walk:
         self.kernels = 0
         self.by_kind: dict[str, float] = defaultdict(float)
         self.collectives: dict[CollectiveOp, list[float]] = {}
+        self.combined: dict[CollectiveOp, float] = {}
+        """Seconds of the collectives XLA combines with others (`combined_seconds`)."""
         self.unknown = 0
         self.fused = is_fused
 
     def block(self, block: Block, times: float) -> None:
+        self.combined.update(combined_seconds(block, self.mesh, self.profile))
         for op in block.ops:
             self.op(op, times)
 
@@ -153,7 +157,9 @@ class _Walk:
         kind = kind_of(op)
         if kind is Kind.COLLECTIVE:
             assert isinstance(op, CollectiveOp)
-            seconds = op_seconds(op, self.mesh, self.profile)
+            seconds = self.combined.get(op)
+            if seconds is None:
+                seconds = op_seconds(op, self.mesh, self.profile)
             entry = self.collectives.setdefault(op, [0.0, 0.0])
             entry[0] += times
             entry[1] += seconds * times

@@ -77,10 +77,14 @@ class Profile:
     def axis_levels(self, mesh: Mapping[str, int], axes: tuple[str, ...]) -> list[tuple[int, Link]]:
         """For a collective over `axes` of `mesh`: per level, innermost first,
         how many of its group's devices that level joins (the product is
-        the group's size; levels it does not cross are left out)."""
+        the group's size; levels it does not cross are left out). A profile
+        without levels (one device calibrated alone) crosses none: its
+        collectives cost nothing."""
         unknown = [a for a in axes if a not in mesh]
         if unknown:
             raise PartirValueError(f"mesh axes {unknown} are not in the mesh {dict(mesh)}")
+        if not self.levels:  # one device's profile, measured without links
+            return []
         if math.prod(mesh.values()) > self.devices:
             raise PartirValueError(
                 f"the mesh {dict(mesh)} has {math.prod(mesh.values())} devices; the profile "
