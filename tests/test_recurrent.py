@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import partir
 from benchmarks.hlo_stats import collective_ops
