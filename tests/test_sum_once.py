@@ -131,6 +131,7 @@ def test_zero1_sums_each_loss_scaled_gradient_once(check_first):
         assert zero_bytes <= dp_bytes + gradient_bytes, (zero_bytes, dp_bytes)
 
 
+@pytest.mark.slow
 def test_a_loss_scaled_step_of_other_shapes_under_zero1_matches_jax_jit():
     step, args = make_step(True), make_args(width=16, hidden=24, batch=8, seed=1)
     zero = lower(step, args, [DATA, partir.ZeRO("batch", stage=1)])
