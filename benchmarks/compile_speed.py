@@ -12,6 +12,15 @@ so no N inherits another's caches or heap. Per N, in order:
   µs/op is per core op up to partition, per SPMD op from to_spmd on.
 - partir's total before XLA: the sum of those stages (without
   `partir.jit(...).lower()`'s own extras: stage texts, `eval_shape`).
+- XLA compile of that lowering, and the first run (inputs placed, results
+  ready): with the stages before XLA, the sum of stages; beside it the
+  first call, end to end: `partir.jit(...)(*args)` in a fresh process
+  (`benchmarks.first_step`), so time that is in no stage shows at once.
+- Shardy: the seconds XLA's own propagation (the `shardy-xla` pass,
+  including its HLO <-> MLIR conversions) takes on the same step with the
+  same input shardings, from XLA's per-pass timing log
+  (`TF_CPP_VMODULE=hlo_pass_pipeline=1`) of `jax.jit(...).lower().compile()`
+  in a fresh process; µs per core op, beside partir's partition.
 - jax.jit: `jax.jit(fn, in_shardings=<partir's input shardings>).lower(...)`
   of the same function in the same process, after `jax.clear_caches()`.
 - peak memory: the resident-set high-water mark (`VmHWM`, reset through
@@ -43,6 +52,12 @@ LAYERS = (1, 6, 24, 48, 96)
 STAGES = ("jax_lower", "import", "partition", "to_spmd", "emit", "load", "trace", "lower")
 CORE_STAGES = ("jax_lower", "import", "partition")
 """Stages whose µs/op is per core op; the rest are per SPMD op."""
+XLA_STAGES = ("xla_compile", "first_run")
+"""XLA's compile of partir's lowering and the first run: the first call's
+stages after partir's own."""
+SHARDY_PASS = "shardy-xla"
+_PIPELINE = re.compile(r"Running HLO pass pipeline on module (?P<module>\S+?):")
+_PASS_TIME = re.compile(r"HLO pass: (?P<name>\S+) time: .*?\((?P<us>\d+) us\)")
 
 
 def _mesh() -> Any:
@@ -78,7 +93,7 @@ def _timed(seconds: dict[str, float], stage: str, run: Callable[[], Any]) -> Any
 
 
 def _partir_stages(fn: Callable[..., Any], args: Any, jax_mesh: Any, seconds: dict) -> Any:
-    """Run and time partir's stages; (core ops, SPMD ops, input specs)."""
+    """Run and time partir's stages; (core ops, SPMD ops, input specs, XLA's lowering)."""
     import jax
 
     from dialects.functions import entry_function
@@ -112,8 +127,23 @@ def _partir_stages(fn: Callable[..., Any], args: Any, jax_mesh: Any, seconds: di
     program = _timed(seconds, "load", lambda: load_source(source, "stack_train_step"))
     leaves = jax.tree_util.tree_leaves(args)
     traced = _timed(seconds, "trace", lambda: program.build(jax_mesh).trace(*leaves))
-    _timed(seconds, "lower", traced.lower)
-    return core_ops, spmd_ops, program.IN_SPECS
+    xla_lowered = _timed(seconds, "lower", traced.lower)
+    return core_ops, spmd_ops, program.IN_SPECS, xla_lowered
+
+
+def _xla_stages(xla_lowered: Any, leaves: list[Any], in_specs: Any, jax_mesh: Any, seconds: dict):
+    """Time XLA's compile of partir's lowering and the first run (inputs
+    placed, results ready)."""
+    import jax
+
+    executable = _timed(seconds, "xla_compile", xla_lowered.compile)
+    shardings = [jax.sharding.NamedSharding(jax_mesh, spec) for spec in in_specs]
+
+    def first_run() -> Any:
+        placed = map(jax.device_put, leaves, shardings)  # a call places its inputs too
+        return jax.block_until_ready(executable(*placed))
+
+    _timed(seconds, "first_run", first_run)
 
 
 def _flat(layers: int) -> tuple[Callable[..., Any], Any, list[Any]]:
@@ -142,9 +172,10 @@ def measure(layers: int) -> dict[str, Any]:
     jax_mesh = devices_for(_mesh(), None)
     seconds: dict[str, float] = {}
     with PeakMemory() as partir_memory:
-        core_ops, spmd_ops, in_specs = _partir_stages(
+        core_ops, spmd_ops, in_specs, xla_lowered = _partir_stages(
             stack_train_step.program, args, jax_mesh, seconds
         )
+    _xla_stages(xla_lowered, leaves, in_specs, jax_mesh, seconds)
     jax.clear_caches()
     seconds["jax_jit"] = _jit_lower(flat, leaves, jax_mesh, in_specs)[0]
     return {
@@ -169,6 +200,58 @@ def _jit_lower(fn: Callable[..., Any], leaves: list[Any], jax_mesh: Any, in_spec
     return time.perf_counter() - start, memory.mib
 
 
+def _jit_compile(layers: int, in_specs: list[list[Any]]) -> str:
+    """Compile `jax.jit` of the step with partir's input specs in this (fresh)
+    process; the name of its HLO module, for `shardy_seconds` to find."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from partir.api import devices_for
+
+    flat, _, leaves = _flat(layers)
+    jax_mesh = devices_for(_mesh(), None)
+    specs = [PartitionSpec(*(tuple(e) if isinstance(e, list) else e for e in s)) for s in in_specs]
+    shardings = tuple(NamedSharding(jax_mesh, spec) for spec in specs)
+    compiled = jax.jit(flat, in_shardings=shardings).lower(*leaves).compile()
+    return (compiled.as_text() or "").split(",", 1)[0].removeprefix("HloModule ")
+
+
+def pass_seconds(log: str, module: str, name: str = SHARDY_PASS) -> float:
+    """Seconds XLA's pass `name` took on HLO module `module`, summed over its
+    runs, from XLA's per-pass log (`hlo_pass_pipeline` at VLOG 1): each
+    `HLO pass: <name> time: ... (<n> us)` line belongs to the module of the
+    last `Running HLO pass pipeline on module <module>:` line before it."""
+    current, total = None, 0
+    for line in log.splitlines():
+        pipeline = _PIPELINE.search(line)
+        if pipeline:
+            current = pipeline.group("module")
+            continue
+        timed = _PASS_TIME.search(line)
+        if timed and timed.group("name") == name and current == module:
+            total += int(timed.group("us"))
+    return total / 1e6
+
+
+def shardy_seconds(layers: int, in_specs: list[list[Any]]) -> float:
+    """Seconds of XLA's Shardy propagation on the step with `in_specs`, in a
+    fresh process whose XLA logs every pass's time."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "hlo_pass_pipeline=1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.compile_speed", "--shardy", str(layers),
+         json.dumps(in_specs)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    module = json.loads(out.stdout.strip().splitlines()[-1])
+    seconds = pass_seconds(out.stderr, module)
+    if not seconds:
+        raise RuntimeError(f"no {SHARDY_PASS} time for {module} in XLA's log")
+    return seconds
+
+
 def measure_jit_memory(layers: int, in_specs: list[list[Any]]) -> float:
     """Peak MiB of jax.jit's lower in this (fresh) process, with partir's input specs."""
     from jax.sharding import PartitionSpec
@@ -191,8 +274,13 @@ def _subprocess(*options: str) -> Any:
 
 
 def run_in_subprocess(layers: int) -> dict[str, Any]:
+    from benchmarks.first_step import run_module
+
     row = _subprocess("--one", str(layers))
-    row["jit_mib"] = _subprocess("--jit-memory", str(layers), json.dumps(row["in_specs"]))
+    specs = json.dumps(row["in_specs"])
+    row["jit_mib"] = _subprocess("--jit-memory", str(layers), specs)
+    row["first_call"] = run_module("benchmarks.first_step", "--partir", str(layers))["seconds"]
+    row["shardy"] = shardy_seconds(layers, row["in_specs"])
     return row
 
 
@@ -204,7 +292,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     header = (
         "| layers | core ops | SPMD ops | "
         + " | ".join(STAGES)
-        + " | partir total | jax.jit lower | ratio | peak MiB partir | peak MiB jax.jit |"
+        + " | Shardy (XLA) | partir total | jax.jit lower | ratio"
+        + " | peak MiB partir | peak MiB jax.jit |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for row in rows:
@@ -217,8 +306,29 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['layers']} | {row['core_ops']} | {row['spmd_ops']} | "
             + " | ".join(cells)
+            + f" | {_cell(row['shardy'], row['core_ops'])}"
             + f" | {total:.1f} | {s['jax_jit']:.2f} | {total / s['jax_jit']:.1f}x"
             f" | {row['partir_mib']:.0f} | {row['jit_mib']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def first_call_table(rows: list[dict[str, Any]]) -> str:
+    """The first call end to end beside the sum of its stages (partir's
+    before XLA, XLA's compile, the first run) and what is in no stage."""
+    header = (
+        "| layers | partir total | " + " | ".join(XLA_STAGES)
+        + " | sum of stages | first call, end to end | in no stage |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for row in rows:
+        s = row["seconds"]
+        before = sum(s[stage] for stage in STAGES)
+        stages = before + sum(s[stage] for stage in XLA_STAGES)
+        lines.append(
+            f"| {row['layers']} | {before:.2f} | "
+            + " | ".join(f"{s[stage]:.2f}" for stage in XLA_STAGES)
+            + f" | {stages:.2f} | {row['first_call']:.2f} | {row['first_call'] - stages:.2f} |"
         )
     return "\n".join(lines)
 
@@ -228,6 +338,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=list(LAYERS))
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--jit-memory", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--shardy", nargs=2, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.one is not None:
         print(json.dumps(measure(options.one)))
@@ -236,13 +347,19 @@ def main() -> None:
         layers, specs = options.jit_memory
         print(json.dumps(measure_jit_memory(int(layers), json.loads(specs))))
         return
+    if options.shardy is not None:
+        layers, specs = options.shardy
+        print(json.dumps(_jit_compile(int(layers), json.loads(specs))))
+        return
     print(f"load average before: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     rows = []
     for layers in options.layers:
         rows.append(run_in_subprocess(layers))
         print(f"  {layers} layers done, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
-    print("seconds (µs/op: per core op up to partition, per SPMD op after)")
+    print("seconds (µs/op: per core op up to partition and for Shardy, per SPMD op after)")
     print(table(rows))
+    print("the first call: seconds")
+    print(first_call_table(rows))
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

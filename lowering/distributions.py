@@ -14,7 +14,12 @@ two `collective_permute`s, one shift each way.
 
 Conversions are made at the use that needs them and cached, so a value that
 is already distributed the way a use wants costs nothing: distribute after
-undistribute never appears.
+undistribute never appears. A partial sum is summed once, whichever uses
+read it: a use that wants it split after another summed it whole takes its
+part of the sum (no reduce-scatter), and a use that wants it whole after
+another reduce-scattered it all-gathers the parts (no second all-reduce);
+a loss-scaled step's gradients, read whole by the `isfinite` check and split
+by ZeRO's update, move what plain data parallelism moves.
 """
 
 from __future__ import annotations
@@ -105,6 +110,9 @@ class Redistributor:
         share its all-reduce, however their dims are described."""
         self._linear: dict[SSAValue, tuple[list[Placed], Remake]] = {}
         """Partial sums computed by a linear op from partial sums (`carried`)."""
+        self._scattered: dict[tuple[SSAValue, tuple[str, ...]], tuple[Placed, int]] = {}
+        """Partial sums over one axis a reduce-scatter summed, per local value:
+        the scattered parts and their dim (a whole use all-gathers them)."""
         self.cause: tuple[str, tuple[tuple[str, OriginAttr], ...]] = ("", ())
         """What the next conversion is for: the op needing it, and per axis the
         action that made the value distributed (recorded on each collective:
@@ -155,6 +163,13 @@ class Redistributor:
         return Placed(self._sums[key], placed.dist.summed(placed.dist.partial), placed.origins)
 
     def _summed(self, placed: Placed) -> SSAValue:
+        scattered = self._scattered.get((placed.local, placed.dist.partial))
+        if scattered is not None:  # summed already, in parts: gather them
+            split, dim = scattered
+            ty = placed.local.type
+            assert isinstance(ty, TensorType)  # a device's part is a tensor
+            gather = AllGatherOp(split.local, dim, split.dist.dims[dim], ty)
+            return self._apply(split, gather).local
         linear = self._remakeable(placed)
         if linear is not None:
             operands, remake = linear
@@ -180,6 +195,28 @@ class Redistributor:
         if any(not set(p.dist.partial) <= set(placed.dist.partial) for p in operands):
             return None
         return linear
+
+    def _sum_paid(self, placed: Placed) -> bool:
+        """Whether summing `placed` whole moves nothing more: it was summed
+        already, or it is a linear op remade for free on operands that were."""
+        if self.has_whole(placed):
+            return True
+        linear = self._remakeable(placed)
+        return (
+            linear is not None
+            and set(placed.dist.partial) <= {a for p in linear[0] for a in p.dist.partial}
+            and self._sum_bytes(placed, {}, 0) == 0
+        )
+
+    def _scatter(
+        self, placed: Placed, dim: int, axes: tuple[str, ...], ty: TensorType
+    ) -> Placed:
+        """P -> S(dim) by a reduce-scatter, remembered so that a later whole
+        use gathers these parts instead of summing the value again."""
+        split = self._apply(placed, ReduceScatterOp(placed.local, dim, axes, ty))
+        if tuple(axes) == placed.dist.partial:
+            self._scattered[(placed.local, placed.dist.partial)] = (split, dim)
+        return split
 
     def _sum_bytes(self, placed: Placed, memo: dict[SSAValue, int], depth: int) -> int:
         """The bytes per device of summing what `placed` is made of, by the
@@ -238,10 +275,14 @@ class Redistributor:
             dist = current.dist
             if dist.partial and not dist.axes and len(target.axes) == len(dist.partial):
                 split = [d for d, axes in enumerate(target.dims) if axes]
-                if len(split) == 1 and set(target.dims[split[0]]) == set(dist.partial):
+                if (
+                    len(split) == 1
+                    and set(target.dims[split[0]]) == set(dist.partial)
+                    and not self._sum_paid(current)
+                ):
                     d, axes = split[0], target.dims[split[0]]
                     ty = part_type(current.local.type, d, self.mesh.size_of(axes))
-                    return self._apply(current, ReduceScatterOp(current.local, d, axes, ty))
+                    return self._scatter(current, d, axes, ty)
             if dist.partial:  # P -> B first: the splits stay
                 current = self._all_reduce(current)
                 dist = current.dist
@@ -264,10 +305,11 @@ class Redistributor:
         """Conversions made inside a region are not reused after it (they do
         not dominate the ops that follow the region's op)."""
         saved, sums = dict(self._cache), dict(self._sums)  # (carried ops dominate)
+        scattered = dict(self._scattered)
         try:
             yield
         finally:
-            self._cache, self._sums = saved, sums
+            self._cache, self._sums, self._scattered = saved, sums, scattered
 
     def take_part(self, placed: Placed, dim: int, axis: str) -> Placed:
         """Each device's part along `dim` over `axis` (a `partir.slice` by the
@@ -357,8 +399,10 @@ class Redistributor:
         parts = self.mesh[axis]
         part = part_type(local.type, dim, parts) if not dist.dims[dim] else None
         source = dist.split_dim_of(axis)
+        if axis in dist.partial and self._sum_paid(placed):  # the sum's part
+            return self.take_part(self._all_reduce(placed), dim, axis)
         if part is not None and axis in dist.partial:  # P -> S: reduce-scatter
-            split = self._apply(placed, ReduceScatterOp(local, dim, (axis,), part))
+            split = self._scatter(placed, dim, (axis,), part)
         elif part is not None and source is not None and dist.dims[source][-1] == axis:
             # S(i) -> S(j): all-to-all moves the axis from dim i to dim j.
             ty = grow_type(part, source, parts)

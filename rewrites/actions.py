@@ -8,10 +8,11 @@ number in the schedule and the tactic that asked for it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType, i64
-from xdsl.ir import Attribute, Block, BlockArgument, OpResult, Region, SSAValue
+from xdsl.ir import Attribute, Block, BlockArgument, OpResult, Region, SSAValue, Use
 
 from dialects.escaping import quoted
 from dialects.functions import enclosing_function
@@ -177,6 +178,38 @@ def apply_tile_action(action: TileAction, mesh: MeshOp, log: ConflictLog) -> Loo
         scope = enclosing_function(action.value)
         padded = pad_for_divisibility(action.value, action.dim, parts, scope)
         action = replace(action, value=padded.value)
+    return _redirect_uses(action, parts, lambda use: True)
+
+
+def tile_whole_uses(action: TileAction, mesh: MeshOp) -> LoopOp | None:
+    """Redirect the uses of `action.value` that read it whole to the action's
+    loop, when its other uses already take parts of it over the action's axis
+    on the action's dim (`existing_tiling` then calls it tiled, and
+    `apply_tile_action` would leave the whole uses whole).
+
+    A loop-carried value needs this: one distribution in the body, so a body
+    argument that is sliced by one user and read whole by another (an LSTM's
+    previous state, saved per step for the backward pass) is tiled for both.
+    None when there is nothing to redirect, the value is itself a tile loop's
+    result, or the dim needs padding (its parts are then padded slices)."""
+    if action.axis not in mesh.axes or any(t.axis == action.axis for t in tilings(action.value)):
+        return None
+    parts = mesh.axes[action.axis]
+    if _shape(action.value)[action.dim] % parts:
+        return None
+
+    def whole(use: Use) -> bool:
+        op = use.operation
+        return not (type(op) is SliceOp and range_axis(op.index) == action.axis)
+
+    if not any(whole(use) for use in action.value.uses):
+        return None
+    return _redirect_uses(action, parts, whole)
+
+
+def _redirect_uses(action: TileAction, parts: int, chosen: Callable[[Use], bool]) -> LoopOp:
+    """Insert the action's identity loop right after the value and make the
+    `chosen` uses read it."""
     loop = identity_tile_loop(action.value, action.dim, action.axis, parts, action.origin)
     part = loop.body.block.first_op  # the slice: its use of the value stays
     owner = action.value.owner
@@ -188,5 +221,7 @@ def apply_tile_action(action: TileAction, mesh: MeshOp, log: ConflictLog) -> Loo
         parent = owner.parent_block()
         assert parent is not None
         parent.insert_op_after(loop, owner)
-    action.value.replace_uses_with_if(loop.result, lambda use: use.operation is not part)
+    action.value.replace_uses_with_if(
+        loop.result, lambda use: use.operation is not part and chosen(use)
+    )
     return loop

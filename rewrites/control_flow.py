@@ -47,6 +47,7 @@ from rewrites.actions import (
     apply_tile_action,
     existing_tiling,
     identity_tile_loop,
+    tile_whole_uses,
 )
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin
 from rewrites.projection import Tiling, range_axis, tilings
@@ -121,8 +122,13 @@ class TileCarriedValues(RewritePattern):
         for value in carried_places(carrier, k):
             # An unused place needs no tiling (and a dead op would be erased
             # and made again, for ever).
-            if value.uses and existing_tiling(value, tiling.axis) is None:
+            if not value.uses:
+                continue
+            current = existing_tiling(value, tiling.axis)
+            if current is None:
                 self._tile(value, tiling, rewriter)
+            elif current == tiling.dim:  # sliced by some users: the others too
+                self._tile_whole_uses(value, tiling, rewriter)
         if isinstance(carrier, BRANCHING_OPS):
             return  # the branches' returns are converted by the lowering
         if not any(t.axis == tiling.axis for t in tilings(carrier.operands[k])):
@@ -132,6 +138,12 @@ class TileCarriedValues(RewritePattern):
         origin = tiling.origin or OriginAttr(0, "propagation", "a loop-carried value")
         action = TileAction(value, tiling.dim, tiling.axis, origin)
         made = apply_tile_action(action, self.mesh, self.log)
+        if made is not None:
+            _wake(rewriter, made)
+
+    def _tile_whole_uses(self, value: SSAValue, tiling: Tiling, rewriter: PatternRewriter) -> None:
+        origin = tiling.origin or OriginAttr(0, "propagation", "a loop-carried value")
+        made = tile_whole_uses(TileAction(value, tiling.dim, tiling.axis, origin), self.mesh)
         if made is not None:
             _wake(rewriter, made)
 
