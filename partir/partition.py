@@ -31,6 +31,7 @@ from rewrites.conflicts import Conflict, recorded_conflicts
 if TYPE_CHECKING:
     from partir.search import SearchResult
     from rewrites.actions import TileAction
+    from rewrites.factor_propagation import Decision
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,3 +159,17 @@ def partition(
     PassPipeline(tuple(passes), after).apply(make_context(), module)
     result.conflicts = recorded_conflicts(module)
     return result
+
+
+def decide_partition(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic]) -> Decision:
+    """Every value's sharding under `tactics`, decided in plain data
+    (`rewrites.factor_propagation`); `module` is not rewritten (its mesh is
+    declared). `Automatic` is not supported here: its search rewrites."""
+    from partir.passes import declare_mesh, plan_seeds
+    from rewrites.factor_propagation import decide
+
+    if any(isinstance(t, Automatic) for t in tactics):
+        raise NotImplementedError("decide_partition: Automatic searches by rewriting")
+    plans = plan_schedule(module, mesh, tactics)
+    declare_mesh(module, mesh)
+    return decide(module, dict(mesh.axes), plan_seeds(module, plans))
