@@ -335,22 +335,29 @@ class _Propagation:
             self.work.append(o)
 
     def run(self) -> None:
-        work, queued = self.work, self.queued
+        """Visit until nothing changes: a stack, so a change is followed
+        through its users before the next op in program order (as the
+        rewrite engine's walker does: an op later in the program sees what
+        the ops before it decided)."""
+        work, queued, kinds = self.work, self.queued, self.g.kinds
+        carrier_of_return = self.g.carrier_of_return
         while work:
-            work.reverse()  # program order within a round
-            batch, self.work = work, []
-            work = self.work
-            while batch:
-                o = batch.pop()
-                queued[o] = False
-                kind = self.g.kinds[o]
-                if kind == _COMPUTE:
-                    self.visit(o)
-                elif kind in (_WHILE, _BRANCH, _BARRIER):
-                    self.carry(o)
-                elif kind == _RETURN:
-                    self.carry(self.g.carrier_of_return.get(o, -1))
-            work = self.work
+            o = work.pop()
+            queued[o] = False
+            kind = kinds[o]
+            if kind == _COMPUTE:
+                self.visit(o)
+            elif kind == _RETURN:
+                self.carry(carrier_of_return.get(o, -1))
+            elif kind != _OTHER:
+                self.carry(o)
+
+    def push_all(self) -> None:
+        """Queue every op, so that they pop in program order."""
+        for o in range(len(self.g.ops) - 1, -1, -1):
+            if self.g.kinds[o] != _OTHER:
+                self.queued[o] = True
+                self.work.append(o)
 
     # --- seeds --------------------------------------------------------------------
 
@@ -647,8 +654,8 @@ def decide(module: ModuleOp, mesh: dict[str, int], schedule: Sequence[Sequence[S
     for seeds in schedule:
         for seed in seeds:
             propagation.seed(seed)
-        for o, kind in enumerate(graph.kinds):
-            if kind in (_WHILE, _BRANCH, _BARRIER):
-                propagation.push(o)
+        propagation.work.clear()
+        propagation.queued = [False] * len(graph.ops)
+        propagation.push_all()
         propagation.run()
     return propagation.d
