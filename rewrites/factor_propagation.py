@@ -421,7 +421,9 @@ class _Propagation:
                 if carrier is not None:
                     self.push(carrier)
 
-    def assign(self, o: int, axis: str, factor: int, priority: Priority) -> None:
+    def assign(
+        self, o: int, axis: str, factor: int, priority: Priority, padded: bool = False
+    ) -> None:
         """Op `o` splits `factor` over `axis`: its operands are read split
         alike (their producers may follow), its result is split or partial."""
         d, g = self.d, self.g
@@ -430,7 +432,7 @@ class _Propagation:
         d.factors[o][axis] = factor
         d.factor_axes[o][factor] = (*d.factor_axes[o].get(factor, ()), axis)
         d.op_priority[o][axis] = priority
-        padded = any(
+        padded = padded or any(
             (g.operands[o][i], dim) in d.padded
             for i, dim in enumerate(rule.operand_dims(factor))
             if dim is not None
@@ -497,7 +499,7 @@ class _Propagation:
         if len(g.results[o]) == 1:
             r = g.results[o][0]
             for axis, dim, priority in self._demand(r):
-                if axis in have or axis in d.split[r]:
+                if axis in have:
                     continue
                 fs = rule.results[0][dim]
                 if not fs:
@@ -520,7 +522,7 @@ class _Propagation:
                         self._conflict(o, won, c)
                 continue
             chosen[axis] = c
-            self.assign(o, axis, c[3], c[5])
+            self.assign(o, axis, c[3], c[5], c[6])
 
     def _demand(self, v: int) -> list[tuple[str, int, Priority]]:
         """(axis, dim, priority) every use of `v` reads it split by."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, TensorType, i64
 
 from dialects.distribution import Distribution
 from dialects.functions import entry_function
@@ -59,8 +59,10 @@ def compare(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic]) -> Comparis
         if not isinstance(tag, IntegerAttr) or len(op.results) != 1:
             continue
         relation = relations(op.results[0])
-        if relation.known:
-            seen.setdefault(tag.value.data, set()).add(relation.dist)
+        ty = ops[tag.value.data].results[0].type  # the global shape, before padding
+        if relation.known and isinstance(ty, TensorType):
+            dist = _meaningful(relation.dist, tuple(ty.get_shape()), mesh)
+            seen.setdefault(tag.value.data, set()).add(dist)
     out = Comparison(decision=decision)
     out.conflicts = (len(decision.conflicts), len(done.conflicts))
     for i, dists in sorted(seen.items()):
@@ -74,3 +76,14 @@ def compare(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic]) -> Comparis
         if mine != theirs:
             out.arguments.append((arg.name_hint or str(arg.index), mine, theirs))
     return out
+
+
+def _meaningful(dist: Distribution, shape: tuple[int, ...], mesh: Mesh) -> Distribution:
+    """`dist` without splits of a dim smaller than its parts: the core IR
+    describes a value recomputed in every iteration of a loop as split on a
+    size-1 dim (a broadcast's expanded dim), which no device layout is."""
+    dims = tuple(
+        axes if n >= mesh.size_of(axes) else () for axes, n in zip(dist.dims, shape, strict=True)
+    )
+    return Distribution(dims, dist.partial)
+
