@@ -213,6 +213,11 @@ class Decision:
     """Per op id, axis -> the factor of its rule split over it."""
     factor_axes: list[dict[int, tuple[str, ...]]]
     op_priority: list[dict[str, Priority]]
+    inside: list[frozenset[str]]
+    """Per op id, the axes of the loops it runs in without splitting anything
+    over them: an op made split for its users (backward) runs in their loops,
+    once per part of theirs (the engine moves it into them), and a later
+    split over one of those axes passes it by."""
     carried: dict[tuple[int, int], dict[str, int]]
     """(carrier op id, carried value) -> axis -> the dim it splits."""
     carried_priority: dict[tuple[int, str], Priority]
@@ -267,7 +272,22 @@ class Decision:
                     n += 1
                 common = common[:n]
             dims.append(common)
-        return Distribution(tuple(dims))
+        return Distribution(tuple(self._even(v, dims)))
+
+    def _even(self, v: int, dims: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+        """`dims` without the splits of a dim its axes do not divide: a value
+        padded for divisibility arrives whole, and is padded on the devices."""
+        shape = list(self.graph.shapes[v])
+        out: list[tuple[str, ...]] = []
+        for d, axes in enumerate(dims):
+            kept: list[str] = []
+            for axis in axes:
+                if shape[d] % self.mesh[axis]:
+                    break
+                shape[d] //= self.mesh[axis]
+                kept.append(axis)
+            out.append(tuple(kept))
+        return out
 
     def _read_as(self, o: int, index: int, own: Distribution) -> Distribution:
         want = self.wanted(o, index)
@@ -314,6 +334,7 @@ class _Propagation:
             factors=[{} for _ in range(m)],
             factor_axes=[{} for _ in range(m)],
             op_priority=[{} for _ in range(m)],
+            inside=[frozenset() for _ in range(m)],
             carried={},
             carried_priority={},
             padded=set(),
@@ -476,6 +497,7 @@ class _Propagation:
         rule = g.rules[o]
         assert rule is not None
         have = d.factors[o]
+        around = d.inside[o]
         candidates: list[tuple[int, int, str, int, int, Priority, bool]] = []
         # forward: operands produced split
         for i, v in enumerate(g.operands[o]):
@@ -484,7 +506,7 @@ class _Propagation:
                 continue
             dims = rule.operands[i]
             for axis, dim in split.items():
-                if axis in have:
+                if axis in have or axis in around:
                     continue
                 fs = dims[dim] if dim < len(dims) else ()
                 if not fs:
@@ -499,7 +521,7 @@ class _Propagation:
         if len(g.results[o]) == 1:
             r = g.results[o][0]
             for axis, dim, priority in self._demand(r):
-                if axis in have:
+                if axis in have or axis in around:
                     continue
                 fs = rule.results[0][dim]
                 if not fs:
@@ -522,7 +544,21 @@ class _Propagation:
                         self._conflict(o, won, c)
                 continue
             chosen[axis] = c
+            if c[1] == len(g.operands[o]):  # backward: it runs in its users' loops
+                self._inherit(o)
             self.assign(o, axis, c[3], c[5], c[6])
+
+    def _inherit(self, o: int) -> None:
+        d, g = self.d, self.g
+        uses = g.uses[g.results[o][0]]
+        if not uses:
+            return
+        common = None
+        for user, _ in uses:
+            loops = d.inside[user] | d.factors[user].keys()
+            common = loops if common is None else common & loops
+        assert common is not None
+        d.inside[o] = d.inside[o] | (common - d.factors[o].keys())
 
     def _demand(self, v: int) -> list[tuple[str, int, Priority]]:
         """(axis, dim, priority) every use of `v` reads it split by."""
