@@ -497,6 +497,7 @@ class _Propagation:
         rule = g.rules[o]
         assert rule is not None
         have = d.factors[o]
+        self._fuse(o)
         around = d.inside[o]
         candidates: list[tuple[int, int, str, int, int, Priority, bool]] = []
         # forward: operands produced split
@@ -549,16 +550,48 @@ class _Propagation:
             self.assign(o, axis, c[3], c[5], c[6])
 
     def _inherit(self, o: int) -> None:
+        """`o`, made split for its users, runs in the loops they share."""
         d, g = self.d, self.g
         uses = g.uses[g.results[o][0]]
         if not uses:
             return
         common = None
-        for user, _ in uses:
-            loops = d.inside[user] | d.factors[user].keys()
+        for user, i in uses:
+            loops = (d.inside[user] | d.factors[user].keys()) - _wanted(d, user, i).keys()
             common = loops if common is None else common & loops
         assert common is not None
-        d.inside[o] = d.inside[o] | (common - d.factors[o].keys())
+        self._grow_inside(o, common)
+
+    def _fuse(self, o: int) -> None:
+        """`o`, split over an axis its only user reads it split over alike,
+        runs in that user's loops (its loop is fused into the user's:
+        `FuseSliceOfTile`, or the user joins it: `PushForward._join_loop`)."""
+        d, g = self.d, self.g
+        results = g.results[o]
+        if len(results) != 1 or not d.factors[o]:
+            return
+        r = results[0]
+        uses = g.uses[r]
+        if not uses:
+            return
+        user = uses[0][0]
+        if any(u != user for u, _ in uses[1:]):
+            return
+        split = d.split[r]
+        for _, i in uses:
+            want = _wanted(d, user, i)
+            if any(split.get(axis) == dim for axis, dim in want.items()):
+                loops = (d.inside[user] | d.factors[user].keys()) - want.keys()
+                self._grow_inside(o, loops)
+                return
+
+    def _grow_inside(self, o: int, loops: frozenset[str] | set[str]) -> None:
+        d = self.d
+        more = frozenset(loops) - d.factors[o].keys() - d.inside[o]
+        if more:
+            d.inside[o] = d.inside[o] | more
+            for v in self.g.operands[o]:
+                self._wake_producer(v)
 
     def _demand(self, v: int) -> list[tuple[str, int, Priority]]:
         """(axis, dim, priority) every use of `v` reads it split by."""
