@@ -657,6 +657,9 @@ class _Propagation:
                     continue
                 have[axis] = dim
                 d.carried_priority[o, axis] = priority
+                every = (*ends, *places)
+                if any((v, dim) in d.padded for v in every):  # padded at every place
+                    d.padded.update((v, dim) for v in every)
                 for place in places:
                     if axis not in d.split[place]:
                         self.split_value(place, axis, dim, priority)
