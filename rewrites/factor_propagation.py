@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
@@ -69,6 +70,20 @@ Priority = tuple[int, OriginAttr | None]
 """(schedule position of the action behind a decision, its origin)."""
 
 _LAST = 1 << 30
+
+
+class _Candidate(NamedTuple):
+    """A split an op could take: over `axis`, of `factor`, because operand
+    `operand` is split on `dim` (forward) or, with `operand` one past the
+    last, because every use wants its result split on `dim` (backward)."""
+
+    order: int
+    operand: int
+    axis: str
+    factor: int
+    dim: int
+    priority: Priority
+    padded: bool
 
 
 @dataclass(frozen=True)
@@ -240,9 +255,8 @@ class Decision:
         o = self.graph.producer[v]
         rule = self.graph.rules[o] if o >= 0 else None
         if rule is not None:
-            partial = tuple(
-                sorted(a for a, f in self.factors[o].items() if rule.factors[f].kind is FactorKind.SUM)
-            )
+            sums = [a for a, f in self.factors[o].items() if rule.factors[f].kind is FactorKind.SUM]
+            partial = tuple(sorted(sums))
         return Distribution(dims, partial)
 
     def use_priority(self, o: int, axis: str) -> Priority:
@@ -499,7 +513,8 @@ class _Propagation:
         have = d.factors[o]
         self._fuse(o)
         around = d.inside[o]
-        candidates: list[tuple[int, int, str, int, int, Priority, bool]] = []
+        candidates: list[_Candidate] = []
+        backward = len(g.operands[o])
         # forward: operands produced split
         for i, v in enumerate(g.operands[o]):
             split = d.split[v]
@@ -517,7 +532,7 @@ class _Propagation:
                 if not self.tileable(o, rule, factor, axis, padded):
                     continue
                 priority = d.priority[v][axis]
-                candidates.append((priority[0], i, axis, factor, dim, priority, padded))
+                candidates.append(_Candidate(priority[0], i, axis, factor, dim, priority, padded))
         # backward: the result every use wants split alike
         if len(g.results[o]) == 1:
             r = g.results[o][0]
@@ -531,23 +546,27 @@ class _Propagation:
                 padded = (r, dim) in d.padded
                 if not self.tileable(o, rule, factor, axis, padded):
                     continue
-                candidates.append((priority[0], len(g.operands[o]), axis, factor, dim, priority, padded))
+                candidates.append(
+                    _Candidate(priority[0], backward, axis, factor, dim, priority, padded)
+                )
         if not candidates:
             return
-        candidates.sort(key=lambda c: (c[0], c[1]))
-        chosen: dict[str, tuple[int, int, str, int, int, Priority, bool]] = {}
+        candidates.sort(key=lambda c: (c.order, c.operand))
+        chosen: dict[str, _Candidate] = {}
         for c in candidates:
-            axis = c[2]
-            if axis in d.factors[o]:
-                won = chosen.get(axis)
-                if won is not None and won[3] != c[3] and c[1] < len(g.operands[o]):
-                    if won[1] < len(g.operands[o]):
-                        self._conflict(o, won, c)
+            if c.axis in d.factors[o]:
+                won = chosen.get(c.axis)
+                if (
+                    won is not None
+                    and won.factor != c.factor
+                    and max(won.operand, c.operand) < backward
+                ):
+                    self._conflict(o, won, c)
                 continue
-            chosen[axis] = c
-            if c[1] == len(g.operands[o]):  # backward: it runs in its users' loops
+            chosen[c.axis] = c
+            if c.operand == backward:  # it runs in its users' loops
                 self._inherit(o)
-            self.assign(o, axis, c[3], c[5], c[6])
+            self.assign(o, c.axis, c.factor, c.priority, c.padded)
 
     def _inherit(self, o: int) -> None:
         """`o`, made split for its users, runs in the loops they share."""
@@ -612,23 +631,25 @@ class _Propagation:
             found.append((axis, dim, d.use_priority(o0, axis)))
         return found
 
-    def _conflict(self, o: int, won: tuple, lost: tuple) -> None:
-        g, d = self.g, self.d
-        op = g.ops[o]
-        win_origin, lose_origin = won[5][1], lost[5][1]
+    def _conflict(self, o: int, won: _Candidate, lost: _Candidate) -> None:
+        """Two operands split over one axis along different factors: the
+        earlier action wins (`PushForward._record_conflicts`'s words)."""
+        d = self.d
+        op = self.g.ops[o]
+        win_origin, lose_origin = won.priority[1], lost.priority[1]
         d.log.record(
             Conflict(
                 op=op.name,
                 values=(
-                    d.log.value_of(win_origin, describe_value(op.operands[won[1]])),
-                    d.log.value_of(lose_origin, describe_value(op.operands[lost[1]])),
+                    d.log.value_of(win_origin, describe_value(op.operands[won.operand])),
+                    d.log.value_of(lose_origin, describe_value(op.operands[lost.operand])),
                 ),
-                axis=won[2],
+                axis=won.axis,
                 winner=describe_origin(win_origin),
                 loser=describe_origin(lose_origin),
                 detail=(
-                    f"operand {won[1]} is tiled on dim {won[4]}, "
-                    f"operand {lost[1]} on dim {lost[4]}; the loser is redistributed"
+                    f"operand {won.operand} is tiled on dim {won.dim}, "
+                    f"operand {lost.operand} on dim {lost.dim}; the loser is redistributed"
                 ),
             )
         )

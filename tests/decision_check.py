@@ -21,6 +21,7 @@ from lowering.to_spmd import input_dist
 from partir import Mesh
 from partir.partition import decide_partition, partition
 from partir.tactics import Tactic
+from rewrites.conflicts import Conflict
 from rewrites.factor_propagation import Decision
 from rewrites.projection import LoopRelations
 
@@ -36,6 +37,8 @@ class Comparison:
     )
     arguments: list[tuple[str, Distribution, Distribution]] = field(default_factory=list)
     conflicts: tuple[int, int] = (0, 0)
+    """How many conflicts the decision and the engine recorded."""
+    engine_conflicts: list[Conflict] = field(default_factory=list)
     decision: Decision | None = None
 
     @property
@@ -65,6 +68,7 @@ def compare(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic]) -> Comparis
             seen.setdefault(tag.value.data, set()).add(dist)
     out = Comparison(decision=decision)
     out.conflicts = (len(decision.conflicts), len(done.conflicts))
+    out.engine_conflicts = done.conflicts
     for i, dists in sorted(seen.items()):
         out.ops += 1
         mine = decision.distribution(ops[i].results[0])
