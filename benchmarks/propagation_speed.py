@@ -3,10 +3,18 @@
 Goal (issue 3): at least 10,000 ops/s and linear in N. "ops" counts the
 imported program's ops (the work propagation is given); the time covers
 planning, the tiling actions and propagation to a fixpoint, not the import.
+
+Beside it (issue 33), the same decisions made in plain data
+(`rewrites.factor_propagation` through `partir.partition.decide_partition`):
+"decide" is planning, reading the graph and the fixpoint; "fixpoint" the
+worklist alone. Each is the best of `repeats` runs on a fresh import.
+
+    python -m benchmarks.propagation_speed [--layers 1 6 12 24]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 
@@ -19,27 +27,53 @@ LAYERS = (1, 6, 12, 24)
 MESH = Mesh({"batch": 4, "model": 2})
 
 
+def tactics() -> list:
+    return [BatchParallel("batch"), Megatron("model")]
+
+
 def measure(layers: int, repeats: int = 3) -> dict[str, float]:
+    from dialects.heap import paused_gc
+    from partir.partition import decide_partition
+    from rewrites import factor_propagation
+
     args = stack_train_step.make_args(layers_=layers)
-    best = float("inf")
+    best = best_decide = best_fixpoint = float("inf")
     ops = 0
     for _ in range(repeats):
         module = import_jax(stack_train_step.program, *args)
         ops = sum(1 for _ in module.walk())
         start = time.perf_counter()
-        partition(module, MESH, [BatchParallel("batch"), Megatron("model")])
+        partition(module, MESH, tactics())
         best = min(best, time.perf_counter() - start)
-    return {"layers": layers, "ops": ops, "seconds": best, "ops_per_s": ops / best}
+    for _ in range(repeats):
+        module = import_jax(stack_train_step.program, *args)
+        with paused_gc():
+            start = time.perf_counter()
+            decide_partition(module, MESH, tactics())
+            best_decide = min(best_decide, time.perf_counter() - start)
+        best_fixpoint = min(best_fixpoint, factor_propagation.LAST_FIXPOINT_SECONDS[0])
+    return {
+        "layers": layers,
+        "ops": ops,
+        "seconds": best,
+        "ops_per_s": ops / best,
+        "decide": best_decide,
+        "fixpoint": best_fixpoint,
+    }
 
 
 def main() -> None:
-    rows = [measure(n) for n in LAYERS]
-    print("| layers | ops | propagation s | ops/s | µs/op |")
-    print("|---|---|---|---|---|")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, nargs="*", default=LAYERS)
+    rows = [measure(n) for n in parser.parse_args().layers]
+    print("| layers | ops | propagation s | ops/s | µs/op | decide µs/op | fixpoint µs/op |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
+        per_op = 1e6 / r["ops"]
         print(
             f"| {r['layers']} | {r['ops']} | {r['seconds']:.3f} | {r['ops_per_s']:,.0f} "
-            f"| {r['seconds'] / r['ops'] * 1e6:.0f} |"
+            f"| {r['seconds'] * per_op:.0f} | {r['decide'] * per_op:.1f} "
+            f"| {r['fixpoint'] * per_op:.1f} |"
         )
 
 

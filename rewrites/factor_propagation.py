@@ -47,6 +47,7 @@ the core IR).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -745,6 +746,7 @@ def decide(module: ModuleOp, mesh: dict[str, int], schedule: Sequence[Sequence[S
             carrier = enclosing_carrier(op)
             if carrier is not None:
                 graph.carrier_of_return[o] = index[carrier]
+    start = time.perf_counter()
     propagation = _Propagation(graph, mesh)
     for seeds in schedule:
         for seed in seeds:
@@ -753,4 +755,10 @@ def decide(module: ModuleOp, mesh: dict[str, int], schedule: Sequence[Sequence[S
         propagation.queued = [False] * len(graph.ops)
         propagation.push_all()
         propagation.run()
+    LAST_FIXPOINT_SECONDS[0] = time.perf_counter() - start
     return propagation.d
+
+
+LAST_FIXPOINT_SECONDS = [0.0]
+"""How long the last `decide`'s fixpoint took (without reading the graph),
+for `benchmarks.propagation_speed`."""
