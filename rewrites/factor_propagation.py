@@ -509,6 +509,8 @@ class _Propagation:
 
     def visit(self, o: int) -> None:
         g, d = self.g, self.d
+        if self._idle(o):
+            return
         rule = g.rules[o]
         assert rule is not None
         have = d.factors[o]
@@ -568,6 +570,26 @@ class _Propagation:
             if c.operand == backward:  # it runs in its users' loops
                 self._inherit(o)
             self.assign(o, c.axis, c.factor, c.priority, c.padded)
+
+    def _idle(self, o: int) -> bool:
+        """Nothing to decide at `o` (most visits): it splits nothing, no
+        operand is split, its result has no seed and its first user reads
+        nothing split."""
+        d, g = self.d, self.g
+        if d.factors[o]:
+            return False
+        split = d.split
+        for v in g.operands[o]:
+            if split[v]:
+                return False
+        r = g.results[o][0]
+        if r in self.seeded:
+            return False
+        uses = g.uses[r]
+        if not uses:
+            return True
+        first = uses[0][0]
+        return not d.factors[first] and g.kinds[first] not in (_WHILE, _BARRIER)
 
     def _inherit(self, o: int) -> None:
         """`o`, made split for its users, runs in the loops they share."""
