@@ -38,6 +38,18 @@ The decisions follow the rewrite engine's (`rewrites.propagation`):
 - **uneven dims**: a seed on a dim its axis does not divide pads it
   (`rewrites.padding`); the factors such a split flows through are split
   over their padded size.
+- **order**: the worklist is a stack filled in program order, so a change is
+  followed through its users before the next op (the engine's walker visits
+  so, and which of two conflicting splits reaches an op first decides it).
+  An op made split for its users, or fused into its only user's loop, runs
+  in their loops (`Decision.inside`): a later split over one of those axes
+  passes it by, as the engine's `busy` axes do.
+
+Not yet the engine's (`tests/test_factor_propagation.py` states which):
+conflicting splits inside attention under `ManualPartition` (2-4 ops of
+~800-1,800, fused in an order this does not replay); ZeRO-3 after Megatron
+on the same parameters; Megatron over a hidden size its axis does not divide
+(where the engine's padded component ends).
 
 `Decision.distribution(value)` is a value's decided sharding;
 `Decision.argument_distribution` what an argument arrives as (the split
