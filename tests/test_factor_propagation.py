@@ -147,3 +147,19 @@ def test_nothing_is_rewritten() -> None:
     text = str(module)
     assert "partir.mesh" in text and "partir.loop" not in text and "partir.slice" not in text
     assert decision.conflicts == []
+
+
+@pytest.mark.xfail(strict=True, reason="ZeRO-3 after Megatron: w1 arrives split over both "
+                   "axes here, over 'batch' only in the engine (its ZeRO loop wraps the "
+                   "Megatron slices)")
+def test_zero3_after_megatron_on_the_same_parameters() -> None:
+    args = mlp_train_step.make_args()
+    assert_agrees(mlp_train_step.program, args, [DP, MEGATRON, partir.ZeRO("batch", 3)])
+
+
+@pytest.mark.xfail(strict=True, reason="the engine's padded component ends before the relu; "
+                   "here the split flows through it")
+def test_megatron_over_a_hidden_size_the_axis_does_not_divide() -> None:
+    args = mlp_train_step.make_args(batch=8, hidden=50)
+    mesh = partir.Mesh({"batch": 2, "model": 4})
+    assert_agrees(mlp_train_step.program, args, [DP, MEGATRON], mesh)
