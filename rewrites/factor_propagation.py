@@ -370,6 +370,8 @@ class _Propagation:
         self.g = graph
         self.mesh = mesh
         self.queued = [False] * m
+        self.dirty = [False] * m
+        """Whether something an op's decision reads changed since its last visit."""
         self.work: list[int] = []
         self.seeded: dict[int, dict[str, tuple[int, Priority]]] = {}
         """Value id -> axis -> (dim, priority) of the seeds on it."""
@@ -378,6 +380,9 @@ class _Propagation:
     # --- the worklist -------------------------------------------------------------
 
     def push(self, o: int) -> None:
+        """Something `o` reads changed: visit it (where it is queued already,
+        when its turn comes)."""
+        self.dirty[o] = True
         if not self.queued[o]:
             self.queued[o] = True
             self.work.append(o)
@@ -387,11 +392,14 @@ class _Propagation:
         through its users before the next op in program order (as the
         rewrite engine's walker does: an op later in the program sees what
         the ops before it decided)."""
-        work, queued, kinds = self.work, self.queued, self.g.kinds
+        work, queued, dirty, kinds = self.work, self.queued, self.dirty, self.g.kinds
         carrier_of_return = self.g.carrier_of_return
         while work:
             o = work.pop()
             queued[o] = False
+            if not dirty[o]:
+                continue  # a visit would decide what the last one did
+            dirty[o] = False
             kind = kinds[o]
             if kind == _COMPUTE:
                 self.visit(o)
@@ -401,7 +409,8 @@ class _Propagation:
                 self.carry(o)
 
     def push_all(self) -> None:
-        """Queue every op, so that they pop in program order."""
+        """Queue every op, so that they pop in program order (the engine's
+        walker's order); only those something changed for are visited."""
         for o in range(len(self.g.ops) - 1, -1, -1):
             if self.g.kinds[o] != _OTHER:
                 self.queued[o] = True
@@ -783,11 +792,11 @@ def decide(module: ModuleOp, mesh: dict[str, int], schedule: Sequence[Sequence[S
     start, start_cpu = time.perf_counter(), time.process_time()
     propagation = _Propagation(graph, mesh)
     for seeds in schedule:
-        for seed in seeds:
-            propagation.seed(seed)
         propagation.work.clear()
         propagation.queued = [False] * len(graph.ops)
         propagation.push_all()
+        for seed in seeds:
+            propagation.seed(seed)
         propagation.run()
     LAST_FIXPOINT_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
     return propagation.d
