@@ -164,12 +164,17 @@ def partition(
 def decide_partition(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic]) -> Decision:
     """Every value's sharding under `tactics`, decided in plain data
     (`rewrites.factor_propagation`); `module` is not rewritten (its mesh is
-    declared). `Automatic` is not supported here: its search rewrites."""
+    declared). Not with `Automatic`, whose search partitions candidates by
+    rewriting: decide its schedule with `partition` first (`Partitioned.decided`)."""
+    from dialects.errors import PartirValueError
     from partir.passes import declare_mesh, plan_seeds
     from rewrites.factor_propagation import decide
 
     if any(isinstance(t, Automatic) for t in tactics):
-        raise NotImplementedError("decide_partition: Automatic searches by rewriting")
+        raise PartirValueError(
+            "decide_partition: Automatic searches by rewriting; pass the schedule it chose "
+            "(partition(...).decided) instead"
+        )
     plans = plan_schedule(module, mesh, tactics)
     declare_mesh(module, mesh)
     return decide(module, dict(mesh.axes), plan_seeds(module, plans))

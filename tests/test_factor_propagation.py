@@ -163,3 +163,11 @@ def test_megatron_over_a_hidden_size_the_axis_does_not_divide() -> None:
     args = mlp_train_step.make_args(batch=8, hidden=50)
     mesh = partir.Mesh({"batch": 2, "model": 4})
     assert_agrees(mlp_train_step.program, args, [DP, MEGATRON], mesh)
+
+
+def test_automatic_is_refused_with_what_to_pass_instead() -> None:
+    from partir.partition import decide_partition
+
+    module = partir.import_jax(mlp_train_step.program, *mlp_train_step.make_args())
+    with pytest.raises(partir.PartirError, match=r"partition\(\.\.\.\)\.decided"):
+        decide_partition(module, MESH, [DP, partir.Automatic("model")])
