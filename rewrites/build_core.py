@@ -1,0 +1,304 @@
+"""Build once: the core IR of a `Decision`, every op placed in its loops in one pass.
+
+`rewrites.factor_propagation.decide` says, per op, the mesh axes that split
+each factor of its rule and the loops it runs in without splitting
+(`Decision.inside`). This module materializes that as the core IR the
+rewrite engine (`rewrites.propagation`) reaches one rewrite at a time:
+
+- **placement** (users before producers): an op whose every use is in one
+  loop nest runs inside the outer loops of that nest that it can share: a
+  loop over an axis it splits on the dim its users read split over that axis,
+  or one it runs in whole (`inside`); a loop over an axis it sums over is
+  never shared (its users read the sum). Everything else of it is its own
+  loops, major axes outermost (`Decision.factor_axes`).
+- **building** (program order): each op is built once, as `tiling.part_op`
+  builds a part, on its operands' parts: an operand made in the same loop
+  nest is read directly (fused), anything else through `partir.slice` on the
+  index of the loop whose axis the op reads it split over.
+
+Straight-line programs only: a `while`/`case`/optimization barrier, a
+multi-result op that is split, or a dim padded for divisibility raises
+`UnsupportedError` before anything is built (the rewrite engine handles
+them); the module is not changed then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+
+from dialects.errors import UnsupportedError
+from dialects.functions import entry_function
+from dialects.partir import LoopOp, RangeType, SliceOp, YieldOp, part_type
+from rewrites.factor_propagation import _COMPUTE, _OTHER, _RETURN, Decision
+from rewrites.registry import FactorKind, OpRule
+from rewrites.tiling import loop_action, part_op
+
+
+@dataclass(eq=False)
+class _Loop:
+    """One loop being built: its op, body and index."""
+
+    axis: str
+    op: LoopOp
+    block: Block
+    index: SSAValue
+
+
+@dataclass
+class _Place:
+    """Where an op runs: `frames` are the loops around its part, outermost
+    first; the first `shared` of them are its users' (it is built inside
+    them), the rest its own."""
+
+    frames: list[_Loop] = field(default_factory=list)
+    shared: int = 0
+
+
+def _refuse(decision: Decision, top: list[int]) -> None:
+    graph = decision.graph
+    if decision.padded:
+        raise UnsupportedError("build_core: a dim padded for divisibility; use the rewrite engine")
+    for o in top:
+        op, kind = graph.ops[o], graph.kinds[o]
+        if kind not in (_COMPUTE, _RETURN, _OTHER):
+            raise UnsupportedError(
+                f"build_core: {op.name} (a loop or branch) is not built yet; use the rewrite engine"
+            )
+        if kind != _RETURN and decision.factors[o] and len(op.results) != 1:
+            raise UnsupportedError(f"build_core: {op.name} has several results and is split")
+        if kind == _OTHER and (decision.factors[o] or decision.inside[o]):
+            raise UnsupportedError(f"build_core: {op.name} has no rule but is split")
+
+
+class _Builder:
+    def __init__(self, decision: Decision, block: Block) -> None:
+        self.d = decision
+        self.g = decision.graph
+        self.block = block
+        self.places: list[_Place | None] = [None] * len(self.g.ops)
+        self.reps: dict[int, SSAValue] = {}
+        """Value id -> the value users outside its producer's own loops read."""
+
+    # -- placement ---------------------------------------------------------
+
+    def _tile_dim(self, o: int, axis: str) -> int | None:
+        """The result dim op `o` splits over `axis`, or None (a sum, or not split)."""
+        f = self.d.factors[o].get(axis)
+        rule = self.g.rules[o]
+        if f is None or rule is None or rule.factors[f].kind is FactorKind.SUM:
+            return None
+        return rule.result_dim(f)
+
+    def _own_axes(self, o: int) -> list[str]:
+        """The axes op `o` splits, outermost loop first: by the decisions'
+        priority, the axes of one factor major first."""
+        factors = self.d.factors[o]
+        order = sorted(factors, key=lambda a: self.d.op_priority[o].get(a, (1 << 30, None))[0])
+        slots: dict[int, list[int]] = {}
+        for i, a in enumerate(order):
+            slots.setdefault(factors[a], []).append(i)
+        out = list(order)
+        for f, positions in slots.items():
+            for i, a in zip(positions, self.d.factor_axes[o][f], strict=True):
+                out[i] = a
+        return out
+
+    def place(self, o: int) -> None:
+        users = [
+            (place, q, i)
+            for v in self.g.results[o]
+            for q, i in self.g.uses[v]
+            if (place := self.places[q]) is not None
+        ]
+        shared: list[_Loop] = []
+        if users and len(self.g.results[o]) == 1:
+            own = self._own_axes(o)
+            for level, loop in enumerate(users[0][0].frames):
+                if any(len(p.frames) <= level or p.frames[level] is not loop for p, _, _ in users):
+                    break
+                if not self._enters(o, loop.axis, own, shared, users):
+                    break
+                shared.append(loop)
+        place = _Place(list(shared), len(shared))
+        taken = {loop.axis for loop in shared}
+        if not self.g.results[o]:
+            self.places[o] = place
+            return
+        rule = self.g.rules[o]
+        for axis in self._own_axes(o):
+            if axis in taken:
+                continue
+            assert rule is not None
+            ty = self.g.values[self.g.results[o][0]].type
+            for outer in place.frames:
+                dim = self._tile_dim(o, outer.axis)
+                if dim is not None:
+                    assert isinstance(ty, TensorType)
+                    ty = part_type(ty, dim, self.d.mesh[outer.axis])
+            block = Block(arg_types=[RangeType(self.d.mesh[axis])])
+            loop = LoopOp(axis, loop_action(rule, self.d.factors[o][axis]), Region(block), ty,
+                          _origin(self.d, o, axis))
+            loop.location = self.g.ops[o].location
+            place.frames.append(_Loop(axis, loop, block, block.args[0]))
+        self.places[o] = place
+
+    def _enters(
+        self, o: int, axis: str, own: list[str], shared: list[_Loop],
+        users: list[tuple[_Place, int, int]],
+    ) -> bool:
+        """Whether op `o` can run inside its users' loop over `axis`."""
+        if axis in self.d.inside[o] and axis not in self.d.factors[o]:
+            return True
+        dim = self._tile_dim(o, axis)
+        if dim is None:
+            return False
+        f = self.d.factors[o][axis]
+        major = self.d.factor_axes[o][f]
+        before = major[: major.index(axis)]
+        if any(a not in {loop.axis for loop in shared} for a in before):
+            return False
+        return all(self.d.wanted(q, i).get(axis) == dim for _, q, i in users)
+
+    # -- building ----------------------------------------------------------
+
+    def build(self, o: int) -> None:
+        op = self.g.ops[o]
+        place = self.places[o]
+        assert place is not None
+        rule = self.g.rules[o]
+        made: dict[tuple[SSAValue, int, SSAValue], SSAValue] = {}
+        operands = [self._operand(o, i, place, made) for i in range(len(op.operands))]
+        if self.g.kinds[o] == _RETURN:
+            built: Operation = op.create(operands=operands, attributes=dict(op.attributes),
+                                         properties=dict(op.properties), location=op.location)
+        else:
+            built = _part(op, rule, self.d, o, [loop.axis for loop in place.frames], operands)
+        target = place.frames[-1].block if place.frames else self.block
+        target.add_op(built)
+        if not op.results:
+            return
+        inner = built.results[0]
+        for k in range(len(place.frames) - 1, place.shared - 1, -1):
+            loop = place.frames[k]
+            loop.block.add_op(YieldOp(inner))
+            parent = place.frames[k - 1].block if k > 0 else self.block
+            parent.add_op(loop.op)
+            inner = loop.op.results[0]
+        if len(op.results) == 1:
+            self.reps[self.g.results[o][0]] = inner
+        else:
+            for v, r in zip(self.g.results[o], built.results, strict=True):
+                self.reps[v] = r
+        for v, r in zip(self.g.results[o], op.results, strict=True):
+            new = self.reps[v]
+            if r.name_hint and not new.name_hint:
+                new.name_hint = r.name_hint
+
+    def _operand(
+        self, o: int, i: int, place: _Place, made: dict[tuple[SSAValue, int, SSAValue], SSAValue]
+    ) -> SSAValue:
+        v = self.g.operands[o][i]
+        value = self.reps.get(v)
+        if value is None:
+            value = self.g.values[v]  # an argument of the function
+        p = self.g.producer[v]
+        done: set[str] = set()
+        level = -1  # the value is defined in the block of place.frames[level]
+        if p >= 0:
+            producer = self.places[p]
+            assert producer is not None
+            level = producer.shared - 1
+            for loop in producer.frames[: producer.shared]:
+                if self._tile_dim(p, loop.axis) is not None:
+                    done.add(loop.axis)
+        if self.g.kinds[o] == _RETURN:
+            return value
+        want = self.d.wanted(o, i)
+        for k, loop in enumerate(place.frames):
+            dim = want.get(loop.axis)
+            if dim is None or loop.axis in done:
+                continue
+            level = max(level, k)  # in the loop whose index it reads (slices hoisted)
+            key = (value, dim, loop.index)
+            if key not in made:
+                s = SliceOp(value, dim, loop.index)
+                s.location = self.g.ops[o].location
+                place.frames[level].block.add_op(s)
+                made[key] = s.results[0]
+            value = made[key]
+        return value
+        want = self.d.wanted(o, i)
+        for loop in place.frames:
+            dim = want.get(loop.axis)
+            if dim is None or loop.axis in done:
+                continue
+            key = (value, dim, loop.index)
+            if key not in made:
+                s = SliceOp(value, dim, loop.index)
+                s.location = self.g.ops[o].location
+                place.frames[-1].block.add_op(s)
+                made[key] = s.results[0]
+            value = made[key]
+        return value
+
+
+def _origin(decision: Decision, o: int, axis: str) -> dict[str, Attribute]:
+    found = decision.op_priority[o].get(axis)
+    if found is None or found[1] is None:
+        return {}
+    return {"origin": found[1]}
+
+
+def _part(
+    op: Operation, rule: OpRule | None, decision: Decision, o: int, axes: list[str],
+    operands: list[SSAValue],
+) -> Operation:
+    """`op` on its operands' parts, its result split by its factors over `axes`."""
+    counts: dict[int, int] = {}
+    for axis in axes:
+        f = decision.factors[o].get(axis)
+        if f is not None:
+            counts[f] = counts.get(f, 1) * decision.mesh[axis]
+    if not counts or rule is None:
+        return op.create(
+            operands=operands, result_types=[r.type for r in op.results],
+            properties=dict(op.properties), attributes=dict(op.attributes),
+            location=op.location, regions=[region.clone() for region in op.regions],
+        )
+    current = op
+    made: list[Operation] = []
+    items = list(counts.items())
+    for k, (f, parts) in enumerate(items):
+        last = k == len(items) - 1
+        current = part_op(current, rule, f, parts, operands if last else list(op.operands))
+        made.append(current)
+    for tmp in made[:-1]:
+        tmp.erase(safe_erase=False)
+    return current
+
+
+def build_core(module: ModuleOp, decision: Decision) -> None:
+    """Rewrite `module`'s entry function (in place) into the core IR
+    `decision` describes: every op once, in its tile and sum loops."""
+    entry = entry_function(module)
+    graph = decision.graph
+    top = [o for o, op in enumerate(graph.ops) if op.parent is entry.body.block]
+    _refuse(decision, top)
+    builder = _Builder(decision, Block())  # reads the function's own arguments
+    for o in reversed(top):
+        if graph.kinds[o] == _RETURN:
+            builder.places[o] = _Place()
+        else:
+            builder.place(o)
+    for o in top:
+        builder.build(o)
+    old = entry.body.block
+    for op in list(old.ops)[::-1]:
+        op.detach()
+        op.erase(safe_erase=False)
+    for op in list(builder.block.ops):
+        op.detach()
+        old.add_op(op)
