@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.transforms.dead_code_elimination import would_be_trivially_dead
 
 from dialects.errors import UnsupportedError
 from dialects.functions import entry_function
@@ -79,6 +80,9 @@ class _Builder:
         self.g = decision.graph
         self.block = block
         self.places: list[_Place | None] = [None] * len(self.g.ops)
+        self.dead = [False] * len(self.g.ops)
+        self.slices: dict[tuple[SSAValue, int, SSAValue], SSAValue] = {}
+        """(source, dim, loop index) -> its slice: one per loop, shared by its readers."""
         self.reps: dict[int, SSAValue] = {}
         """Value id -> the value users outside its producer's own loops read."""
 
@@ -107,11 +111,15 @@ class _Builder:
         return out
 
     def place(self, o: int) -> None:
+        op = self.g.ops[o]
+        if op.results and would_be_trivially_dead_after(self, o):
+            self.dead[o] = True  # as the rewrite engine's applier erases it
+            return
         users = [
             (place, q, i)
             for v in self.g.results[o]
             for q, i in self.g.uses[v]
-            if (place := self.places[q]) is not None
+            if not self.dead[q] and (place := self.places[q]) is not None
         ]
         shared: list[_Loop] = []
         if users and len(self.g.results[o]) == 1:
@@ -165,12 +173,13 @@ class _Builder:
     # -- building ----------------------------------------------------------
 
     def build(self, o: int) -> None:
+        if self.dead[o]:
+            return
         op = self.g.ops[o]
         place = self.places[o]
         assert place is not None
         rule = self.g.rules[o]
-        made: dict[tuple[SSAValue, int, SSAValue], SSAValue] = {}
-        operands = [self._operand(o, i, place, made) for i in range(len(op.operands))]
+        operands = [self._operand(o, i, place, self.slices) for i in range(len(op.operands))]
         if self.g.kinds[o] == _RETURN:
             built: Operation = op.create(operands=operands, attributes=dict(op.attributes),
                                          properties=dict(op.properties), location=op.location)
@@ -243,6 +252,14 @@ class _Builder:
                 made[key] = s.results[0]
             value = made[key]
         return value
+
+
+def would_be_trivially_dead_after(builder: _Builder, o: int) -> bool:
+    """Whether op `o` is pure and every use of its results is by a dead op."""
+    graph = builder.g
+    if any(not builder.dead[q] for v in graph.results[o] for q, _ in graph.uses[v]):
+        return False
+    return would_be_trivially_dead(graph.ops[o])
 
 
 def _origin(decision: Decision, o: int, axis: str) -> dict[str, Attribute]:
