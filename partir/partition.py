@@ -234,7 +234,9 @@ def partition_decided(
                     for s in plan.selections()
                 ],
             )
-            result.actions += [TileAction(s.value, s.dim, s.axis, s.origin, s.label) for s in planned]
+            result.actions += [
+                TileAction(s.value, s.dim, s.axis, s.origin, s.label) for s in planned
+            ]
         record_conflicts(module, decision.conflicts)
         result.conflicts = list(decision.conflicts)
         if verify:

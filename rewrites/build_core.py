@@ -32,7 +32,7 @@ from xdsl.transforms.dead_code_elimination import would_be_trivially_dead
 
 from dialects.errors import UnsupportedError
 from dialects.functions import entry_function
-from dialects.partir import LoopOp, RangeType, SliceOp, YieldOp, part_type
+from dialects.partir import LoopOp, RangeType, SliceOp, TileAttr, YieldOp, part_type
 from rewrites.factor_propagation import _COMPUTE, _OTHER, _RETURN, Decision
 from rewrites.registry import FactorKind, OpRule
 from rewrites.tiling import loop_action, part_op
@@ -147,10 +147,10 @@ class _Builder:
                     assert isinstance(ty, TensorType)
                     ty = part_type(ty, dim, self.d.mesh[outer.axis])
             block = Block(arg_types=[RangeType(self.d.mesh[axis])])
-            loop = LoopOp(axis, loop_action(rule, self.d.factors[o][axis]), Region(block), ty,
+            made = LoopOp(axis, loop_action(rule, self.d.factors[o][axis]), Region(block), ty,
                           _origin(self.d, o, axis))
-            loop.location = self.g.ops[o].location
-            place.frames.append(_Loop(axis, loop, block, block.args[0]))
+            made.location = self.g.ops[o].location
+            place.frames.append(_Loop(axis, made, block, block.args[0]))
         self.places[o] = place
 
     def _enters(
@@ -171,6 +171,43 @@ class _Builder:
         return all(self.d.wanted(q, i).get(axis) == dim for _, q, i in users)
 
     # -- building ----------------------------------------------------------
+
+    def arrive(self, arg: SSAValue) -> None:
+        """An argument a tactic split that some use does not read split so
+        (it lost a conflict there) arrives split all the same, as the
+        annotation says: a loop slicing it, which every use then reads."""
+        v = self.g.ids.get(arg)
+        if v is None or not self.d.nesting[v]:
+            return
+        own = {axis: d for d, axes in self.d.nesting[v].items() for axis in axes}
+        if all(
+            all(self.d.wanted(o, i).get(axis) == d for axis, d in own.items())
+            for o, i in self.g.uses[v]
+        ):
+            return  # each use slices it itself (fused)
+        value: SSAValue = arg
+        loops: list[LoopOp] = []
+        ty = arg.type
+        for d, axes in sorted(self.d.nesting[v].items()):
+            for axis in axes:
+                assert isinstance(ty, TensorType)
+                block = Block(arg_types=[RangeType(self.d.mesh[axis])])
+                origin = self.d.priority[v].get(axis)
+                loop = LoopOp(axis, TileAttr(d), Region(block), ty,
+                              {"origin": origin[1]} if origin and origin[1] else {})
+                ty = part_type(ty, d, self.d.mesh[axis])
+                s = SliceOp(value, d, block.args[0])
+                block.add_op(s)
+                value = s.results[0]
+                loops.append(loop)
+        for k in range(len(loops) - 1, -1, -1):
+            loops[k].body.block.add_op(YieldOp(value))
+            if k > 0:
+                loops[k - 1].body.block.add_op(loops[k])
+            value = loops[k].results[0]
+        self.block.add_op(loops[0])
+        value.name_hint = arg.name_hint
+        self.reps[v] = value
 
     def build(self, o: int) -> None:
         if self.dead[o]:
@@ -310,6 +347,8 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
             builder.places[o] = _Place()
         else:
             builder.place(o)
+    for arg in entry.body.block.args:
+        builder.arrive(arg)
     for o in top:
         builder.build(o)
     old = entry.body.block
