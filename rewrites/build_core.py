@@ -24,6 +24,8 @@ them); the module is not changed then.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from xdsl.dialects.builtin import ModuleOp, TensorType
@@ -35,7 +37,7 @@ from dialects.functions import entry_function
 from dialects.partir import LoopOp, RangeType, SliceOp, TileAttr, YieldOp, part_type
 from rewrites.factor_propagation import _COMPUTE, _OTHER, _RETURN, Decision
 from rewrites.registry import FactorKind, OpRule
-from rewrites.tiling import loop_action, part_op
+from rewrites.tiling import loop_action
 
 
 @dataclass(eq=False)
@@ -217,11 +219,11 @@ class _Builder:
         assert place is not None
         rule = self.g.rules[o]
         operands = [self._operand(o, i, place, self.slices) for i in range(len(op.operands))]
-        if self.g.kinds[o] == _RETURN:
-            built: Operation = op.create(operands=operands, attributes=dict(op.attributes),
-                                         properties=dict(op.properties), location=op.location)
-        else:
-            built = _part(op, rule, self.d, o, [loop.axis for loop in place.frames], operands)
+        op.detach()  # moved, not copied: the op keeps its identity, regions and name
+        if self.g.kinds[o] != _RETURN:
+            _localize(op, rule, self.d, o, [loop.axis for loop in place.frames])
+        op.operands = operands
+        built = op
         target = place.frames[-1].block if place.frames else self.block
         target.add_op(built)
         if not op.results:
@@ -238,10 +240,9 @@ class _Builder:
         else:
             for v, r in zip(self.g.results[o], built.results, strict=True):
                 self.reps[v] = r
-        for v, r in zip(self.g.results[o], op.results, strict=True):
-            new = self.reps[v]
-            if r.name_hint and not new.name_hint:
-                new.name_hint = r.name_hint
+        if inner is not built.results[0] and built.results[0].name_hint:
+            inner.name_hint = built.results[0].name_hint  # the name is the whole value's
+            built.results[0].name_hint = None
 
     def _operand(
         self, o: int, i: int, place: _Place, made: dict[tuple[SSAValue, int, SSAValue], SSAValue]
@@ -306,42 +307,47 @@ def _origin(decision: Decision, o: int, axis: str) -> dict[str, Attribute]:
     return {"origin": found[1]}
 
 
-def _part(
-    op: Operation, rule: OpRule | None, decision: Decision, o: int, axes: list[str],
-    operands: list[SSAValue],
-) -> Operation:
-    """`op` on its operands' parts, its result split by its factors over `axes`."""
+def _divide_by(parts: int) -> Callable[[int], int]:
+    return lambda size: size // parts
+
+
+def _localize(
+    op: Operation, rule: OpRule | None, decision: Decision, o: int, axes: list[str]
+) -> None:
+    """Make `op` (in place) its own part: its result split by its factors
+    over `axes`, the sizes its properties hold resized (`OpRule.localize`),
+    as `tiling.part_op` builds a part, without building a new op."""
     counts: dict[int, int] = {}
     for axis in axes:
         f = decision.factors[o].get(axis)
         if f is not None:
             counts[f] = counts.get(f, 1) * decision.mesh[axis]
     if not counts or rule is None:
-        return op.create(
-            operands=operands, result_types=[r.type for r in op.results],
-            properties=dict(op.properties), attributes=dict(op.attributes),
-            location=op.location, regions=[region.clone() for region in op.regions],
-        )
-    current = op
-    made: list[Operation] = []
-    items = list(counts.items())
-    for k, (f, parts) in enumerate(items):
-        last = k == len(items) - 1
-        current = part_op(current, rule, f, parts, operands if last else list(op.operands))
-        made.append(current)
-    for tmp in made[:-1]:
-        tmp.erase(safe_erase=False)
-    return current
+        return
+    result = op.results[0]
+    ty = result.type
+    for f, parts in counts.items():
+        if rule.localize is not None:  # reads the global shapes: before any is changed
+            op.properties.update(rule.localize(op, f, _divide_by(parts)))
+        dim = rule.result_dim(f)
+        if dim is not None:
+            assert isinstance(ty, TensorType)
+            ty = part_type(ty, dim, parts)
+    # xDSL has no public setter: the result keeps its uses and name, only its
+    # type becomes the part's
+    result._type = ty
 
 
 def build_core(module: ModuleOp, decision: Decision) -> None:
     """Rewrite `module`'s entry function (in place) into the core IR
     `decision` describes: every op once, in its tile and sum loops."""
+    start, start_cpu = time.perf_counter(), time.process_time()
     entry = entry_function(module)
     graph = decision.graph
     top = [o for o, op in enumerate(graph.ops) if op.parent is entry.body.block]
     _refuse(decision, top)
-    builder = _Builder(decision, Block())  # reads the function's own arguments
+    old = entry.body.block
+    builder = _Builder(decision, old)  # each op moves to the end as it is built
     for o in reversed(top):
         if graph.kinds[o] == _RETURN:
             builder.places[o] = _Place()
@@ -351,10 +357,13 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
         builder.arrive(arg)
     for o in top:
         builder.build(o)
-    old = entry.body.block
-    for op in list(old.ops)[::-1]:
-        op.detach()
-        op.erase(safe_erase=False)
-    for op in list(builder.block.ops):
-        op.detach()
-        old.add_op(op)
+    for o in reversed(top):  # what is left in place is dead
+        if builder.dead[o]:
+            graph.ops[o].detach()
+            graph.ops[o].erase(safe_erase=False)
+    LAST_BUILD_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
+
+
+LAST_BUILD_SECONDS = [0.0, 0.0]
+"""How long the last `build_core` took, wall-clock and CPU seconds
+(`benchmarks.propagation_speed`)."""
