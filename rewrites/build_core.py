@@ -83,6 +83,7 @@ class _Builder:
         self.block = block
         self.places: list[_Place | None] = [None] * len(self.g.ops)
         self.dead = [False] * len(self.g.ops)
+        self.axes_of: dict[int, list[str]] = {}
         self.slices: dict[tuple[SSAValue, int, SSAValue], SSAValue] = {}
         """(source, dim, loop index) -> its slice: one per loop, shared by its readers."""
         self.reps: dict[int, SSAValue] = {}
@@ -101,6 +102,12 @@ class _Builder:
     def _own_axes(self, o: int) -> list[str]:
         """The axes op `o` splits, outermost loop first: by the decisions'
         priority, the axes of one factor major first."""
+        found = self.axes_of.get(o)
+        if found is None:
+            found = self.axes_of[o] = self._order_axes(o)
+        return found
+
+    def _order_axes(self, o: int) -> list[str]:
         factors = self.d.factors[o]
         order = sorted(factors, key=lambda a: self.d.op_priority[o].get(a, (1 << 30, None))[0])
         slots: dict[int, list[int]] = {}

@@ -25,7 +25,13 @@ from dialects.errors import UnsupportedError
 from dialects.functions import entry_function
 from dialects.interpreter import run_function
 from dialects.spmd import CollectiveOp
-from examples import block_train_step, mlp_forward, mlp_train_step, scanned_stack
+from examples import (
+    block_train_step,
+    mlp_forward,
+    mlp_train_step,
+    scanned_stack,
+    stack_train_step,
+)
 from lowering.to_spmd import lower_to_spmd
 from partir.partition import decide_partition, partition
 from partir.validation import emitted_program
@@ -48,6 +54,7 @@ PROGRAMS = {
     "mlp_forward": (mlp_forward.program, mlp_forward.make_args),
     "mlp_train": (mlp_train_step.program, mlp_train_step.make_args),
     "block_train": (block_train_step.program, block_train_step.make_args),
+    "stack_train": (stack_train_step.program, lambda: stack_train_step.make_args(layers_=2)),
 }
 CASES = [
     ("mlp_forward", "dp"), ("mlp_forward", "dp+megatron"), ("mlp_forward", "manual"),
@@ -55,6 +62,8 @@ CASES = [
     ("mlp_train", "manual"),
     ("block_train", "dp"), ("block_train", "dp+megatron"), ("block_train", "zero1"),
 ]
+SLOW_CASES = [("stack_train", "dp+megatron"), ("stack_train", "zero1")]
+"""~1,200 ops, partitioned twice and interpreted: only in the slow run."""
 
 
 def collectives(module) -> collections.Counter:
@@ -82,7 +91,11 @@ def check_against_engine(program, args, tactics, mesh=MESH):
     return built
 
 
-@pytest.mark.parametrize(("program", "schedule"), CASES, ids=[f"{p}-{s}" for p, s in CASES])
+@pytest.mark.parametrize(
+    ("program", "schedule"),
+    [*CASES, *(pytest.param(p, s, marks=pytest.mark.slow) for p, s in SLOW_CASES)],
+    ids=[f"{p}-{s}" for p, s in [*CASES, *SLOW_CASES]],
+)
 def test_built_once_computes_the_engines_program(program, schedule):
     fn, make_args = PROGRAMS[program]
     check_against_engine(fn, make_args(), SCHEDULES[schedule])
