@@ -207,26 +207,34 @@ def partition_decided(
     from dialects.errors import UnsupportedError
     from partir.passes import declare_mesh, plan_seeds
     from partir.selections import record_selections
-    from rewrites.actions import TileAction, take_action_numbers
+    from rewrites.actions import TileAction, check_action, take_action_numbers
     from rewrites.build_core import build_core
     from rewrites.conflicts import record_conflicts
     from rewrites.factor_propagation import decide
 
     if keep_stages or any(isinstance(t, Automatic) for t in tactics):
-        return partition(module, mesh, tactics, keep_stages=keep_stages, verify=verify)
+        return partition(
+            module, mesh, tactics, keep_stages=keep_stages, verify=verify, engine="rewrite"
+        )
     with paused_gc():
         plans = plan_schedule(module, mesh, tactics)
-        declare_mesh(module, mesh)
+        mesh_op = declare_mesh(module, mesh)
         seeds = plan_seeds(module, plans)
+        actions = [
+            [TileAction(s.value, s.dim, s.axis, s.origin, s.label) for s in planned]
+            for planned in seeds
+        ]
+        for action in (a for planned in actions for a in planned):
+            check_action(action, mesh_op)  # the engine's errors, before anything changes
         decision = decide(module, dict(mesh.axes), seeds)
         try:
             build_core(module, decision)  # checks what it builds before changing anything
         except UnsupportedError:
-            return partition(module, mesh, tactics, verify=verify)
+            return partition(module, mesh, tactics, verify=verify, engine="rewrite")
         result = Partitioned(module, plans, decided=list(tactics))
-        for plan, planned in zip(plans, seeds, strict=True):
+        for plan, planned_seeds in zip(plans, seeds, strict=True):
             take_action_numbers(module, len(plan))
-            dims = {(t.leaf.name, t.dim): s.dim for t, s in zip(plan, planned, strict=True)}
+            dims = {(t.leaf.name, t.dim): s.dim for t, s in zip(plan, planned_seeds, strict=True)}
             record_selections(
                 module,
                 [
@@ -234,9 +242,8 @@ def partition_decided(
                     for s in plan.selections()
                 ],
             )
-            result.actions += [
-                TileAction(s.value, s.dim, s.axis, s.origin, s.label) for s in planned
-            ]
+        for planned in actions:
+            result.actions += planned
         record_conflicts(module, decision.conflicts)
         result.conflicts = list(decision.conflicts)
         if verify:
