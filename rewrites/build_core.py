@@ -228,7 +228,7 @@ class _Builder:
         operands = [self._operand(o, i, place, self.slices) for i in range(len(op.operands))]
         op.detach()  # moved, not copied: the op keeps its identity, regions and name
         if self.g.kinds[o] != _RETURN:
-            _localize(op, rule, self.d, o, [loop.axis for loop in place.frames])
+            _localize(op, rule, self.d, o)
         op.operands = operands
         built = op
         target = place.frames[-1].block if place.frames else self.block
@@ -318,24 +318,32 @@ def _divide_by(parts: int) -> Callable[[int], int]:
     return lambda size: size // parts
 
 
-def _localize(
-    op: Operation, rule: OpRule | None, decision: Decision, o: int, axes: list[str]
-) -> None:
-    """Make `op` (in place) its own part: its result split by its factors
-    over `axes`, the sizes its properties hold resized (`OpRule.localize`),
-    as `tiling.part_op` builds a part, without building a new op."""
+def _counts(decision: Decision, o: int) -> dict[int, int]:
+    """Factor -> the parts op `o` splits it into (over all its split axes)."""
     counts: dict[int, int] = {}
-    for axis in axes:
-        f = decision.factors[o].get(axis)
-        if f is not None:
-            counts[f] = counts.get(f, 1) * decision.mesh[axis]
+    for axis, f in decision.factors[o].items():
+        counts[f] = counts.get(f, 1) * decision.mesh[axis]
+    return counts
+
+
+def _resize_properties(op: Operation, rule: OpRule, decision: Decision, o: int) -> None:
+    """Resize the sizes `op`'s properties hold to its part's (`OpRule.localize`,
+    as `tiling.part_op` does). Localizers read the operands' shapes, so this
+    runs for every op before any result becomes a part."""
+    if rule.localize is None:
+        return
+    for f, parts in _counts(decision, o).items():
+        op.properties.update(rule.localize(op, f, _divide_by(parts)))
+
+
+def _localize(op: Operation, rule: OpRule | None, decision: Decision, o: int) -> None:
+    """Make `op`'s result (in place) its part's: split by its factors."""
+    counts = _counts(decision, o)
     if not counts or rule is None:
         return
     result = op.results[0]
     ty = result.type
     for f, parts in counts.items():
-        if rule.localize is not None:  # reads the global shapes: before any is changed
-            op.properties.update(rule.localize(op, f, _divide_by(parts)))
         dim = rule.result_dim(f)
         if dim is not None:
             assert isinstance(ty, TensorType)
@@ -360,6 +368,10 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
             builder.places[o] = _Place()
         else:
             builder.place(o)
+    for o in top:
+        rule = graph.rules[o]
+        if rule is not None and decision.factors[o] and not builder.dead[o]:
+            _resize_properties(graph.ops[o], rule, decision, o)
     for arg in entry.body.block.args:
         builder.arrive(arg)
     for o in top:

@@ -169,3 +169,22 @@ def test_an_unknown_engine_is_refused():
     args = mlp_forward.make_args()
     with pytest.raises(partir.PartirError, match="engine='fast'"):
         partition(partir.import_jax(mlp_forward.program, *args), MESH, [DP], engine="fast")
+
+
+def test_a_slice_after_a_split_producer_keeps_its_global_bounds():
+    """A `stablehlo.slice` whose kept dim is split reads its bounds from its
+    operand's global shape, though that operand's producer was built (made a
+    part) first."""
+
+    def loss(w, x):
+        y = jnp.flip(x @ w, axis=1)
+        return jnp.sum(jnp.tanh(y[:, 5:1:-1]) * y[:, :4])
+
+    def step(w, x):
+        return jax.value_and_grad(loss, argnums=(0, 1))(w, x)
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((16, 6)).astype(np.float32)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    check_against_engine(step, (w, x), [partir.BatchParallel("batch", inputs="x")],
+                         partir.Mesh({"batch": 4}))
