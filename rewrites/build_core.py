@@ -17,9 +17,10 @@ rewrite engine (`rewrites.propagation`) reaches one rewrite at a time:
   index of the loop whose axis the op reads it split over.
 
 Straight-line programs only: a `while`/`case`/optimization barrier, a
-multi-result op that is split, or a dim padded for divisibility raises
-`UnsupportedError` before anything is built (the rewrite engine handles
-them); the module is not changed then.
+multi-result op that is split, a split factor with a halo (a convolution's
+window), an op whose properties hold sizes split on two factors, or a dim
+padded for divisibility raises `UnsupportedError` before anything is built
+(the rewrite engine handles them); the module is not changed then.
 """
 
 from __future__ import annotations
@@ -74,6 +75,20 @@ def _refuse(decision: Decision, top: list[int]) -> None:
             raise UnsupportedError(f"build_core: {op.name} has several results and is split")
         if kind == _OTHER and (decision.factors[o] or decision.inside[o]):
             raise UnsupportedError(f"build_core: {op.name} has no rule but is split")
+        rule = graph.rules[o]
+        split = set(decision.factors[o].values())
+        if rule is not None and rule.localize is not None and len(split) > 1:
+            raise UnsupportedError(  # a localizer reads the op's shapes one factor at a time
+                f"build_core: {op.name} resizes its properties for two split factors; use "
+                "the rewrite engine"
+            )
+        for f in decision.factors[o].values():
+            assert rule is not None
+            if any(rule.factors[f].halo):  # a part reads its neighbours' edges too
+                raise UnsupportedError(
+                    f"build_core: {op.name} is split on a window with a halo; use the "
+                    "rewrite engine"
+                )
 
 
 class _Builder:
