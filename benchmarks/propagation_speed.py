@@ -10,8 +10,9 @@ Beside it (issue 33), the same decisions made in plain data
 worklist alone. "decided" is `partition(..., engine="decided")`, the
 whole opt-in path (planning, deciding and building the core IR once,
 `rewrites.build_core`), "build" the building alone. Each is the best of
-`repeats` runs on a fresh import. The engine's and the decision's CPU seconds (`time.process_time`) are printed
-too: on a shared machine they move less than the wall-clock ones.
+`repeats` runs on a fresh import. The engine's and the decision's CPU
+seconds (`time.process_time`) are printed too: on a shared machine they move
+less than the wall-clock ones.
 
     python -m benchmarks.propagation_speed [--layers 1 6 12 24] [--repeats 3]
 """
