@@ -33,7 +33,7 @@ from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.transforms.dead_code_elimination import would_be_trivially_dead
 
-from dialects.errors import UnsupportedError
+from dialects.errors import PartirValueError, UnsupportedError
 from dialects.functions import entry_function
 from dialects.partir import LoopOp, RangeType, SliceOp, TileAttr, YieldOp, part_type
 from rewrites.factor_propagation import _COMPUTE, _OTHER, _RETURN, Decision
@@ -374,6 +374,8 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
     start, start_cpu = time.perf_counter(), time.process_time()
     entry = entry_function(module)
     graph = decision.graph
+    if graph.values[: len(entry.body.block.args)] != list(entry.body.block.args):
+        raise PartirValueError("build_core: the decision was made for another module")
     top = [o for o, op in enumerate(graph.ops) if op.parent is entry.body.block]
     _refuse(decision, top)
     old = entry.body.block

@@ -155,9 +155,9 @@ def test_a_padded_dim_goes_to_the_engine():
     """A batch of 6 over 4 devices is padded: not built here, the engine's result."""
     args = mlp_forward.make_args(batch=6)
     module = partir.import_jax(mlp_forward.program, *args)
-    with pytest.raises(UnsupportedError, match="padded"):
-        build_core(module.clone(), decide_partition(module.clone(), MESH, [DP]))
     engine = module.clone()
+    with pytest.raises(UnsupportedError, match="padded"):
+        build_core(module, decide_partition(module, MESH, [DP]))
     partition(module, MESH, [DP], engine="decided")
     partition(engine, MESH, [DP])
     assert str(module) == str(engine)
@@ -188,3 +188,29 @@ def test_a_slice_after_a_split_producer_keeps_its_global_bounds():
     x = rng.standard_normal((8, 16)).astype(np.float32)
     check_against_engine(step, (w, x), [partir.BatchParallel("batch", inputs="x")],
                          partir.Mesh({"batch": 4}))
+
+
+def test_a_window_split_with_a_halo_goes_to_the_engine():
+    """Rows of a 3x3 SAME convolution split over "model": each part reads its
+    neighbours' edge rows (`partir.halo_slice`), which this builder does not
+    make; it refuses, and `engine="decided"` gives the engine's module."""
+
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 8, 8, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 3, 5)).astype(np.float32)
+    tactics = [partir.ManualPartition({"x": {1: "model"}})]
+    module = partir.import_jax(conv, x, w)
+    engine = module.clone()
+    with pytest.raises(UnsupportedError, match="halo"):
+        build_core(module, decide_partition(module, MESH, tactics))
+    with pytest.raises(partir.PartirError, match="another module"):
+        build_core(engine.clone(), decide_partition(module, MESH, tactics))
+    partition(module, MESH, tactics, engine="decided")
+    partition(engine, MESH, tactics)
+    assert str(module) == str(engine)
+    assert_leaves_close(run_function(module, [x, w]), jax.jit(conv)(x, w))
