@@ -32,6 +32,7 @@ from rewrites.conflicts import Conflict, recorded_conflicts
 if TYPE_CHECKING:
     from partir.search import SearchResult
     from rewrites.actions import TileAction
+    from rewrites.factor_propagation import Decision
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,13 +130,22 @@ def partition(
     *,
     keep_stages: bool = False,
     verify: bool = False,
+    engine: str = "rewrite",
 ) -> Partitioned:
     """Apply `tactics` to `module` (in place), each followed by propagation
     (`Annotations` first where the program holds any: `with_annotations`).
 
     With `keep_stages`, `stages` holds "import" and one stage per tactic (see
     `stage_names`); with `verify`, the dialect verifier runs after each tactic.
+    `engine="decided"` (opt-in, not yet the default) decides every sharding in
+    plain data and builds the core IR once (`partition_decided`).
     """
+    if engine == "decided":
+        return partition_decided(module, mesh, tactics, keep_stages=keep_stages, verify=verify)
+    if engine != "rewrite":
+        from dialects.errors import PartirValueError
+
+        raise PartirValueError(f"partition: engine={engine!r}; use 'rewrite' or 'decided'")
     from dialects.context import make_context
     from partir.passes import (  # on use: `import partir` stays light
         ApplyPlanPass,
@@ -176,4 +186,85 @@ def partition(
 
     PassPipeline(tuple(passes), after).apply(make_context(), module)
     result.conflicts = recorded_conflicts(module)
+    return result
+
+
+def decide_partition(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic]) -> Decision:
+    """Every value's sharding under `tactics`, decided in plain data
+    (`rewrites.factor_propagation`); `module` is not rewritten (its mesh is
+    declared). Not with `Automatic`, whose search partitions candidates by
+    rewriting: decide its schedule with `partition` first (`Partitioned.decided`)."""
+    from dialects.errors import PartirValueError
+    from partir.passes import declare_mesh, plan_seeds
+    from rewrites.factor_propagation import decide
+
+    if any(isinstance(t, Automatic) for t in tactics):
+        raise PartirValueError(
+            "decide_partition: Automatic searches by rewriting; pass the schedule it chose "
+            "(partition(...).decided) instead"
+        )
+    plans = plan_schedule(module, mesh, tactics)
+    declare_mesh(module, mesh)
+    return decide(module, dict(mesh.axes), plan_seeds(module, plans))
+
+
+def partition_decided(
+    module: ModuleOp,
+    mesh: Mesh,
+    tactics: Sequence[Tactic],
+    *,
+    keep_stages: bool = False,
+    verify: bool = False,
+) -> Partitioned:
+    """`partition`, decided in plain data and built once
+    (`rewrites.factor_propagation`, `rewrites.build_core`). What the builder
+    does not build yet (a while or case, a dim padded for divisibility), an
+    `Automatic` (it searches by rewriting) and `keep_stages` (there is no
+    IR between tactics) go to the rewrite engine, with the same result."""
+    from dataclasses import replace
+
+    from dialects.errors import UnsupportedError
+    from partir.passes import declare_mesh, plan_seeds
+    from partir.selections import record_selections
+    from rewrites.actions import TileAction, check_action, take_action_numbers
+    from rewrites.build_core import build_core
+    from rewrites.conflicts import record_conflicts
+    from rewrites.factor_propagation import decide
+
+    if keep_stages or any(isinstance(t, Automatic) for t in tactics):
+        return partition(
+            module, mesh, tactics, keep_stages=keep_stages, verify=verify, engine="rewrite"
+        )
+    with paused_gc():
+        plans = plan_schedule(module, mesh, tactics)
+        mesh_op = declare_mesh(module, mesh)
+        seeds = plan_seeds(module, plans)
+        actions = [
+            [TileAction(s.value, s.dim, s.axis, s.origin, s.label) for s in planned]
+            for planned in seeds
+        ]
+        for action in (a for planned in actions for a in planned):
+            check_action(action, mesh_op)  # the engine's errors, before anything changes
+        decision = decide(module, dict(mesh.axes), seeds)
+        try:
+            build_core(module, decision)  # checks what it builds before changing anything
+        except UnsupportedError:
+            return partition(module, mesh, tactics, verify=verify, engine="rewrite")
+        result = Partitioned(module, plans, decided=list(tactics))
+        for plan, planned_seeds in zip(plans, seeds, strict=True):
+            take_action_numbers(module, len(plan))
+            dims = {(t.leaf.name, t.dim): s.dim for t, s in zip(plan, planned_seeds, strict=True)}
+            record_selections(
+                module,
+                [
+                    replace(s, dim=dims.get((s.leaf, s.dim), s.dim)) if s.dim is not None else s
+                    for s in plan.selections()
+                ],
+            )
+        for planned in actions:
+            result.actions += planned
+        record_conflicts(module, decision.conflicts)
+        result.conflicts = list(decision.conflicts)
+        if verify:
+            module.verify()
     return result

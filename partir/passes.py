@@ -54,6 +54,7 @@ from partir.tactics import TACTICS, Automatic, Tactic
 from partir.values import ValueReferenceError, find_value
 from rewrites.actions import ActionError, TileAction, apply_tactic_action, take_action_numbers
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin, record_conflicts
+from rewrites.factor_propagation import Seed
 from rewrites.inline_calls import InlineCallsPass
 from rewrites.propagation import PropagatePass, propagate
 
@@ -487,3 +488,32 @@ def _factory(pass_class: type[ModulePass]) -> Callable[[], type[ModulePass]]:
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {p.name: _factory(p) for p in _PASS_CLASSES}
 """Name -> pass class, for `partir-opt -p` and its --help."""
+
+
+def plan_seeds(module: ModuleOp, plans: list[Plan]) -> list[list[Seed]]:
+    """Each plan's tiles as `rewrites.factor_propagation` seeds, numbered as
+    `apply_plan` numbers their actions (after any the module has taken),
+    against the module as it is (nothing is rewritten)."""
+    from xdsl.dialects.builtin import IntegerAttr
+
+    from dialects.partir import ACTIONS
+
+    entry = entry_function(module)
+    current = module.attributes.get(ACTIONS)
+    number = current.value.data if isinstance(current, IntegerAttr) else 0
+    schedule = []
+    for plan in plans:
+        referenced = {
+            tile.leaf: _referenced_value(entry, tile.leaf)
+            for tile in plan
+            if isinstance(tile.leaf, ReferencedValue)
+        }
+        seeds = []
+        for tile in plan:
+            number += 1
+            label = tile.label or tile.leaf.name
+            value = _leaf_value(entry, tile, referenced)
+            origin = OriginAttr(number, plan.tactic, label)
+            seeds.append(Seed(value, _dim_of(value, tile.dim), tile.axis, origin, label))
+        schedule.append(seeds)
+    return schedule

@@ -1,0 +1,405 @@
+"""Build once: the core IR of a `Decision`, every op placed in its loops in one pass.
+
+`rewrites.factor_propagation.decide` says, per op, the mesh axes that split
+each factor of its rule and the loops it runs in without splitting
+(`Decision.inside`). This module materializes that as the core IR the
+rewrite engine (`rewrites.propagation`) reaches one rewrite at a time:
+
+- **placement** (users before producers): an op whose every use is in one
+  loop nest runs inside the outer loops of that nest that it can share: a
+  loop over an axis it splits on the dim its users read split over that axis,
+  or one it runs in whole (`inside`); a loop over an axis it sums over is
+  never shared (its users read the sum). Everything else of it is its own
+  loops, major axes outermost (`Decision.factor_axes`).
+- **building** (program order): each op is built once, as `tiling.part_op`
+  builds a part, on its operands' parts: an operand made in the same loop
+  nest is read directly (fused), anything else through `partir.slice` on the
+  index of the loop whose axis the op reads it split over.
+
+Straight-line programs only: a `while`/`case`/optimization barrier, a
+multi-result op that is split, a split factor with a halo (a convolution's
+window), an op whose properties hold sizes split on two factors, or a dim
+padded for divisibility raises `UnsupportedError` before anything is built
+(the rewrite engine handles them); the module is not changed then.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.transforms.dead_code_elimination import would_be_trivially_dead
+
+from dialects.errors import PartirValueError, UnsupportedError
+from dialects.functions import entry_function
+from dialects.partir import LoopOp, RangeType, SliceOp, TileAttr, YieldOp, part_type
+from rewrites.factor_propagation import _COMPUTE, _OTHER, _RETURN, Decision
+from rewrites.registry import FactorKind, OpRule
+from rewrites.tiling import loop_action
+
+
+@dataclass(eq=False)
+class _Loop:
+    """One loop being built: its op, body and index."""
+
+    axis: str
+    op: LoopOp
+    block: Block
+    index: SSAValue
+
+
+@dataclass
+class _Place:
+    """Where an op runs: `frames` are the loops around its part, outermost
+    first; the first `shared` of them are its users' (it is built inside
+    them), the rest its own."""
+
+    frames: list[_Loop] = field(default_factory=list)
+    shared: int = 0
+
+
+def _refuse(decision: Decision, top: list[int]) -> None:
+    graph = decision.graph
+    if decision.padded:
+        raise UnsupportedError("build_core: a dim padded for divisibility; use the rewrite engine")
+    for o in top:
+        op, kind = graph.ops[o], graph.kinds[o]
+        if kind not in (_COMPUTE, _RETURN, _OTHER):
+            raise UnsupportedError(
+                f"build_core: {op.name} (a loop or branch) is not built yet; use the rewrite engine"
+            )
+        if kind != _RETURN and decision.factors[o] and len(op.results) != 1:
+            raise UnsupportedError(f"build_core: {op.name} has several results and is split")
+        if kind == _OTHER and (decision.factors[o] or decision.inside[o]):
+            raise UnsupportedError(f"build_core: {op.name} has no rule but is split")
+        rule = graph.rules[o]
+        split = set(decision.factors[o].values())
+        if rule is not None and rule.localize is not None and len(split) > 1:
+            raise UnsupportedError(  # a localizer reads the op's shapes one factor at a time
+                f"build_core: {op.name} resizes its properties for two split factors; use "
+                "the rewrite engine"
+            )
+        for f in decision.factors[o].values():
+            assert rule is not None
+            if any(rule.factors[f].halo):  # a part reads its neighbours' edges too
+                raise UnsupportedError(
+                    f"build_core: {op.name} is split on a window with a halo; use the "
+                    "rewrite engine"
+                )
+
+
+class _Builder:
+    def __init__(self, decision: Decision, block: Block) -> None:
+        self.d = decision
+        self.g = decision.graph
+        self.block = block
+        self.places: list[_Place | None] = [None] * len(self.g.ops)
+        self.dead = [False] * len(self.g.ops)
+        self.axes_of: dict[int, list[str]] = {}
+        self.slices: dict[tuple[SSAValue, int, SSAValue], SSAValue] = {}
+        """(source, dim, loop index) -> its slice: one per loop, shared by its readers."""
+        self.reps: dict[int, SSAValue] = {}
+        """Value id -> the value users outside its producer's own loops read."""
+
+    # -- placement ---------------------------------------------------------
+
+    def _tile_dim(self, o: int, axis: str) -> int | None:
+        """The result dim op `o` splits over `axis`, or None (a sum, or not split)."""
+        f = self.d.factors[o].get(axis)
+        rule = self.g.rules[o]
+        if f is None or rule is None or rule.factors[f].kind is FactorKind.SUM:
+            return None
+        return rule.result_dim(f)
+
+    def _own_axes(self, o: int) -> list[str]:
+        """The axes op `o` splits, outermost loop first: by the decisions'
+        priority, the axes of one factor major first."""
+        found = self.axes_of.get(o)
+        if found is None:
+            found = self.axes_of[o] = self._order_axes(o)
+        return found
+
+    def _order_axes(self, o: int) -> list[str]:
+        factors = self.d.factors[o]
+        order = sorted(factors, key=lambda a: self.d.op_priority[o].get(a, (1 << 30, None))[0])
+        slots: dict[int, list[int]] = {}
+        for i, a in enumerate(order):
+            slots.setdefault(factors[a], []).append(i)
+        out = list(order)
+        for f, positions in slots.items():
+            for i, a in zip(positions, self.d.factor_axes[o][f], strict=True):
+                out[i] = a
+        return out
+
+    def place(self, o: int) -> None:
+        op = self.g.ops[o]
+        if op.results and would_be_trivially_dead_after(self, o):
+            self.dead[o] = True  # as the rewrite engine's applier erases it
+            return
+        users = [
+            (place, q, i)
+            for v in self.g.results[o]
+            for q, i in self.g.uses[v]
+            if not self.dead[q] and (place := self.places[q]) is not None
+        ]
+        shared: list[_Loop] = []
+        if users and len(self.g.results[o]) == 1:
+            own = self._own_axes(o)
+            for level, loop in enumerate(users[0][0].frames):
+                if any(len(p.frames) <= level or p.frames[level] is not loop for p, _, _ in users):
+                    break
+                if not self._enters(o, loop.axis, own, shared, users):
+                    break
+                shared.append(loop)
+        place = _Place(list(shared), len(shared))
+        taken = {loop.axis for loop in shared}
+        if not self.g.results[o]:
+            self.places[o] = place
+            return
+        rule = self.g.rules[o]
+        for axis in self._own_axes(o):
+            if axis in taken:
+                continue
+            assert rule is not None
+            ty = self.g.values[self.g.results[o][0]].type
+            for outer in place.frames:
+                dim = self._tile_dim(o, outer.axis)
+                if dim is not None:
+                    assert isinstance(ty, TensorType)
+                    ty = part_type(ty, dim, self.d.mesh[outer.axis])
+            block = Block(arg_types=[RangeType(self.d.mesh[axis])])
+            made = LoopOp(axis, loop_action(rule, self.d.factors[o][axis]), Region(block), ty,
+                          _origin(self.d, o, axis))
+            made.location = self.g.ops[o].location
+            place.frames.append(_Loop(axis, made, block, block.args[0]))
+        self.places[o] = place
+
+    def _enters(
+        self, o: int, axis: str, own: list[str], shared: list[_Loop],
+        users: list[tuple[_Place, int, int]],
+    ) -> bool:
+        """Whether op `o` can run inside its users' loop over `axis`."""
+        if axis in self.d.inside[o] and axis not in self.d.factors[o]:
+            return True
+        dim = self._tile_dim(o, axis)
+        if dim is None:
+            return False
+        f = self.d.factors[o][axis]
+        major = self.d.factor_axes[o][f]
+        before = major[: major.index(axis)]
+        if any(a not in {loop.axis for loop in shared} for a in before):
+            return False
+        return all(self.d.wanted(q, i).get(axis) == dim for _, q, i in users)
+
+    # -- building ----------------------------------------------------------
+
+    def arrive(self, arg: SSAValue) -> None:
+        """An argument a tactic split that some use does not read split so
+        (it lost a conflict there) arrives split all the same, as the
+        annotation says: a loop slicing it, which every use then reads."""
+        v = self.g.ids.get(arg)
+        if v is None or not self.d.nesting[v]:
+            return
+        own = {axis: d for d, axes in self.d.nesting[v].items() for axis in axes}
+        if all(
+            all(self.d.wanted(o, i).get(axis) == d for axis, d in own.items())
+            for o, i in self.g.uses[v]
+        ):
+            return  # each use slices it itself (fused)
+        value: SSAValue = arg
+        loops: list[LoopOp] = []
+        ty = arg.type
+        for d, axes in sorted(self.d.nesting[v].items()):
+            for axis in axes:
+                assert isinstance(ty, TensorType)
+                block = Block(arg_types=[RangeType(self.d.mesh[axis])])
+                origin = self.d.priority[v].get(axis)
+                loop = LoopOp(axis, TileAttr(d), Region(block), ty,
+                              {"origin": origin[1]} if origin and origin[1] else {})
+                ty = part_type(ty, d, self.d.mesh[axis])
+                s = SliceOp(value, d, block.args[0])
+                block.add_op(s)
+                value = s.results[0]
+                loops.append(loop)
+        for k in range(len(loops) - 1, -1, -1):
+            loops[k].body.block.add_op(YieldOp(value))
+            if k > 0:
+                loops[k - 1].body.block.add_op(loops[k])
+            value = loops[k].results[0]
+        self.block.add_op(loops[0])
+        value.name_hint = arg.name_hint
+        self.reps[v] = value
+
+    def build(self, o: int) -> None:
+        if self.dead[o]:
+            return
+        op = self.g.ops[o]
+        place = self.places[o]
+        assert place is not None
+        rule = self.g.rules[o]
+        operands = [self._operand(o, i, place, self.slices) for i in range(len(op.operands))]
+        op.detach()  # moved, not copied: the op keeps its identity, regions and name
+        if self.g.kinds[o] != _RETURN:
+            _localize(op, rule, self.d, o)
+        op.operands = operands
+        built = op
+        target = place.frames[-1].block if place.frames else self.block
+        target.add_op(built)
+        if not op.results:
+            return
+        inner = built.results[0]
+        for k in range(len(place.frames) - 1, place.shared - 1, -1):
+            loop = place.frames[k]
+            loop.block.add_op(YieldOp(inner))
+            parent = place.frames[k - 1].block if k > 0 else self.block
+            parent.add_op(loop.op)
+            inner = loop.op.results[0]
+        if len(op.results) == 1:
+            self.reps[self.g.results[o][0]] = inner
+        else:
+            for v, r in zip(self.g.results[o], built.results, strict=True):
+                self.reps[v] = r
+        if inner is not built.results[0] and built.results[0].name_hint:
+            inner.name_hint = built.results[0].name_hint  # the name is the whole value's
+            built.results[0].name_hint = None
+
+    def _operand(
+        self, o: int, i: int, place: _Place, made: dict[tuple[SSAValue, int, SSAValue], SSAValue]
+    ) -> SSAValue:
+        v = self.g.operands[o][i]
+        value = self.reps.get(v)
+        if value is None:
+            value = self.g.values[v]  # an argument of the function
+        p = self.g.producer[v]
+        done: set[str] = set()
+        level = -1  # the value is defined in the block of place.frames[level]
+        if p >= 0:
+            producer = self.places[p]
+            assert producer is not None
+            level = producer.shared - 1
+            for loop in producer.frames[: producer.shared]:
+                if self._tile_dim(p, loop.axis) is not None:
+                    done.add(loop.axis)
+        if self.g.kinds[o] == _RETURN:
+            return value
+        want = self.d.wanted(o, i)
+        for k, loop in enumerate(place.frames):
+            dim = want.get(loop.axis)
+            if dim is None or loop.axis in done:
+                continue
+            level = max(level, k)  # in the loop whose index it reads (slices hoisted)
+            key = (value, dim, loop.index)
+            if key not in made:
+                s = SliceOp(value, dim, loop.index)
+                s.location = self.g.ops[o].location
+                place.frames[level].block.add_op(s)
+                made[key] = s.results[0]
+            value = made[key]
+        return value
+        want = self.d.wanted(o, i)
+        for loop in place.frames:
+            dim = want.get(loop.axis)
+            if dim is None or loop.axis in done:
+                continue
+            key = (value, dim, loop.index)
+            if key not in made:
+                s = SliceOp(value, dim, loop.index)
+                s.location = self.g.ops[o].location
+                place.frames[-1].block.add_op(s)
+                made[key] = s.results[0]
+            value = made[key]
+        return value
+
+
+def would_be_trivially_dead_after(builder: _Builder, o: int) -> bool:
+    """Whether op `o` is pure and every use of its results is by a dead op."""
+    graph = builder.g
+    if any(not builder.dead[q] for v in graph.results[o] for q, _ in graph.uses[v]):
+        return False
+    return would_be_trivially_dead(graph.ops[o])
+
+
+def _origin(decision: Decision, o: int, axis: str) -> dict[str, Attribute]:
+    found = decision.op_priority[o].get(axis)
+    if found is None or found[1] is None:
+        return {}
+    return {"origin": found[1]}
+
+
+def _divide_by(parts: int) -> Callable[[int], int]:
+    return lambda size: size // parts
+
+
+def _counts(decision: Decision, o: int) -> dict[int, int]:
+    """Factor -> the parts op `o` splits it into (over all its split axes)."""
+    counts: dict[int, int] = {}
+    for axis, f in decision.factors[o].items():
+        counts[f] = counts.get(f, 1) * decision.mesh[axis]
+    return counts
+
+
+def _resize_properties(op: Operation, rule: OpRule, decision: Decision, o: int) -> None:
+    """Resize the sizes `op`'s properties hold to its part's (`OpRule.localize`,
+    as `tiling.part_op` does). Localizers read the operands' shapes, so this
+    runs for every op before any result becomes a part."""
+    if rule.localize is None:
+        return
+    for f, parts in _counts(decision, o).items():
+        op.properties.update(rule.localize(op, f, _divide_by(parts)))
+
+
+def _localize(op: Operation, rule: OpRule | None, decision: Decision, o: int) -> None:
+    """Make `op`'s result (in place) its part's: split by its factors."""
+    counts = _counts(decision, o)
+    if not counts or rule is None:
+        return
+    result = op.results[0]
+    ty = result.type
+    for f, parts in counts.items():
+        dim = rule.result_dim(f)
+        if dim is not None:
+            assert isinstance(ty, TensorType)
+            ty = part_type(ty, dim, parts)
+    # xDSL has no public setter: the result keeps its uses and name, only its
+    # type becomes the part's
+    result._type = ty
+
+
+def build_core(module: ModuleOp, decision: Decision) -> None:
+    """Rewrite `module`'s entry function (in place) into the core IR
+    `decision` describes: every op once, in its tile and sum loops."""
+    start, start_cpu = time.perf_counter(), time.process_time()
+    entry = entry_function(module)
+    graph = decision.graph
+    if graph.values[: len(entry.body.block.args)] != list(entry.body.block.args):
+        raise PartirValueError("build_core: the decision was made for another module")
+    top = [o for o, op in enumerate(graph.ops) if op.parent is entry.body.block]
+    _refuse(decision, top)
+    old = entry.body.block
+    builder = _Builder(decision, old)  # each op moves to the end as it is built
+    for o in reversed(top):
+        if graph.kinds[o] == _RETURN:
+            builder.places[o] = _Place()
+        else:
+            builder.place(o)
+    for o in top:
+        rule = graph.rules[o]
+        if rule is not None and decision.factors[o] and not builder.dead[o]:
+            _resize_properties(graph.ops[o], rule, decision, o)
+    for arg in entry.body.block.args:
+        builder.arrive(arg)
+    for o in top:
+        builder.build(o)
+    for o in reversed(top):  # what is left in place is dead
+        if builder.dead[o]:
+            graph.ops[o].detach()
+            graph.ops[o].erase(safe_erase=False)
+    LAST_BUILD_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
+
+
+LAST_BUILD_SECONDS = [0.0, 0.0]
+"""How long the last `build_core` took, wall-clock and CPU seconds
+(`benchmarks.propagation_speed`)."""

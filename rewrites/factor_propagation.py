@@ -1,0 +1,807 @@
+"""Propagation decided in plain data: every value's sharding as a fixpoint.
+
+Shardy's design ("decide first, build once"), for partir's tactics: instead
+of rewriting the program once per decision (`rewrites.propagation`), a
+worklist over the use-def graph decides, for every SSA value, the mesh axes
+that split each of its dims and the axes it is a partial sum over
+(`Distribution`), and for every op the axes that split each factor of its
+rule. Nothing here builds IR: the graph is read once into integer tables and
+the loop runs on tuples, dicts and the registry's `OpRule`s.
+
+The decisions follow the rewrite engine's (`rewrites.propagation`):
+
+- **seeds** are the tactics' tile actions, tactic by tactic (each tactic's
+  fixpoint before the next tactic's seeds: an earlier decision is never
+  overridden); within a tactic, an earlier action's axis wins. A seed on a
+  value that already has the axis on another dim is a conflict, as
+  `apply_tile_action` records it.
+- **forward**: an op with an operand *produced* split over axis `a` (its
+  producer has `a` on a parallel factor, or a seed put it there) takes `a`
+  on the factor that operand's dim runs over, when the rule lets it split
+  (`OpRule.why_not_tileable` on the factor's size left by the axes it has).
+  Of several such operands the earliest action wins; one on another factor
+  is a conflict naming both actions (`PushForward._record_conflicts`). A
+  parallel factor splits the result's dim; a sum factor makes the result a
+  partial sum over `a`, which its users read whole (a `sum` loop's result).
+- **sideways**: an op's operands are read split like the factor (the slices
+  of `slice_operands`): their *wanted* sharding, which splits no value.
+- **backward**: a value every use wants split over `a` on one dim (a seed
+  counts as such a use) is made split by its producer, when its rule lets it
+  (`PullSliceIntoProducer`).
+- **carried values** (`stablehlo.while`, `case`/`if`, `optimization_barrier`,
+  `rewrites.control_flow`): a carried value takes an axis from the operand
+  or the value a body or branch returns, or from its result when every use
+  wants it alike; then every place of it (body and condition argument,
+  result) has it, and the carrier's own use of the operand wants it. The
+  worklist re-visits the carrier until no place changes (a fixpoint on the
+  carry).
+- **uneven dims**: a seed on a dim its axis does not divide pads it
+  (`rewrites.padding`); the factors such a split flows through are split
+  over their padded size.
+- **order**: the worklist is a stack filled in program order, so a change is
+  followed through its users before the next op (the engine's walker visits
+  so, and which of two conflicting splits reaches an op first decides it).
+  An op made split for its users, or fused into its only user's loop, runs
+  in their loops (`Decision.inside`): a later split over one of those axes
+  passes it by, as the engine's `busy` axes do.
+
+Not yet the engine's (`tests/test_factor_propagation.py` states which):
+conflicting splits inside attention under `ManualPartition` (2-4 ops of
+~800-1,800, fused in an order this does not replay); ZeRO-3 after Megatron
+on the same parameters; Megatron over a hidden size its axis does not divide
+(where the engine's padded component ends).
+
+`Decision.distribution(value)` is a value's decided sharding;
+`Decision.argument_distribution` what an argument arrives as (the split
+every use of it agrees on, as `lowering.to_spmd.input_dist` reads it off
+the core IR).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl_jax.dialects import stablehlo as shlo
+
+from dialects.carried import BRANCHING_OPS, enclosing_carrier
+from dialects.distribution import Distribution
+from dialects.functions import entry_function
+from dialects.partir import OriginAttr
+from rewrites.actions import describe_value
+from rewrites.conflicts import Conflict, ConflictLog, describe_origin
+from rewrites.registry import FactorKind, OpRule, rule_for
+
+_COMPUTE, _WHILE, _BRANCH, _BARRIER, _RETURN, _OTHER = range(6)
+
+Priority = tuple[int, OriginAttr | None]
+"""(schedule position of the action behind a decision, its origin)."""
+
+_LAST = 1 << 30
+
+
+class _Candidate(NamedTuple):
+    """A split an op could take: over `axis`, of `factor`, because operand
+    `operand` is split on `dim` (forward) or, with `operand` one past the
+    last, because every use wants its result split on `dim` (backward)."""
+
+    order: int
+    operand: int
+    axis: str
+    factor: int
+    dim: int
+    priority: Priority
+    padded: bool
+
+
+@dataclass(frozen=True)
+class Seed:
+    """One tile action, as data: split `value`'s `dim` over `axis`."""
+
+    value: SSAValue
+    dim: int
+    axis: str
+    origin: OriginAttr
+    label: str = ""
+
+
+@dataclass
+class _Graph:
+    """The use-def graph as integer tables (built once per program)."""
+
+    values: list[SSAValue] = field(default_factory=list)
+    ids: dict[SSAValue, int] = field(default_factory=dict)
+    shapes: list[tuple[int, ...]] = field(default_factory=list)
+    producer: list[int] = field(default_factory=list)
+    """Per value, the op id making it (-1: a block argument)."""
+    result_index: list[int] = field(default_factory=list)
+    uses: list[list[tuple[int, int]]] = field(default_factory=list)
+    ops: list[Operation] = field(default_factory=list)
+    kinds: list[int] = field(default_factory=list)
+    rules: list[OpRule | None] = field(default_factory=list)
+    operands: list[tuple[int, ...]] = field(default_factory=list)
+    results: list[tuple[int, ...]] = field(default_factory=list)
+    carrier_of_return: dict[int, int] = field(default_factory=dict)
+    """A region's `stablehlo.return` op id -> the while or conditional it ends."""
+    places: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)
+    """Carrier op id -> per carried value, the value ids it appears as."""
+    feeds: dict[int, list[list[int]]] = field(default_factory=dict)
+    """Carrier op id -> per carried value, the value ids feeding it."""
+
+    def value(self, value: SSAValue) -> int:
+        found = self.ids.get(value)
+        if found is not None:
+            return found
+        n = self.ids[value] = len(self.values)
+        self.values.append(value)
+        ty = value.type
+        self.shapes.append(tuple(ty.get_shape()) if isinstance(ty, TensorType) else ())
+        self.producer.append(-1)
+        self.result_index.append(0)
+        self.uses.append([])
+        return n
+
+    @staticmethod
+    def of(block: Block) -> _Graph:
+        graph = _Graph()
+        for arg in block.args:
+            graph.value(arg)
+        graph._read(block)
+        for carrier, places in graph.places.items():
+            graph.feeds[carrier] = [graph._feeds(carrier, k) for k in range(len(places))]
+        return graph
+
+    def _read(self, block: Block) -> None:
+        for op in block.ops:
+            o = len(self.ops)
+            self.ops.append(op)
+            operands = tuple(self.value(v) for v in op.operands)
+            for i, v in enumerate(operands):
+                self.uses[v].append((o, i))
+            self.operands.append(operands)
+            kind, rule = self._kind(op)
+            self.kinds.append(kind)
+            self.rules.append(rule)
+            self.results.append(())
+            for region in op.regions:
+                for inner in region.blocks:
+                    for arg in inner.args:
+                        self.value(arg)
+                    self._read(inner)
+            results = []
+            for r in op.results:
+                v = self.value(r)
+                self.producer[v] = o
+                self.result_index[v] = r.index
+                results.append(v)
+            self.results[o] = tuple(results)
+            if kind == _WHILE:
+                assert isinstance(op, shlo.WhileOp)
+                body, cond = op.body.block.args, op.cond.block.args
+                self.places[o] = [
+                    (self.ids[body[k]], self.ids[cond[k]], results[k]) for k in range(len(results))
+                ]
+            elif kind in (_BRANCH, _BARRIER):
+                self.places[o] = [(v,) for v in results]
+        return
+
+    def _kind(self, op: Operation) -> tuple[int, OpRule | None]:
+        if isinstance(op, shlo.WhileOp):
+            return _WHILE, None
+        if isinstance(op, BRANCHING_OPS):
+            return _BRANCH, None
+        if isinstance(op, shlo.OptimizationBarrierOp):
+            return _BARRIER, None
+        if isinstance(op, shlo.ReturnOp):
+            carrier = enclosing_carrier(op)
+            if carrier is not None:
+                return _RETURN, None
+            return _OTHER, None
+        if isinstance(op, func.ReturnOp) or len(op.results) != 1:
+            return _OTHER, None
+        rule = rule_for(op)
+        return (_COMPUTE, rule) if rule is not None else (_OTHER, None)
+
+    def _feeds(self, carrier: int, k: int) -> list[int]:
+        op = self.ops[carrier]
+        found = []
+        if not isinstance(op, BRANCHING_OPS):
+            found.append(self.operands[carrier][k])
+        if isinstance(op, shlo.WhileOp):
+            regions = [op.body]
+        elif isinstance(op, BRANCHING_OPS):
+            regions = list(op.regions)
+        else:
+            regions = []
+        for region in regions:
+            returned = region.block.last_op
+            assert returned is not None
+            found.append(self.ids[returned.operands[k]])
+        return found
+
+
+@dataclass
+class Decision:
+    """What propagation decided, per value and per op (see the module doc)."""
+
+    graph: _Graph
+    mesh: dict[str, int]
+    split: list[dict[str, int]]
+    """Per value id, axis -> the dim it splits (the value is produced split)."""
+    nesting: list[dict[int, tuple[str, ...]]]
+    """Per value id, dim -> its split axes, major first."""
+    priority: list[dict[str, Priority]]
+    """Per value id, axis -> the decision's priority."""
+    factors: list[dict[str, int]]
+    """Per op id, axis -> the factor of its rule split over it."""
+    factor_axes: list[dict[int, tuple[str, ...]]]
+    op_priority: list[dict[str, Priority]]
+    inside: list[frozenset[str]]
+    """Per op id, the axes of the loops it runs in without splitting anything
+    over them: an op made split for its users (backward) runs in their loops,
+    once per part of theirs (the engine moves it into them), and a later
+    split over one of those axes passes it by."""
+    carried: dict[tuple[int, int], dict[str, int]]
+    """(carrier op id, carried value) -> axis -> the dim it splits."""
+    carried_priority: dict[tuple[int, str], Priority]
+    padded: set[tuple[int, int]]
+    """(value id, dim) pairs split over a padded size."""
+    log: ConflictLog
+
+    @property
+    def conflicts(self) -> list[Conflict]:
+        return self.log.conflicts
+
+    def distribution(self, value: SSAValue) -> Distribution:
+        """The value's decided sharding: its split dims, and the axes it is a
+        partial sum over (its producer split a sum factor over them)."""
+        v = self.graph.ids[value]
+        rank = len(self.graph.shapes[v])
+        nest = self.nesting[v]
+        dims = tuple(nest.get(d, ()) for d in range(rank))
+        partial: tuple[str, ...] = ()
+        o = self.graph.producer[v]
+        rule = self.graph.rules[o] if o >= 0 else None
+        if rule is not None:
+            sums = [a for a, f in self.factors[o].items() if rule.factors[f].kind is FactorKind.SUM]
+            partial = tuple(sorted(sums))
+        return Distribution(dims, partial)
+
+    def use_priority(self, o: int, axis: str) -> Priority:
+        """The priority of op `o`'s decision to read an operand split over `axis`."""
+        found = self.op_priority[o].get(axis) or self.carried_priority.get((o, axis))
+        return found if found is not None else (_LAST, None)
+
+    def wanted(self, o: int, index: int) -> dict[str, int]:
+        """Axis -> dim: how op `o` reads its operand `index` (split by its factors)."""
+        return _wanted(self, o, index)
+
+    def argument_distribution(self, value: SSAValue) -> Distribution:
+        """How an argument arrives: split as every use reads it (a split it
+        is produced with counts for every use), major axes first."""
+        v = self.graph.ids[value]
+        rank = len(self.graph.shapes[v])
+        own = self.distribution(value)
+        reads = [self._read_as(o, i, own) for o, i in self.graph.uses[v]]
+        if not reads:
+            return Distribution.replicated(rank)
+        dims = []
+        for d in range(rank):
+            common = reads[0].dims[d]
+            for other in reads[1:]:
+                n = 0
+                while n < min(len(common), len(other.dims[d])) and common[n] == other.dims[d][n]:
+                    n += 1
+                common = common[:n]
+            dims.append(common)
+        return Distribution(tuple(self._even(v, dims)))
+
+    def _even(self, v: int, dims: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+        """`dims` without the splits of a dim its axes do not divide: a value
+        padded for divisibility arrives whole, and is padded on the devices."""
+        shape = list(self.graph.shapes[v])
+        out: list[tuple[str, ...]] = []
+        for d, axes in enumerate(dims):
+            kept: list[str] = []
+            for axis in axes:
+                if shape[d] % self.mesh[axis]:
+                    break
+                shape[d] //= self.mesh[axis]
+                kept.append(axis)
+            out.append(tuple(kept))
+        return out
+
+    def _read_as(self, o: int, index: int, own: Distribution) -> Distribution:
+        want = self.wanted(o, index)
+        dims = [list(axes) for axes in own.dims]
+        for axis, d in sorted(want.items(), key=lambda item: self._axis_rank(o, item[0])):
+            if d < len(dims) and axis not in dims[d]:
+                dims[d].append(axis)
+        return Distribution(tuple(tuple(d) for d in dims))
+
+    def _axis_rank(self, o: int, axis: str) -> int:
+        return self.op_priority[o].get(axis, (_LAST, None))[0]
+
+
+def _wanted(decision: Decision, o: int, index: int) -> dict[str, int]:
+    graph = decision.graph
+    kind = graph.kinds[o]
+    if kind == _COMPUTE:
+        rule = graph.rules[o]
+        assert rule is not None
+        dims = rule.operands[index]
+        found = {}
+        for axis, f in decision.factors[o].items():
+            for d, fs in enumerate(dims):
+                if fs and fs[0] == f:
+                    found[axis] = d
+                    break
+        return found
+    if kind in (_WHILE, _BARRIER):
+        return decision.carried.get((o, index), {})
+    return {}
+
+
+class _Propagation:
+    """The worklist fixpoint (one object per program; `run` per tactic)."""
+
+    def __init__(self, graph: _Graph, mesh: dict[str, int]) -> None:
+        n, m = len(graph.values), len(graph.ops)
+        self.d = Decision(
+            graph=graph,
+            mesh=mesh,
+            split=[{} for _ in range(n)],
+            nesting=[{} for _ in range(n)],
+            priority=[{} for _ in range(n)],
+            factors=[{} for _ in range(m)],
+            factor_axes=[{} for _ in range(m)],
+            op_priority=[{} for _ in range(m)],
+            inside=[frozenset() for _ in range(m)],
+            carried={},
+            carried_priority={},
+            padded=set(),
+            log=ConflictLog(),
+        )
+        self.g = graph
+        self.mesh = mesh
+        self.queued = [False] * m
+        self.dirty = [False] * m
+        """Whether something an op's decision reads changed since its last visit."""
+        self.work: list[int] = []
+        self.seeded: dict[int, dict[str, tuple[int, Priority]]] = {}
+        """Value id -> axis -> (dim, priority) of the seeds on it."""
+        self.static: dict[tuple[int, int], bool] = {}
+
+    # --- the worklist -------------------------------------------------------------
+
+    def push(self, o: int) -> None:
+        """Something `o` reads changed: visit it (where it is queued already,
+        when its turn comes)."""
+        self.dirty[o] = True
+        if not self.queued[o]:
+            self.queued[o] = True
+            self.work.append(o)
+
+    def run(self) -> None:
+        """Visit until nothing changes: a stack, so a change is followed
+        through its users before the next op in program order (as the
+        rewrite engine's walker does: an op later in the program sees what
+        the ops before it decided)."""
+        work, queued, dirty, kinds = self.work, self.queued, self.dirty, self.g.kinds
+        carrier_of_return = self.g.carrier_of_return
+        while work:
+            o = work.pop()
+            queued[o] = False
+            if not dirty[o]:
+                continue  # a visit would decide what the last one did
+            dirty[o] = False
+            kind = kinds[o]
+            if kind == _COMPUTE:
+                self.visit(o)
+            elif kind == _RETURN:
+                self.carry(carrier_of_return.get(o, -1))
+            elif kind != _OTHER:
+                self.carry(o)
+
+    def push_all(self) -> None:
+        """Queue every op, so that they pop in program order (the engine's
+        walker's order); only those something changed for are visited."""
+        for o in range(len(self.g.ops) - 1, -1, -1):
+            if self.g.kinds[o] != _OTHER:
+                self.queued[o] = True
+                self.work.append(o)
+
+    # --- seeds --------------------------------------------------------------------
+
+    def seed(self, seed: Seed) -> None:
+        d = self.d
+        v = self.g.ids[seed.value]
+        current = d.split[v].get(seed.axis)
+        if current is None:
+            current = self._read_over(v, seed.axis)
+        if current is not None:
+            if current != seed.dim:
+                d.log.record(
+                    Conflict(
+                        op="tile action",
+                        values=(seed.label or describe_value(seed.value),),
+                        axis=seed.axis,
+                        winner="the earlier tiling",
+                        loser=describe_origin(seed.origin),
+                        detail=f"already tiled on dim {current}, asked for dim {seed.dim}",
+                    )
+                )
+            return
+        priority: Priority = (seed.origin.action.data, seed.origin)
+        if self.g.shapes[v][seed.dim] % self.mesh[seed.axis]:
+            d.padded.add((v, seed.dim))
+        self.seeded.setdefault(v, {})[seed.axis] = (seed.dim, priority)
+        self.split_value(v, seed.axis, seed.dim, priority)
+
+    def _read_over(self, v: int, axis: str) -> int | None:
+        """The dim some use of `v` already reads it split on over `axis`."""
+        for o, i in self.g.uses[v]:
+            dim = _wanted(self.d, o, i).get(axis)
+            if dim is not None:
+                return dim
+        return None
+
+    # --- changes ------------------------------------------------------------------
+
+    def split_value(self, v: int, axis: str, dim: int, priority: Priority) -> None:
+        """`v` is produced split over `axis` on `dim` (minor to its others)."""
+        d = self.d
+        if axis in d.split[v]:
+            return
+        d.split[v][axis] = dim
+        d.nesting[v][dim] = (*d.nesting[v].get(dim, ()), axis)
+        d.priority[v][axis] = priority
+        for o, _ in self.g.uses[v]:
+            self.push(o)
+        self._wake_producer(v)
+        self._wake_carrier_of(v)
+
+    def _wake_producer(self, v: int) -> None:
+        o = self.g.producer[v]
+        if o >= 0:
+            self.push(o)
+
+    def _wake_carrier_of(self, v: int) -> None:
+        for o, _ in self.g.uses[v]:
+            if self.g.kinds[o] == _RETURN:
+                carrier = self.g.carrier_of_return.get(o)
+                if carrier is not None:
+                    self.push(carrier)
+
+    def assign(
+        self, o: int, axis: str, factor: int, priority: Priority, padded: bool = False
+    ) -> None:
+        """Op `o` splits `factor` over `axis`: its operands are read split
+        alike (their producers may follow), its result is split or partial."""
+        d, g = self.d, self.g
+        rule = g.rules[o]
+        assert rule is not None
+        d.factors[o][axis] = factor
+        d.factor_axes[o][factor] = (*d.factor_axes[o].get(factor, ()), axis)
+        d.op_priority[o][axis] = priority
+        padded = padded or any(
+            (g.operands[o][i], dim) in d.padded
+            for i, dim in enumerate(rule.operand_dims(factor))
+            if dim is not None
+        )
+        for i, dim in enumerate(rule.operand_dims(factor)):
+            if dim is not None:
+                v = g.operands[o][i]
+                if padded:
+                    d.padded.add((v, dim))
+                self._wake_producer(v)
+                for user, _ in g.uses[v]:  # another user may now be the last to agree
+                    if g.kinds[user] in (_WHILE, _BRANCH, _BARRIER):
+                        self.push(user)
+        rdim = rule.result_dim(factor)
+        if rdim is not None and rule.factors[factor].kind is FactorKind.PARALLEL:
+            v = g.results[o][0]
+            if padded:
+                d.padded.add((v, rdim))
+            self.split_value(v, axis, rdim, priority)
+
+    # --- one op -------------------------------------------------------------------
+
+    def tileable(self, o: int, rule: OpRule, factor: int, axis: str, padded: bool) -> bool:
+        key = (id(rule), factor)
+        ok = self.static.get(key)
+        if ok is None:
+            ok = self.static[key] = _tileable_somehow(rule, factor)
+        if not ok:
+            return False
+        f = rule.factors[factor]
+        parts = self.mesh[axis]
+        size = f.size
+        for a in self.d.factor_axes[o].get(factor, ()):
+            size = -(-size // self.mesh[a])
+        if size % parts and not padded:
+            return False
+        return max(f.halo) <= size * f.stride // parts
+
+    def visit(self, o: int) -> None:
+        g, d = self.g, self.d
+        if self._idle(o):
+            return
+        rule = g.rules[o]
+        assert rule is not None
+        have = d.factors[o]
+        self._fuse(o)
+        around = d.inside[o]
+        candidates: list[_Candidate] = []
+        backward = len(g.operands[o])
+        # forward: operands produced split
+        for i, v in enumerate(g.operands[o]):
+            split = d.split[v]
+            if not split:
+                continue
+            dims = rule.operands[i]
+            for axis, dim in split.items():
+                if axis in have or axis in around:
+                    continue
+                fs = dims[dim] if dim < len(dims) else ()
+                if not fs:
+                    continue
+                factor = fs[0]
+                padded = (v, dim) in d.padded
+                if not self.tileable(o, rule, factor, axis, padded):
+                    continue
+                priority = d.priority[v][axis]
+                candidates.append(_Candidate(priority[0], i, axis, factor, dim, priority, padded))
+        # backward: the result every use wants split alike
+        if len(g.results[o]) == 1:
+            r = g.results[o][0]
+            for axis, dim, priority in self._demand(r):
+                if axis in have or axis in around:
+                    continue
+                fs = rule.results[0][dim]
+                if not fs:
+                    continue
+                factor = fs[0]
+                padded = (r, dim) in d.padded
+                if not self.tileable(o, rule, factor, axis, padded):
+                    continue
+                candidates.append(
+                    _Candidate(priority[0], backward, axis, factor, dim, priority, padded)
+                )
+        if not candidates:
+            return
+        candidates.sort(key=lambda c: (c.order, c.operand))
+        chosen: dict[str, _Candidate] = {}
+        for c in candidates:
+            if c.axis in d.factors[o]:
+                won = chosen.get(c.axis)
+                if (
+                    won is not None
+                    and won.factor != c.factor
+                    and max(won.operand, c.operand) < backward
+                ):
+                    self._conflict(o, won, c)
+                continue
+            chosen[c.axis] = c
+            if c.operand == backward:  # it runs in its users' loops
+                self._inherit(o)
+            self.assign(o, c.axis, c.factor, c.priority, c.padded)
+
+    def _idle(self, o: int) -> bool:
+        """Nothing to decide at `o` (most visits): it splits nothing, no
+        operand is split, its result has no seed and its first user reads
+        nothing split."""
+        d, g = self.d, self.g
+        if d.factors[o]:
+            return False
+        split = d.split
+        for v in g.operands[o]:
+            if split[v]:
+                return False
+        r = g.results[o][0]
+        if r in self.seeded:
+            return False
+        uses = g.uses[r]
+        if not uses:
+            return True
+        first = uses[0][0]
+        return not d.factors[first] and g.kinds[first] not in (_WHILE, _BARRIER)
+
+    def _inherit(self, o: int) -> None:
+        """`o`, made split for its users, runs in the loops they share."""
+        d, g = self.d, self.g
+        uses = g.uses[g.results[o][0]]
+        if not uses:
+            return
+        common = None
+        for user, i in uses:
+            loops = (d.inside[user] | d.factors[user].keys()) - _wanted(d, user, i).keys()
+            common = loops if common is None else common & loops
+        assert common is not None
+        self._grow_inside(o, common)
+
+    def _fuse(self, o: int) -> None:
+        """`o`, split over an axis its only user reads it split over alike,
+        runs in that user's loops (its loop is fused into the user's:
+        `FuseSliceOfTile`, or the user joins it: `PushForward._join_loop`)."""
+        d, g = self.d, self.g
+        results = g.results[o]
+        if len(results) != 1 or not d.factors[o]:
+            return
+        r = results[0]
+        uses = g.uses[r]
+        if not uses:
+            return
+        user = uses[0][0]
+        if any(u != user for u, _ in uses[1:]):
+            return
+        split = d.split[r]
+        for _, i in uses:
+            want = _wanted(d, user, i)
+            if any(split.get(axis) == dim for axis, dim in want.items()):
+                loops = (d.inside[user] | d.factors[user].keys()) - want.keys()
+                self._grow_inside(o, loops)
+                return
+
+    def _grow_inside(self, o: int, loops: frozenset[str] | set[str]) -> None:
+        d = self.d
+        more = frozenset(loops) - d.factors[o].keys() - d.inside[o]
+        if more:
+            d.inside[o] = d.inside[o] | more
+            for v in self.g.operands[o]:
+                self._wake_producer(v)
+
+    def _demand(self, v: int) -> list[tuple[str, int, Priority]]:
+        """(axis, dim, priority) every use of `v` reads it split by."""
+        d, g = self.d, self.g
+        found: list[tuple[str, int, Priority]] = [
+            (axis, dim, priority) for axis, (dim, priority) in self.seeded.get(v, {}).items()
+        ]
+        uses = g.uses[v]
+        if not uses:
+            return found
+        first = _wanted(d, *uses[0])
+        if not first:
+            return found
+        for axis, dim in first.items():
+            if any(_wanted(d, o, i).get(axis) != dim for o, i in uses[1:]):
+                continue
+            o0 = uses[0][0]
+            found.append((axis, dim, d.use_priority(o0, axis)))
+        return found
+
+    def _conflict(self, o: int, won: _Candidate, lost: _Candidate) -> None:
+        """Two operands split over one axis along different factors: the
+        earlier action wins (`PushForward._record_conflicts`'s words)."""
+        d = self.d
+        op = self.g.ops[o]
+        win_origin, lose_origin = won.priority[1], lost.priority[1]
+        d.log.record(
+            Conflict(
+                op=op.name,
+                values=(
+                    d.log.value_of(win_origin, describe_value(op.operands[won.operand])),
+                    d.log.value_of(lose_origin, describe_value(op.operands[lost.operand])),
+                ),
+                axis=won.axis,
+                winner=describe_origin(win_origin),
+                loser=describe_origin(lose_origin),
+                detail=(
+                    f"operand {won.operand} is tiled on dim {won.dim}, "
+                    f"operand {lost.operand} on dim {lost.dim}; the loser is redistributed"
+                ),
+            )
+        )
+
+    # --- carried values -----------------------------------------------------------
+
+    def carry(self, o: int) -> None:
+        if o < 0:
+            return
+        g, d = self.g, self.d
+        for k, places in enumerate(g.places[o]):
+            ends = list(g.feeds[o][k])
+            found: list[tuple[str, int, Priority]] = []
+            for v in ends:
+                for axis, dim in d.split[v].items():
+                    found.append((axis, dim, d.priority[v][axis]))
+            result = places[-1]
+            for axis, dim, priority in self._demand_of_uses(result):
+                found.append((axis, dim, priority))
+            found.sort(key=lambda f: f[2][0])
+            have = d.carried.setdefault((o, k), {})
+            for axis, dim, priority in found:
+                if axis in have:
+                    if have[axis] != dim:
+                        self._carry_conflict(o, k, axis, have[axis], dim, priority)
+                    continue
+                have[axis] = dim
+                d.carried_priority[o, axis] = priority
+                every = (*ends, *places)
+                if any((v, dim) in d.padded for v in every):  # padded at every place
+                    d.padded.update((v, dim) for v in every)
+                for place in places:
+                    if axis not in d.split[place]:
+                        self.split_value(place, axis, dim, priority)
+                if g.kinds[o] != _BRANCH:
+                    self._wake_producer(g.operands[o][k])
+
+    def _demand_of_uses(self, v: int) -> list[tuple[str, int, Priority]]:
+        d, g = self.d, self.g
+        uses = g.uses[v]
+        if not uses:
+            return []
+        first = _wanted(d, *uses[0])
+        found = []
+        for axis, dim in first.items():
+            if all(_wanted(d, o, i).get(axis) == dim for o, i in uses[1:]):
+                found.append((axis, dim, d.use_priority(uses[0][0], axis)))
+        return found
+
+    def _carry_conflict(
+        self, o: int, k: int, axis: str, dim: int, other: int, priority: Priority
+    ) -> None:
+        op = self.g.ops[o]
+        kind = self.g.kinds[o]
+        where = (
+            "an iteration; the loop's boundary redistributes it"
+            if kind == _WHILE
+            else "a branch; its result is redistributed"
+            if kind == _BRANCH
+            else "the barrier; its result is redistributed"
+        )
+        self.d.log.record(
+            Conflict(
+                op=op.name,
+                values=(f"carried value {k}",),
+                axis=axis,
+                winner=f"its tiling on dim {dim}",
+                loser=describe_origin(priority[1]),
+                detail=f"tiled on dim {other} at the other end of {where}",
+            )
+        )
+
+
+def _tileable_somehow(rule: OpRule, factor: int) -> bool:
+    """The size-independent part of `OpRule.why_not_tileable`."""
+    f = rule.factors[factor]
+    if f.kind is FactorKind.BLOCKED or len(rule.results) != 1:
+        return False
+    for dims in (*rule.operands, *rule.results):
+        for factors in dims:
+            if factor in factors[1:]:
+                return False
+    return not (f.kind is FactorKind.PARALLEL and rule.result_dim(factor) is None)
+
+
+def decide(module: ModuleOp, mesh: dict[str, int], schedule: Sequence[Sequence[Seed]]) -> Decision:
+    """Every value's sharding under `schedule` (per tactic, its seeds in
+    order), as a fixpoint; nothing in `module` changes."""
+    graph = _Graph.of(entry_function(module).body.block)
+    index = {op: o for o, op in enumerate(graph.ops)}
+    for o, op in enumerate(graph.ops):
+        if graph.kinds[o] == _RETURN:
+            carrier = enclosing_carrier(op)
+            if carrier is not None:
+                graph.carrier_of_return[o] = index[carrier]
+    start, start_cpu = time.perf_counter(), time.process_time()
+    propagation = _Propagation(graph, mesh)
+    for seeds in schedule:
+        propagation.work.clear()
+        propagation.queued = [False] * len(graph.ops)
+        propagation.push_all()
+        for seed in seeds:
+            propagation.seed(seed)
+        propagation.run()
+    LAST_FIXPOINT_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
+    return propagation.d
+
+
+LAST_FIXPOINT_SECONDS = [0.0, 0.0]
+"""How long the last `decide`'s fixpoint took (without reading the graph),
+wall-clock and CPU seconds, for `benchmarks.propagation_speed`."""

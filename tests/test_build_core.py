@@ -1,0 +1,216 @@
+"""Build once: the core IR of a plain-data decision equals the rewrite engine's in effect.
+
+`partition(..., engine="decided")` decides every sharding in plain data
+(`rewrites.factor_propagation`) and builds each op once in its loops
+(`rewrites.build_core`). On straight-line programs under BatchParallel,
+Megatron, ZeRO-1 and conflicting ManualPartitions, the built module verifies,
+the reference interpreter on it equals `jax.jit`, its SPMD lowering has the
+rewrite engine's collectives (kind, axes, count, bytes), the emitted JAX
+program computes `jax.jit`'s numbers, and the selections, action numbers and
+conflicts recorded on the module are the engine's. What it does not build
+yet (a while loop, a padded dim) goes to the rewrite engine unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import partir
+from dialects.errors import UnsupportedError
+from dialects.functions import entry_function
+from dialects.interpreter import run_function
+from dialects.spmd import CollectiveOp
+from examples import (
+    block_train_step,
+    mlp_forward,
+    mlp_train_step,
+    scanned_stack,
+    stack_train_step,
+)
+from lowering.to_spmd import lower_to_spmd
+from partir.partition import decide_partition, partition
+from partir.validation import emitted_program
+from rewrites.build_core import build_core
+from tests.numerics import assert_leaves_close
+
+MESH = partir.Mesh({"batch": 4, "model": 2})
+DP = partir.BatchParallel("batch")
+SCHEDULES = {
+    "dp": [DP],
+    "dp+megatron": [DP, partir.Megatron("model")],
+    "megatron+dp": [partir.Megatron("model"), DP],
+    "zero1": [DP, partir.ZeRO("batch", 1)],
+    "manual": [
+        partir.ManualPartition({"x": {0: "batch"}}),
+        partir.ManualPartition({"**/w*": {-1: "model"}}),  # conflicting splits
+    ],
+}
+PROGRAMS = {
+    "mlp_forward": (mlp_forward.program, mlp_forward.make_args),
+    "mlp_train": (mlp_train_step.program, mlp_train_step.make_args),
+    "block_train": (block_train_step.program, block_train_step.make_args),
+    "stack_train": (stack_train_step.program, lambda: stack_train_step.make_args(layers_=2)),
+}
+CASES = [
+    ("mlp_forward", "dp"), ("mlp_forward", "dp+megatron"), ("mlp_forward", "manual"),
+    ("mlp_train", "dp"), ("mlp_train", "dp+megatron"), ("mlp_train", "megatron+dp"),
+    ("mlp_train", "manual"),
+    ("block_train", "dp"), ("block_train", "dp+megatron"), ("block_train", "zero1"),
+]
+SLOW_CASES = [("stack_train", "dp+megatron"), ("stack_train", "zero1")]
+"""~1,200 ops, partitioned twice and interpreted: only in the slow run."""
+
+
+def collectives(module) -> collections.Counter:
+    """(kind, axes, local type) -> count, in the SPMD lowering of `module` (in place)."""
+    lower_to_spmd(module)
+    return collections.Counter(
+        (op.name, str(op.properties), str(op.results[0].type))
+        for op in module.walk()
+        if isinstance(op, CollectiveOp)
+    )
+
+
+def check_against_engine(program, args, tactics, mesh=MESH):
+    leaves = jax.tree_util.tree_leaves(args)
+    expected = jax.jit(program)(*args)
+    built = partir.import_jax(program, *args)
+    engine = built.clone()
+    partition(built, mesh, tactics, engine="decided", verify=True)
+    partition(engine, mesh, tactics)
+    assert_leaves_close(run_function(built, leaves), expected, what="interpreted core IR")
+    assert built.attributes == engine.attributes  # selections, actions, conflicts
+    assert collectives(built) == collectives(engine)
+    got = emitted_program(built)(*leaves)
+    assert_leaves_close(list(got), jax.tree_util.tree_leaves(expected), what="emitted JAX")
+    return built
+
+
+@pytest.mark.parametrize(
+    ("program", "schedule"),
+    [*CASES, *(pytest.param(p, s, marks=pytest.mark.slow) for p, s in SLOW_CASES)],
+    ids=[f"{p}-{s}" for p, s in [*CASES, *SLOW_CASES]],
+)
+def test_built_once_computes_the_engines_program(program, schedule):
+    fn, make_args = PROGRAMS[program]
+    check_against_engine(fn, make_args(), SCHEDULES[schedule])
+
+
+def test_mlp_forward_core_ir_is_the_engines_text():
+    args = mlp_forward.make_args()
+    built = partir.import_jax(mlp_forward.program, *args)
+    engine = built.clone()
+    partition(built, MESH, [DP], engine="decided")
+    partition(engine, MESH, [DP])
+    assert str(built) == str(engine)
+
+
+def test_a_program_nobody_designed_it_around():
+    """Other names, a pytree of three layers, a tanh and a mean, odd widths."""
+
+    def step(weights, inputs):
+        def loss(ws):
+            h = inputs["tokens"]
+            for layer in ws:
+                h = jnp.tanh(h @ layer["kernel"] + layer["offset"])
+            return jnp.mean(h**2)
+
+        value, grads = jax.value_and_grad(loss)(weights)
+        return value, jax.tree.map(lambda w, g: w - 0.05 * g, weights, grads)
+
+    rng = np.random.default_rng(3)
+    sizes = [(24, 40), (40, 40), (40, 8)]
+    weights = [
+        {"kernel": rng.normal(size=s).astype(np.float32) / 6, "offset": np.zeros(s[1], np.float32)}
+        for s in sizes
+    ]
+    inputs = {"tokens": rng.normal(size=(32, 24)).astype(np.float32)}
+    manual = partir.ManualPartition({"**/kernel": {1: "model"}})
+    check_against_engine(step, (weights, inputs), [partir.BatchParallel("batch"), manual])
+
+
+def test_what_it_does_not_build_goes_to_the_engine():
+    """A scanned stack (a while loop): the builder refuses before changing
+    anything, and `engine="decided"` gives the engine's module."""
+    args = scanned_stack.make_args(layers_=2)
+    module = partir.import_jax(scanned_stack.train_step, *args)
+    before = str(module)
+    with pytest.raises(UnsupportedError, match=r"stablehlo\.while"):
+        build_core(module, decide_partition(module, MESH, [DP]))
+    assert str(entry_function(module)) == str(entry_function(partir.import_jax(
+        scanned_stack.train_step, *args)))
+    assert "partir.loop" not in before
+    engine = module.clone()
+    partition(module, MESH, [DP], engine="decided")
+    partition(engine, MESH, [DP])
+    assert str(module) == str(engine)
+
+
+def test_a_padded_dim_goes_to_the_engine():
+    """A batch of 6 over 4 devices is padded: not built here, the engine's result."""
+    args = mlp_forward.make_args(batch=6)
+    module = partir.import_jax(mlp_forward.program, *args)
+    engine = module.clone()
+    with pytest.raises(UnsupportedError, match="padded"):
+        build_core(module, decide_partition(module, MESH, [DP]))
+    partition(module, MESH, [DP], engine="decided")
+    partition(engine, MESH, [DP])
+    assert str(module) == str(engine)
+    assert_leaves_close(run_function(module, jax.tree_util.tree_leaves(args)),
+                        jax.jit(mlp_forward.program)(*args))
+
+
+def test_an_unknown_engine_is_refused():
+    args = mlp_forward.make_args()
+    with pytest.raises(partir.PartirError, match="engine='fast'"):
+        partition(partir.import_jax(mlp_forward.program, *args), MESH, [DP], engine="fast")
+
+
+def test_a_slice_after_a_split_producer_keeps_its_global_bounds():
+    """A `stablehlo.slice` whose kept dim is split reads its bounds from its
+    operand's global shape, though that operand's producer was built (made a
+    part) first."""
+
+    def loss(w, x):
+        y = jnp.flip(x @ w, axis=1)
+        return jnp.sum(jnp.tanh(y[:, 5:1:-1]) * y[:, :4])
+
+    def step(w, x):
+        return jax.value_and_grad(loss, argnums=(0, 1))(w, x)
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((16, 6)).astype(np.float32)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    check_against_engine(step, (w, x), [partir.BatchParallel("batch", inputs="x")],
+                         partir.Mesh({"batch": 4}))
+
+
+def test_a_window_split_with_a_halo_goes_to_the_engine():
+    """Rows of a 3x3 SAME convolution split over "model": each part reads its
+    neighbours' edge rows (`partir.halo_slice`), which this builder does not
+    make; it refuses, and `engine="decided"` gives the engine's module."""
+
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 8, 8, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 3, 5)).astype(np.float32)
+    tactics = [partir.ManualPartition({"x": {1: "model"}})]
+    module = partir.import_jax(conv, x, w)
+    engine = module.clone()
+    with pytest.raises(UnsupportedError, match="halo"):
+        build_core(module, decide_partition(module, MESH, tactics))
+    with pytest.raises(partir.PartirError, match="another module"):
+        build_core(engine.clone(), decide_partition(module, MESH, tactics))
+    partition(module, MESH, tactics, engine="decided")
+    partition(engine, MESH, tactics)
+    assert str(module) == str(engine)
+    assert_leaves_close(run_function(module, [x, w]), jax.jit(conv)(x, w))
