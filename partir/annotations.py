@@ -21,11 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp
-from xdsl.ir import BlockArgument, Operation, SSAValue
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, ModuleOp, StringAttr
+from xdsl.ir import BlockArgument, Operation, OpResult, SSAValue
 
+from dialects.escaping import quoted
 from dialects.locations import source_location
 from dialects.manual_regions import manual_regions, mesh_of, normalize_manual_regions
+from dialects.partir import LoopOp
 from dialects.sdy import (
     SHARDING,
     ManualComputationOp,
@@ -36,6 +38,8 @@ from dialects.sdy import (
 )
 from partir.values import references
 from rewrites.actions import describe_value
+from rewrites.conflicts import Conflict, describe_origin
+from rewrites.projection import LoopRelations
 
 ARGUMENT, RESULT, CONSTRAINT = "argument", "result", "constraint"
 REGION_OPERAND, REGION_RESULT = "shard_map operand", "shard_map result"
@@ -279,3 +283,76 @@ def remove_annotations(module: ModuleOp) -> None:
             op.detach()
             op.erase()
     module.attributes.pop(JAX_MESHES, None)
+
+
+WHOLE_DIMS = "partir.whole_dims"
+"""The attribute marking an op whose result an annotation keeps whole on
+some dims (closed, with no axes: `None` in `P("batch", None)`): a list of
+`[result, [dims], annotation, spec, value]`. The constraints go when
+`Annotations` applies, the mark stays on the op (and on its parts, which
+rewrites copy it to), so `split_whole_dims` can check it after every later
+tactic."""
+
+
+def mark_whole_dims(entry: func.FuncOp) -> None:
+    """Mark the value of each constraint that splits something and keeps
+    some dims whole (`WHOLE_DIMS`), before `remove_annotations`. Open dims
+    (`?`, JAX's `P.UNCONSTRAINED`) are left to partir. (A constraint that
+    splits nothing is JAX's own trivial one as often as the user's: not
+    marked.)"""
+    refs: dict[Operation, str] | None = None
+    for op in constraint_ops(entry):
+        s = op.sharding
+        opened = {d.data for d in s.open_dims.data}
+        whole = [d for d, axes in enumerate(s.dims) if not axes and d not in opened]
+        value = constrained_value(op)
+        if not any(s.dims) or not whole or not isinstance(value, OpResult):
+            continue
+        refs = refs if refs is not None else references(entry)
+        note = Annotation(CONSTRAINT, 0, "", _source(op), _where(op), s.mesh_name.data, (),
+                          tuple(s.dims))
+        mark = ArrayAttr([
+            IntAttr(value.index), ArrayAttr([IntAttr(d) for d in whole]),
+            StringAttr(note.describe), StringAttr(note.spec),
+            StringAttr(_value_name(value, (), refs)),
+        ])
+        owner = value.owner
+        old = owner.attributes.get(WHOLE_DIMS)
+        owner.attributes[WHOLE_DIMS] = ArrayAttr(
+            [*(old.data if isinstance(old, ArrayAttr) else ()), mark]
+        )
+
+
+def split_whole_dims(entry: func.FuncOp) -> list[Conflict]:
+    """A conflict for each marked value (`mark_whole_dims`) that a loop
+    splits on a dim its annotation keeps whole, naming the annotation and
+    the action whose loop split it."""
+    marked = [op for op in entry.walk() if WHOLE_DIMS in op.attributes]
+    if not marked:
+        return []
+    relations = LoopRelations.of(entry.body.block)
+    found: list[Conflict] = []
+    for op in marked:
+        marks = op.attributes[WHOLE_DIMS]
+        assert isinstance(marks, ArrayAttr)
+        for mark in marks.data:
+            index, dims, describe, spec, name = mark.data
+            dist = relations(op.results[index.data]).dist
+            for dim in (d.data for d in dims.data):
+                for axis in dist.dims[dim] if dim < len(dist.dims) else ():
+                    loop = op.parent_op()
+                    while loop is not None and not (
+                        isinstance(loop, LoopOp) and loop.axis_name == axis
+                    ):
+                        loop = loop.parent_op()
+                    found.append(Conflict(
+                        op="annotation",
+                        values=(name.data,),
+                        axis=axis,
+                        winner=describe_origin(loop.origin if loop is not None else None),
+                        loser=describe.data,
+                        detail=f"{spec.data} keeps dim {dim} whole, but it is split over "
+                        f"{quoted(axis)}; drop the tactic's split of it, or say how the "
+                        "annotation may split that dim",
+                    ))
+    return found

@@ -161,6 +161,45 @@ def test_the_annotations_win_and_a_disagreeing_tactic_is_a_reported_conflict():
     assert "tensor<4x16xf32>" in lowered.stage("spmd")  # x's rows over "model", as annotated
 
 
+def _hidden_kept_whole_on_dim_1(spec):
+    def layer(inputs, proj, out):
+        hidden = jax.nn.relu(inputs @ proj)
+        hidden = jax.lax.with_sharding_constraint(hidden, NamedSharding(AUTO, spec))
+        return (hidden @ out).mean(1)
+
+    return layer
+
+
+def test_a_tactic_splitting_a_dim_an_annotation_keeps_whole_is_a_reported_conflict():
+    """`P("batch", None)` keeps the hidden value's columns whole; a
+    ManualPartition whose propagation splits them over "model" is reported,
+    naming the annotation's line and the action that split it."""
+    layer = _hidden_kept_whole_on_dim_1(P("batch", None))
+    args = (rand(8, 12), rand(12, 6), rand(6, 3))
+    fn = partir.jit(layer, mesh=MESH, tactics=[partir.ManualPartition({"proj": {1: "model"}})])
+    assert_leaves_close(fn(*args), jax.jit(layer)(*args))
+    lowered = fn.lower(*args)
+    (conflict,) = lowered.conflicts
+    line = line_of(layer, "with_sharding_constraint")
+    assert conflict.op == "annotation" and conflict.axis == "model"
+    assert conflict.loser == f"with_sharding_constraint at test_annotations.py:{line}"
+    assert "ManualPartition of proj" in conflict.winner
+    assert "P('batch', None) keeps dim 1 whole" in conflict.detail
+    assert conflict.values[0].startswith("@jit(layer)/jit(relu)/max at test_annotations.py:")
+    assert lowered.report().conflicts == lowered.conflicts
+
+
+def test_an_unconstrained_dim_may_be_split():
+    """`P.UNCONSTRAINED` leaves the dim to partir: no conflict."""
+    layer = _hidden_kept_whole_on_dim_1(P("batch", P.UNCONSTRAINED))
+    args = (rand(8, 12), rand(12, 6), rand(6, 3))
+    fn = partir.jit(layer, mesh=MESH, tactics=[partir.ManualPartition({"proj": {1: "model"}})])
+    assert_leaves_close(fn(*args), jax.jit(layer)(*args))
+    lowered = fn.lower(*args)
+    assert lowered.conflicts == []
+    assert "tensor<2x3xf32>" in lowered.stage("spmd")  # rows over batch, columns over model
+
+
 def test_an_annotation_on_another_mesh_names_both_meshes():
     other = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
 
