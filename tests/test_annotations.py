@@ -200,6 +200,29 @@ def test_an_unconstrained_dim_may_be_split():
     assert "tensor<2x3xf32>" in lowered.stage("spmd")  # rows over batch, columns over model
 
 
+def test_a_tactic_splitting_a_dim_an_argument_type_keeps_whole_is_a_reported_conflict():
+    """Under an explicit mesh, `x` typed `P("batch")` keeps its columns
+    whole: a ManualPartition splitting them over "model" is reported."""
+
+    def f(x, w):
+        return jnp.sin(x) @ w
+
+    with jax.set_mesh(EXPLICIT):
+        x, w = jax.device_put(rand(8, 6), P("batch")), jax.device_put(rand(6, 3), P())
+        want = jax.jit(f)(x, w)
+        fn = partir.jit(f, mesh=MESH, tactics=[partir.ManualPartition({"x": {1: "model"}})])
+        lowered = fn.lower(x, w)
+        got = lowered.compile()(x, w)
+    assert_leaves_close(got, want)
+    # x's type, and the type JAX gives sin(x) (a constraint at the user's line)
+    (argument, typed) = lowered.conflicts
+    assert (argument.values, argument.axis, argument.loser) == (("x",), "model", "argument sharding")
+    line = line_of(f, "jnp.sin")
+    assert typed.loser == f"the sharding in sin's type at test_annotations.py:{line}"
+    for conflict in (argument, typed):
+        assert "ManualPartition of x" in conflict.winner and "keeps dim 1 whole" in conflict.detail
+
+
 def test_an_annotation_on_another_mesh_names_both_meshes():
     other = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
 
