@@ -189,6 +189,25 @@ def test_a_tactic_splitting_a_dim_an_annotation_keeps_whole_is_a_reported_confli
     assert lowered.report().conflicts == lowered.conflicts
 
 
+def test_megatron_splitting_a_constrained_hidden_value_is_a_reported_conflict():
+    """A pytree of parameters: Megatron's column split of `up` reaches the
+    hidden value the constraint keeps whole on its columns."""
+
+    def block(params, x):
+        hidden = jnp.tanh(x @ params["up"])
+        hidden = jax.lax.with_sharding_constraint(hidden, NamedSharding(AUTO, P("batch", None)))
+        return hidden @ params["down"]
+
+    args = ({"up": rand(10, 8), "down": rand(8, 5)}, rand(4, 10))
+    tactic = partir.Megatron("model", column=("params/up",), row=("params/down",))
+    fn = partir.jit(block, mesh=MESH, tactics=[tactic])
+    assert_leaves_close(fn(*args), jax.jit(block)(*args))
+    (conflict,) = fn.lower(*args).conflicts
+    line = line_of(block, "with_sharding_constraint")
+    assert conflict.loser == f"with_sharding_constraint at test_annotations.py:{line}"
+    assert "Megatron" in conflict.winner and conflict.axis == "model"
+
+
 def test_an_unconstrained_dim_may_be_split():
     """`P.UNCONSTRAINED` leaves the dim to partir: no conflict."""
     layer = _hidden_kept_whole_on_dim_1(P("batch", P.UNCONSTRAINED))
