@@ -17,15 +17,18 @@ and distributions replace.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp
-from xdsl.ir import BlockArgument, Operation, SSAValue
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, ModuleOp, StringAttr
+from xdsl.ir import BlockArgument, Operation, OpResult, SSAValue
 
+from dialects.escaping import quoted
+from dialects.functions import NAME_ATTR
 from dialects.locations import source_location
 from dialects.manual_regions import manual_regions, mesh_of, normalize_manual_regions
+from dialects.partir import LoopOp, SliceOp
 from dialects.sdy import (
     SHARDING,
     ManualComputationOp,
@@ -36,6 +39,8 @@ from dialects.sdy import (
 )
 from partir.values import references
 from rewrites.actions import describe_value
+from rewrites.conflicts import Conflict, describe_origin
+from rewrites.projection import LoopRelations, range_axis, tilings
 
 ARGUMENT, RESULT, CONSTRAINT = "argument", "result", "constraint"
 REGION_OPERAND, REGION_RESULT = "shard_map operand", "shard_map result"
@@ -279,3 +284,141 @@ def remove_annotations(module: ModuleOp) -> None:
             op.detach()
             op.erase()
     module.attributes.pop(JAX_MESHES, None)
+
+
+WHOLE_DIMS = "partir.whole_dims"
+"""The attribute marking what an annotation keeps whole on some dims
+(closed, with no axes: `None` in `P("batch", None)`): on an op, a list of
+`[result, [dims], annotation, spec, value]` for its results; on an entry
+argument or result, `[[dims], annotation, spec]`. The constraints go when
+`Annotations` applies, the marks stay (rewrites copy an op's to its parts),
+so `split_whole_dims` can check them after every later tactic."""
+
+
+def _whole(s: ShardingAttr) -> list[int]:
+    """The dims `s` keeps whole: closed, with no axes (an open one, `?` or
+    JAX's `P.UNCONSTRAINED`, is partir's to split). None when `s` splits
+    nothing: JAX's own trivial shardings are as common as the user's."""
+    opened = {d.data for d in s.open_dims.data}
+    if not any(s.dims):
+        return []
+    return [d for d, axes in enumerate(s.dims) if not axes and d not in opened]
+
+
+def _dims(dims: Sequence[int]) -> ArrayAttr[IntAttr]:
+    return ArrayAttr([IntAttr(d) for d in dims])
+
+
+def _note(source: str, where: str | None, s: ShardingAttr) -> Annotation:
+    return Annotation(CONSTRAINT, 0, "", source, where, s.mesh_name.data, (), tuple(s.dims))
+
+
+def mark_whole_dims(entry: func.FuncOp) -> None:
+    """Mark what each annotation keeps whole (`WHOLE_DIMS`), before
+    `remove_annotations`: a constraint's value, an argument, a result."""
+    for kind, attrs in ((ARGUMENT, entry.arg_attrs), (RESULT, entry.res_attrs)):
+        if attrs is None:
+            continue
+        marked = []
+        for d in attrs.data:
+            entries = dict(d.data)
+            s = entries.get(SHARDING)
+            if isinstance(s, ShardingAttr) and (whole := _whole(s)):
+                note = _note(f"{kind} sharding", None, s)
+                entries[WHOLE_DIMS] = ArrayAttr(
+                    [_dims(whole), StringAttr(note.describe), StringAttr(note.spec)]
+                )
+            marked.append(DictionaryAttr(entries))
+        if kind == ARGUMENT:
+            entry.arg_attrs = ArrayAttr(marked)
+        else:
+            entry.res_attrs = ArrayAttr(marked)
+    refs: dict[Operation, str] | None = None
+    for op in constraint_ops(entry):
+        whole = _whole(op.sharding)
+        value = constrained_value(op)
+        if not whole or not isinstance(value, OpResult):
+            continue
+        refs = refs if refs is not None else references(entry)
+        note = _note(_source(op), _where(op), op.sharding)
+        mark = ArrayAttr([
+            IntAttr(value.index), _dims(whole), StringAttr(note.describe),
+            StringAttr(note.spec), StringAttr(_value_name(value, (), refs)),
+        ])
+        owner = value.owner
+        old = owner.attributes.get(WHOLE_DIMS)
+        owner.attributes[WHOLE_DIMS] = ArrayAttr(
+            [*(old.data if isinstance(old, ArrayAttr) else ()), mark]
+        )
+
+
+def _enclosing_loop(op: Operation | None, axis: str) -> LoopOp | None:
+    while op is not None and not (isinstance(op, LoopOp) and op.axis_name == axis):
+        op = op.parent_op()
+    return op
+
+
+def _conflict(
+    name: str, axis: str, loop: LoopOp | None, describe: str, spec: str, dim: int
+) -> Conflict:
+    return Conflict(
+        op="annotation",
+        values=(name,),
+        axis=axis,
+        winner=describe_origin(loop.origin if loop is not None else None),
+        loser=describe,
+        detail=f"{spec} keeps dim {dim} whole, but it is split over {quoted(axis)}; drop "
+        "the tactic's split of it, or say how the annotation may split that dim",
+    )
+
+
+def _leaf_marks(
+    attrs: ArrayAttr[DictionaryAttr] | None,
+) -> Iterator[tuple[int, str, list[int], str, str]]:
+    """(index, leaf name, [dims], annotation, spec) per marked argument or result."""
+    for i, d in enumerate(attrs.data if attrs is not None else ()):
+        mark = d.data.get(WHOLE_DIMS)
+        if isinstance(mark, ArrayAttr):
+            dims, describe, spec = mark.data
+            name = d.data.get(NAME_ATTR)
+            label = name.data if isinstance(name, StringAttr) else f"leaf {i}"
+            yield i, label, [x.data for x in dims.data], describe.data, spec.data
+
+
+def split_whole_dims(entry: func.FuncOp) -> list[Conflict]:
+    """A conflict for each dim an annotation keeps whole (`mark_whole_dims`)
+    that a loop splits: a marked op's result that is a part along it, an
+    argument sliced along it, a result concatenated along it; naming the
+    annotation and the action whose loop split it."""
+    found: list[Conflict] = []
+    for i, name, dims, describe, spec in _leaf_marks(entry.arg_attrs):
+        for use in entry.body.block.args[i].uses:
+            part = use.operation
+            if isinstance(part, SliceOp) and part.dim_index in dims:
+                axis = range_axis(part.index)
+                if axis is not None:
+                    loop = _enclosing_loop(part, axis)
+                    found.append(_conflict(name, axis, loop, describe, spec, part.dim_index))
+    ret = entry.body.block.last_op
+    if isinstance(ret, func.ReturnOp):
+        for i, name, dims, describe, spec in _leaf_marks(entry.res_attrs):
+            for t in tilings(ret.arguments[i]):
+                if t.dim in dims:
+                    found.append(_conflict(name, t.axis, t.loop, describe, spec, t.dim))
+    marked = [op for op in entry.walk() if WHOLE_DIMS in op.attributes]
+    if not marked:
+        return found
+    relations = LoopRelations.of(entry.body.block)
+    for op in marked:
+        marks = op.attributes[WHOLE_DIMS]
+        assert isinstance(marks, ArrayAttr)
+        for mark in marks.data:
+            index, dims_, describe_, spec_, value = mark.data
+            dist = relations(op.results[index.data]).dist
+            for dim in (d.data for d in dims_.data):
+                for axis in dist.dims[dim] if dim < len(dist.dims) else ():
+                    loop = _enclosing_loop(op.parent_op(), axis)
+                    found.append(
+                        _conflict(value.data, axis, loop, describe_.data, spec_.data, dim)
+                    )
+    return found

@@ -34,8 +34,10 @@ from lowering.to_jax import emit_jax
 from lowering.to_spmd import LowerToSpmdPass
 from partir.annotations import (
     annotated_value,
+    mark_whole_dims,
     remove_annotations,
     set_aside_jax_meshes,
+    split_whole_dims,
 )
 from partir.mesh import Mesh
 from partir.plan import (
@@ -185,6 +187,7 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
                     referenced[leaf] = annotated_value(
                         entry, leaf.kind, leaf.ordinal, leaf.position
                     )
+            mark_whole_dims(entry)
             remove_annotations(module)
         actions = []
         dims: dict[tuple[str, int], int] = {}
@@ -213,6 +216,8 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
             ],
         )
         propagate(module, log)
+        # an annotation's whole dims, checked against what this plan split
+        record_conflicts(module, split_whole_dims(entry))
     return actions
 
 

@@ -161,6 +161,87 @@ def test_the_annotations_win_and_a_disagreeing_tactic_is_a_reported_conflict():
     assert "tensor<4x16xf32>" in lowered.stage("spmd")  # x's rows over "model", as annotated
 
 
+def _hidden_kept_whole_on_dim_1(spec):
+    def layer(inputs, proj, out):
+        hidden = jax.nn.relu(inputs @ proj)
+        hidden = jax.lax.with_sharding_constraint(hidden, NamedSharding(AUTO, spec))
+        return (hidden @ out).mean(1)
+
+    return layer
+
+
+def test_a_tactic_splitting_a_dim_an_annotation_keeps_whole_is_a_reported_conflict():
+    """`P("batch", None)` keeps the hidden value's columns whole; a
+    ManualPartition whose propagation splits them over "model" is reported,
+    naming the annotation's line and the action that split it."""
+    layer = _hidden_kept_whole_on_dim_1(P("batch", None))
+    args = (rand(8, 12), rand(12, 6), rand(6, 3))
+    fn = partir.jit(layer, mesh=MESH, tactics=[partir.ManualPartition({"proj": {1: "model"}})])
+    assert_leaves_close(fn(*args), jax.jit(layer)(*args))
+    lowered = fn.lower(*args)
+    (conflict,) = lowered.conflicts
+    line = line_of(layer, "with_sharding_constraint")
+    assert conflict.op == "annotation" and conflict.axis == "model"
+    assert conflict.loser == f"with_sharding_constraint at test_annotations.py:{line}"
+    assert "ManualPartition of proj" in conflict.winner
+    assert "P('batch', None) keeps dim 1 whole" in conflict.detail
+    assert conflict.values[0].startswith("@jit(layer)/jit(relu)/max at test_annotations.py:")
+    assert lowered.report().conflicts == lowered.conflicts
+
+
+def test_megatron_splitting_a_constrained_hidden_value_is_a_reported_conflict():
+    """A pytree of parameters: Megatron's column split of `up` reaches the
+    hidden value the constraint keeps whole on its columns."""
+
+    def block(params, x):
+        hidden = jnp.tanh(x @ params["up"])
+        hidden = jax.lax.with_sharding_constraint(hidden, NamedSharding(AUTO, P("batch", None)))
+        return hidden @ params["down"]
+
+    args = ({"up": rand(10, 8), "down": rand(8, 5)}, rand(4, 10))
+    tactic = partir.Megatron("model", column=("params/up",), row=("params/down",))
+    fn = partir.jit(block, mesh=MESH, tactics=[tactic])
+    assert_leaves_close(fn(*args), jax.jit(block)(*args))
+    (conflict,) = fn.lower(*args).conflicts
+    line = line_of(block, "with_sharding_constraint")
+    assert conflict.loser == f"with_sharding_constraint at test_annotations.py:{line}"
+    assert "Megatron" in conflict.winner and conflict.axis == "model"
+
+
+def test_an_unconstrained_dim_may_be_split():
+    """`P.UNCONSTRAINED` leaves the dim to partir: no conflict."""
+    layer = _hidden_kept_whole_on_dim_1(P("batch", P.UNCONSTRAINED))
+    args = (rand(8, 12), rand(12, 6), rand(6, 3))
+    fn = partir.jit(layer, mesh=MESH, tactics=[partir.ManualPartition({"proj": {1: "model"}})])
+    assert_leaves_close(fn(*args), jax.jit(layer)(*args))
+    lowered = fn.lower(*args)
+    assert lowered.conflicts == []
+    assert "tensor<2x3xf32>" in lowered.stage("spmd")  # rows over batch, columns over model
+
+
+def test_a_tactic_splitting_a_dim_an_argument_type_keeps_whole_is_a_reported_conflict():
+    """Under an explicit mesh, `x` typed `P("batch")` keeps its columns
+    whole: a ManualPartition splitting them over "model" is reported."""
+
+    def f(x, w):
+        return jnp.sin(x) @ w
+
+    with jax.set_mesh(EXPLICIT):
+        x, w = jax.device_put(rand(8, 6), P("batch")), jax.device_put(rand(6, 3), P())
+        want = jax.jit(f)(x, w)
+        fn = partir.jit(f, mesh=MESH, tactics=[partir.ManualPartition({"x": {1: "model"}})])
+        lowered = fn.lower(x, w)
+        got = lowered.compile()(x, w)
+    assert_leaves_close(got, want)
+    # x's type, and the type JAX gives sin(x) (a constraint at the user's line)
+    (argument, typed) = lowered.conflicts
+    assert (argument.values, argument.axis, argument.loser) == (("x",), "model", "argument sharding")
+    line = line_of(f, "jnp.sin")
+    assert typed.loser == f"the sharding in sin's type at test_annotations.py:{line}"
+    for conflict in (argument, typed):
+        assert "ManualPartition of x" in conflict.winner and "keeps dim 1 whole" in conflict.detail
+
+
 def test_an_annotation_on_another_mesh_names_both_meshes():
     other = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
 

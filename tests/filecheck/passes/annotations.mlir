@@ -7,6 +7,9 @@
 // "batch", the constraint on the tanh splits its columns over "model". The
 // constraint, the argument's sdy.sharding and JAX's mesh are gone after it.
 // Emitted without the pass, the constraint is refused, not dropped.
+// What an annotation keeps whole stays marked (partir.whole_dims): x's
+// batch split reaches %a's rows, which the constraint keeps whole, and is
+// a reported conflict, not silently resolved.
 
 sdy.mesh @mesh = <["batch"=4, "model"=2]>
 func.func @main(%x: tensor<8x16xf32> {partir.name = "x", sdy.sharding = #sdy.sharding<@mesh, [{"batch"}, {}]>}, %w: tensor<16x8xf32> {partir.name = "w"}) -> (tensor<8x8xf32> {partir.name = "result"}) {
@@ -17,7 +20,8 @@ func.func @main(%x: tensor<8x16xf32> {partir.name = "x", sdy.sharding = #sdy.sha
 }
 
 // CHECK-NOT:   sdy.
-// CHECK:       func.func @main(%x: tensor<8x16xf32> {partir.name = "x"}
+// CHECK:       partir.conflicts = [#partir.conflict<op = "annotation", axis = "batch", values = ["%a"], winner = "action 1 (Annotations of x)", loser = "with_sharding_constraint", detail = "P(None, 'model') keeps dim 0 whole
+// CHECK:       func.func @main(%x: tensor<8x16xf32> {partir.name = "x", partir.whole_dims = {{\[\[}}#builtin.int<1>], "argument sharding", "P('batch', None)"]}
 // CHECK-NEXT:    %a = partir.loop "model" [#partir.tile<1>]
 // CHECK-NEXT:      partir.loop "batch" [#partir.tile<0>]
 // CHECK:             stablehlo.tanh %{{.*}} : tensor<2x4xf32>
