@@ -26,7 +26,7 @@ from dialects.heap import paused_gc
 from dialects.locations import located_text
 from partir.annotations import holds_annotations, remove_annotations
 from partir.mesh import Mesh
-from partir.tactics import Annotations, Automatic, Plan, ProgramView, Tactic
+from partir.tactics import Annotations, Automatic, Plan, ProgramView, Tactic, ZeRO
 from rewrites.conflicts import Conflict, recorded_conflicts
 
 if TYPE_CHECKING:
@@ -237,6 +237,13 @@ def partition_decided(
         )
     with paused_gc():
         plans = plan_schedule(module, mesh, tactics)
+        if any(p.removes_annotations or p.whole for p in plans) or any(
+            isinstance(t, ZeRO) for t in tactics[1:]
+        ):
+            # What apply_plan does beyond tiling (taking JAX's constraints out,
+            # ZeRO-1's whole results, ZeRO planned again on the per-device
+            # shapes the tactics before left) is the rewrite engine's alone yet.
+            return partition(module, mesh, tactics, verify=verify, engine="rewrite")
         mesh_op = declare_mesh(module, mesh)
         seeds = plan_seeds(module, plans)
         actions = [
