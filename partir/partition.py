@@ -231,6 +231,7 @@ def partition_decided(
     from rewrites.conflicts import record_conflicts
     from rewrites.factor_propagation import decide
 
+    tactics = with_annotations(module, tactics)
     if keep_stages or any(isinstance(t, Automatic) for t in tactics):
         return partition(
             module, mesh, tactics, keep_stages=keep_stages, verify=verify, engine="rewrite"
