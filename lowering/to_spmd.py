@@ -42,7 +42,6 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
-from xdsl.traits import is_side_effect_free
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.xdsl_extras.traits import Elementwise
 
@@ -175,9 +174,6 @@ class SpmdLowering:
         """Computed ops whose result stays a partial sum over these axes."""
         self.remade: dict[Operation, Operation] = {}
         """Carried ops emitted again on summed operands, and the originals."""
-        self.emitted: list[dict[tuple[str, tuple[SSAValue, ...]], list[Operation]]] = [{}]
-        """The pure ops emitted, by name and operands (`_reuse`): one scope
-        per region being lowered, the innermost last."""
         self.single_axes = tuple(a for a in mesh if not mesh.distributes(a))
         """The mesh axes of one device, which no distribution names."""
 
@@ -389,7 +385,6 @@ class SpmdLowering:
         arguments are the parts `dists` give; `returns` makes its results."""
         outer = self.at.block
         self.at.block = Block(arg_types=local_types)
-        self.emitted.append({})  # the ops around the region dominate it; its own do not leave
         try:
             with self.redistribute.nested():
                 for arg, new_arg, dist in zip(block.args, self.at.block.args, dists, strict=True):
@@ -406,7 +401,6 @@ class SpmdLowering:
             return self.at.block
         finally:
             self.at.block = outer
-            self.emitted.pop()
 
     def _lower_slice(self, op: SliceOp) -> None:
         axis, source = self._sliced(op, op.src)
@@ -468,8 +462,6 @@ class SpmdLowering:
         # afterwards): cloning each op cost more than the rest of the lowering.
         op.detach()
         op.operands = operands
-        if keeps is None and self._reuse(op):
-            return
         self.at.emit(op)
         if keeps is not None:  # the result is the devices' partial sums (and parts)
             dist, origins = keeps
@@ -486,30 +478,6 @@ class SpmdLowering:
                     self.computed.append(op)
             else:
                 self.env[result] = Placed(result, Distribution(()))
-
-    def _reuse(self, op: Operation) -> bool:
-        """Whether an op computing the same on the same device values was
-        emitted already (then `op` is erased and its results are that op's).
-        The fusion rule clones an op into each loop that slices its result
-        (a gradient's transpose into each optimizer update of its parts);
-        the devices' parts of one value are one local value, so the clones
-        meet again here. Only pure ops without regions, at the same region."""
-        if op.regions or not is_side_effect_free(op):
-            return False
-        key = (op.name, tuple(op.operands))
-        for scope in self.emitted:
-            for seen in scope.get(key, ()):
-                if (
-                    seen.result_types == op.result_types
-                    and seen.properties == op.properties
-                    and seen.attributes == op.attributes
-                ):
-                    for old, new in zip(op.results, seen.results, strict=True):
-                        self.env[old] = self.env[new]
-                    op.operands = ()  # its results' users are still to lower: not erased
-                    return True
-        self.emitted[-1].setdefault(key, []).append(op)
-        return False
 
     def _keeps_partial(
         self, op: Operation

@@ -508,7 +508,7 @@ def plan_seeds(module: ModuleOp, plans: list[Plan]) -> list[list[Seed]]:
     number = current.value.data if isinstance(current, IntegerAttr) else 0
     schedule = []
     for plan in plans:
-        referenced = {
+        referenced: dict[ReferencedValue | AnnotatedValue, SSAValue] = {
             tile.leaf: _referenced_value(entry, tile.leaf)
             for tile in plan
             if isinstance(tile.leaf, ReferencedValue)

@@ -293,7 +293,27 @@ def _mirrors(
             inner = len(tree) > 1 and all(below for below, _, _ in tree)
             if inner or (node in state and nodes[node] == tree):
                 found[node].append(copy)
-    return found
+    for node, copies in found.items():
+        found[node] = [c for c in copies if _only_copies(c, copies, node, nodes, state)]
+    return defaultdict(list, {node: copies for node, copies in found.items() if copies})
+
+
+def _only_copies(
+    copy: str, copies: list[str], node: str, nodes: dict[str, Signature], state: list[str]
+) -> bool:
+    """Where `copy` shares the parameters' argument, the entry holding it
+    must be optimizer state through and through: each of its arrays inside
+    one of the copies (a step count beside them is a scalar). A layer list
+    whose blocks each hold a norm shaped like a final norm beside them does
+    not mirror that norm: the blocks hold weights no copy accounts for."""
+    if not _overlap(copy, _root_of(node, state)):
+        return True
+    entry = _entry(copy, state)
+    inside = [c for c in copies if _entry(c, state) == entry]
+    return all(
+        not shape or any(_overlap(_join(entry, below), c) for c in inside)
+        for below, shape, _ in nodes[entry]
+    )
 
 
 def _root_of(node: str, state: list[str]) -> str:

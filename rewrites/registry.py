@@ -910,8 +910,8 @@ def _zeros(value: object) -> bool:
     from dialects.partir import SliceOp
 
     owner = getattr(value, "owner", None)
-    while isinstance(owner, SliceOp | shlo.BroadcastInDimOp):
-        owner = owner.operands[0].owner
+    while isinstance(owner, SliceOp | shlo.BroadcastInDimOp) and owner.operands:
+        owner = owner.operands[0].owner  # (an op the lowering erased has none: not known zeros)
     return isinstance(owner, shlo.ConstantOp) and _is_zero_constant(owner.results[0])
 
 

@@ -1134,6 +1134,26 @@ def _map() -> Generator:
 
 
 
+def _sharding_constraint() -> Generator:
+    """JAX's `with_sharding_constraint` before `Annotations` takes it out:
+    the identity (its sharding, here every dim open, is an action, not
+    semantics)."""
+    name = "sdy.sharding_constraint"
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts = draw(PARTS)
+        shape = draw(shapes(parts))
+        x = REAL(draw(rngs), shape)
+        t = tensor_type(shape, x.dtype)
+        dims = ", ".join("{?}" for _ in shape)
+        line = op_line(name, ["%arg0"], [t], t,
+                       properties=f"sharding = #sdy.sharding<@mesh, [{dims}]>")
+        return Case(parts, (x,), (line,), t)
+
+    return Generator(name, cases())
+
+
 def _generators() -> dict[str, Generator]:
     table: dict[str, Generator] = {}
     for name, signatures in ELEMENTWISE.items():
@@ -1150,6 +1170,7 @@ def _generators() -> dict[str, Generator]:
             table[f"stablehlo.clamp[{bounds}]"] = _clamp(lo, hi)
     table["stablehlo.reduce_precision"] = _reduce_precision()
     table["stablehlo.convert"] = _convert("stablehlo.convert", CONVERSIONS)
+    table["sdy.sharding_constraint"] = _sharding_constraint()
     table["stablehlo.bitcast_convert"] = _convert("stablehlo.bitcast_convert", BITCASTS)
     table["stablehlo.broadcast_in_dim"] = _broadcast_in_dim()
     table["stablehlo.transpose"] = _transpose()
