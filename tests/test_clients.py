@@ -369,6 +369,14 @@ NNX_FORMS: dict[str, Callable[[], client_models.NNXClient]] = {
     "nnx split": client_models.nnx_gpt_split,
 }
 BY_NNX_FORM = [pytest.param(name, marks=pytest.mark.xdist_group(name)) for name in NNX_FORMS]
+NNX_COMBINED_IN_CI = [
+    pytest.param(name, marks=[pytest.mark.xdist_group(name)] + (
+        [] if name == "nnx one state" else [pytest.mark.slow]))
+    for name in NNX_FORMS
+]
+"""The combined state argument (the harder form) in CI, split arguments in
+the long profile, where both forms of a test cost the same collectives:
+`test_nnx_default_megatron_is_the_heads_split` runs both in CI."""
 
 NNX_STRATEGIES: dict[str, Callable[[client_models.NNXClient], list[partir.Tactic]]] = {
     "DP": lambda client: [DATA],
@@ -423,7 +431,7 @@ def nnx_parameters(name: str) -> list[int]:
     return sorted(leaf.size for leaf in jax.tree.leaves(opt_state["opt_state"][0]["mu"]))
 
 
-@pytest.mark.parametrize("name", BY_NNX_FORM)
+@pytest.mark.parametrize("name", NNX_COMBINED_IN_CI)
 def test_nnx_data_parallel_sums_each_gradient_and_the_loss_only(name):
     """Default `BatchParallel`: the tokens and targets are the data (the
     state comes back updated, RNG counters included); every collective is
@@ -470,7 +478,7 @@ def test_nnx_default_megatron_is_the_heads_split(name):
 
 
 @pytest.mark.parametrize("stage", [1, pytest.param(2, marks=pytest.mark.slow), 3])
-@pytest.mark.parametrize("name", BY_NNX_FORM)
+@pytest.mark.parametrize("name", NNX_COMBINED_IN_CI)
 def test_nnx_zero_finds_the_optimizer_state(name, stage):
     """`ZeRO("batch", stage)` after `BatchParallel`: AdamW's `mu` and `nu`
     are found by their mirroring the model's parameters, inside the one
