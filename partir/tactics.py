@@ -220,19 +220,6 @@ class ManualPartition(Tactic):
         axes = dict.fromkeys(tile.axis for tile in planned)
         return Plan(self.name, tuple(planned), label=tactic_label(self.name, *axes))
 
-    def __repr__(self) -> str:
-        """The call that makes this tactic: required fields by position, the
-        others only where they differ from their default (Megatron's ~250
-        default selectors are not printed)."""
-        shown = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.default is MISSING and f.default_factory is MISSING:
-                shown.append(repr(value))
-            elif value is not f.default and value != f.default:
-                shown.append(f"{f.name}={value!r}")
-        return f"{self.name}({', '.join(shown)})"
-
     @classmethod
     def from_options(cls, **options: Any) -> Tactic:
         """`spec` as `selector:dim=axis` entries (the CLI's form):
