@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import itertools
 
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr, ModuleOp, TensorType
+from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Operation
 
+from dialects import stablehlo_collectives as stablehlo
 from dialects.distribution import Distribution
 from dialects.errors import UnsupportedError
 from dialects.escaping import quoted
@@ -28,27 +29,24 @@ from dialects.locations import source_location
 from dialects.mesh import Mesh
 from dialects.names import op_name
 from dialects.sdy import ManualComputationOp, MeshAttr, MeshOp, ShardingAttr
-from dialects.spmd import AllGatherOp, AllReduceOp, CollectivePermuteOp, ReduceScatterOp
-
-_KEPT_COLLECTIVES = frozenset(
-    {
-        "stablehlo.all_reduce",
-        "stablehlo.reduce_scatter",
-        "stablehlo.all_gather",
-        "stablehlo.collective_permute",
-    }
+from dialects.spmd import (
+    REDUCTIONS,
+    AllGatherOp,
+    AllReduceOp,
+    AllToAllOp,
+    AxisIndexOp,
+    CollectivePermuteOp,
+    ReduceScatterOp,
 )
-"""The collectives a region's body may hold: `psum`, `psum_scatter`,
-`all_gather` and `ppermute` (each becomes its `spmd` op)."""
+from dialects.stablehlo_collectives import DeviceCollectiveOp
 
 _OTHER_COLLECTIVES = frozenset(
     {
-        "stablehlo.all_to_all",
         "stablehlo.collective_broadcast",
-        "stablehlo.partition_id",
         "stablehlo.replica_id",
     }
 )
+"""What a region's body may not hold (no `jax.lax` call writes them)."""
 
 
 def _where(op: Operation) -> str:
@@ -98,18 +96,10 @@ def region_mesh(op: ManualComputationOp, meshes: dict[str, Mesh]) -> Mesh:
     return mesh
 
 
-def _group_axes(op: Operation, mesh: Mesh) -> tuple[str, ...]:
+def _group_axes(op: DeviceCollectiveOp, mesh: Mesh) -> tuple[str, ...]:
     """The mesh axes whose devices `op`'s `replica_groups` gather (device ids
     row-major over the mesh, as JAX numbers a shard_map's devices)."""
-    groups_attr = op.attributes.get("replica_groups") or op.properties.get("replica_groups")
-    if not isinstance(groups_attr, DenseIntOrFPElementsAttr):
-        raise UnsupportedError(f"{op_name(op)}{_where(op)} in a shard_map has no replica_groups")
-    ty = groups_attr.get_type()
-    assert isinstance(ty, TensorType)
-    shape = ty.get_shape()
-    flat = [int(v) for v in groups_attr.get_values()]
-    width = shape[1] if len(shape) == 2 else len(flat)
-    groups = {frozenset(flat[i : i + width]) for i in range(0, len(flat), width)}
+    groups = {frozenset(g) for g in op.device_groups(mesh.size)}
     names = list(mesh.axes)
     for n in range(len(names) + 1):
         for axes in itertools.combinations(names, n):
@@ -117,35 +107,17 @@ def _group_axes(op: Operation, mesh: Mesh) -> tuple[str, ...]:
             if spanned == groups:
                 return axes
     raise UnsupportedError(
-        f"{op_name(op)}{_where(op)} in a shard_map sums over device groups that are no set of "
-        f"mesh axes ({sorted(map(sorted, groups))}); name mesh axes in jax.lax.psum"
+        f"{op_name(op)}{_where(op)} in a shard_map combines device groups that are no set of "
+        f"mesh axes ({sorted(map(sorted, groups))}); name mesh axes in the jax.lax collective"
     )
 
 
-def _is_sum(op: Operation) -> bool:
-    if len(op.regions) != 1 or len(op.regions[0].blocks) != 1:
-        return False
-    names = [op_name(inner) for inner in op.regions[0].block.ops]
-    return names == ["stablehlo.add", "stablehlo.return"]
-
-
-def _int(op: Operation, key: str) -> int:
-    found = op.attributes.get(key) or op.properties.get(key)
-    if not isinstance(found, IntegerAttr):
-        raise UnsupportedError(f"{op_name(op)}{_where(op)} in a shard_map has no {key}")
-    return found.value.data
-
-
-def _permute_axes(op: Operation, mesh: Mesh) -> tuple[tuple[str, ...], list[tuple[int, int]]]:
+def _permute_axes(
+    op: stablehlo.CollectivePermuteOp, mesh: Mesh
+) -> tuple[tuple[str, ...], list[tuple[int, int]]]:
     """The mesh axes a `ppermute`'s device pairs move along, and the pairs as
     positions in each group along them (the same in every group)."""
-    pairs_attr = op.attributes.get("source_target_pairs") or op.properties.get(
-        "source_target_pairs"
-    )
-    if not isinstance(pairs_attr, DenseIntOrFPElementsAttr):
-        raise UnsupportedError(f"{op_name(op)}{_where(op)} in a shard_map has no pairs")
-    flat = [int(v) for v in pairs_attr.get_values()]
-    pairs = list(zip(flat[::2], flat[1::2], strict=True))
+    pairs = op.pairs()
     devices = mesh.devices
     moved = {a for s, t in pairs for a in mesh.axes if devices[s][a] != devices[t][a]}
     axes = tuple(a for a in mesh.axes if a in moved)
@@ -166,48 +138,75 @@ def _permute_axes(op: Operation, mesh: Mesh) -> tuple[tuple[str, ...], list[tupl
     return axes, sorted(shapes.pop())
 
 
-def _kept(op: Operation, mesh: Mesh) -> Operation:
-    """The `spmd` op doing what JAX's collective `op` does, on the same value."""
-    name = op_name(op)
-    if len(op.operands) != 1 or len(op.results) != 1:
+def _reduction(op: DeviceCollectiveOp, allowed: tuple[str, ...], what: str) -> str:
+    kind = op.reduction()
+    if kind not in allowed:
         raise UnsupportedError(
-            f"{name}{_where(op)} in a shard_map takes several values at once; apply "
-            "the collective to one array at a time"
+            f"{op_name(op)}{_where(op)} in a shard_map combines values with a body partir does "
+            f"not know; partir keeps {what}: write the collective with one of them"
         )
-    value, ty = op.operands[0], op.results[0].type
-    assert isinstance(ty, TensorType)
-    if name == "stablehlo.collective_permute":
+    return kind
+
+
+def _kept(op: DeviceCollectiveOp, mesh: Mesh) -> list[Operation]:
+    """The `spmd` ops doing what JAX's collective `op` does: one per value it
+    takes (`jax.lax.psum` of a pytree is one op over several)."""
+    if isinstance(op, stablehlo.PartitionIdOp):
+        index_type = op.result.type
+        assert isinstance(index_type, TensorType)
+        return [AxisIndexOp(tuple(mesh.axes), index_type)]  # the device's id, row-major
+    if isinstance(op, stablehlo.CollectivePermuteOp):
         axes, pairs = _permute_axes(op, mesh)
-        return CollectivePermuteOp(value, axes, pairs)
+        return [CollectivePermuteOp(v, axes, pairs) for v in op.operands]
     axes = _group_axes(op, mesh)
-    if name == "stablehlo.all_gather":
-        return AllGatherOp(value, _int(op, "all_gather_dim"), axes, ty)
-    if not _is_sum(op):
-        raise UnsupportedError(
-            f"{name}{_where(op)} in a shard_map: partir keeps a nested shard_map's "
-            "jax.lax.psum and psum_scatter; compute pmax / pmin outside it"
-        )
-    if name == "stablehlo.reduce_scatter":
-        return ReduceScatterOp(value, _int(op, "scatter_dimension"), axes, ty)
-    return AllReduceOp(value, axes)
+    if not axes:  # groups of one device: each keeps its own value
+        return []
+    kept: list[Operation] = []
+    for value, result in zip(op.operands, op.results, strict=True):
+        ty = result.type
+        assert isinstance(ty, TensorType)
+        if isinstance(op, stablehlo.AllGatherOp):
+            kept.append(AllGatherOp(value, op.int_property("all_gather_dim"), axes, ty))
+        elif isinstance(op, stablehlo.AllToAllOp):
+            split, concat = op.int_property("split_dimension"), op.int_property("concat_dimension")
+            if split == concat:  # the blocks trade places along one dim
+                raise UnsupportedError(
+                    f"{op_name(op)}{_where(op)} in a shard_map splits and concatenates dim "
+                    f"{split}; partir keeps an all_to_all between two dims: write "
+                    "jax.lax.all_to_all with split_axis != concat_axis"
+                )
+            kept.append(AllToAllOp(value, split, concat, axes, ty))
+        elif isinstance(op, stablehlo.ReduceScatterOp):
+            _reduction(op, ("sum",), "jax.lax.psum_scatter (a sum)")
+            kept.append(ReduceScatterOp(value, op.int_property("scatter_dimension"), axes, ty))
+        else:
+            kind = _reduction(op, REDUCTIONS, "jax.lax.psum, pmax and pmin")
+            kept.append(AllReduceOp(value, axes, kind))
+    return kept
 
 
 def _normalize_body(region: ManualComputationOp, mesh: Mesh) -> None:
     for op in list(region.body.walk()):
         name = op_name(op)
-        if name in _KEPT_COLLECTIVES:
+        if isinstance(op, DeviceCollectiveOp):
             new = _kept(op, mesh)
-            new.location = op.location
             assert op.parent is not None
-            op.parent.insert_op_before(new, op)
-            op.results[0].replace_all_uses_with(new.results[0])
+            for made in new:
+                made.location = op.location
+                op.parent.insert_op_before(made, op)
+            values = [made.results[0] for made in new] if new else list(op.operands)
+            for result, value in zip(op.results, values, strict=True):
+                result.replace_all_uses_with(value)
             op.detach()
             op.erase()
-        elif name in _OTHER_COLLECTIVES or isinstance(op, ManualComputationOp):
+        elif name in _OTHER_COLLECTIVES or (
+            isinstance(op, ManualComputationOp) and op is not region
+        ):
             raise UnsupportedError(
                 f"{name}{_where(op)} in a nested jax.shard_map: partir keeps a shard_map "
-                "whose collectives are psum, psum_scatter, all_gather and ppermute; move this "
-                "one outside the shard_map (partir inserts the collectives its partitioning needs)"
+                "whose collectives are psum, pmax, pmin, psum_scatter, all_gather, all_to_all, "
+                "ppermute and axis_index; move this one outside the shard_map (partir inserts "
+                "the collectives its partitioning needs)"
             )
 
 
@@ -239,8 +238,15 @@ keeps when JAX's mesh declarations are gone (`partir.annotations`)."""
 
 
 def mesh_of(op: ManualComputationOp) -> Mesh:
-    """The mesh a normalised region runs over (`normalize_manual_regions`)."""
+    """The mesh a region runs over: a normalised one's (`normalize_manual_regions`),
+    else the JAX mesh its shardings name, declared in its module (`partir-opt`
+    reading JAX's text, before any pass)."""
     found = op.attributes.get(REGION_MESH)
+    module = op.get_toplevel_object()
+    if not isinstance(found, MeshAttr) and isinstance(module, ModuleOp):
+        meshes = jax_meshes(module)
+        if meshes:
+            return region_mesh(op, meshes)
     if not isinstance(found, MeshAttr):
         raise UnsupportedError(
             f"sdy.manual_computation{_where(op)} carries no mesh; partir reads nested "

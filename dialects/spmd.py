@@ -42,6 +42,7 @@ from xdsl.irdl import (
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
+    opt_prop_def,
     prop_def,
     result_def,
     traits_def,
@@ -301,22 +302,43 @@ def _interned_dtensor(global_type: TensorType, distribution: Distribution) -> DT
     return DTensorType(global_type, distribution.dims, distribution.partial)
 
 
+REDUCTIONS = ("sum", "max", "min")
+"""How an all-reduce combines the group's values: `psum`, `pmax`, `pmin`."""
+
+
 @irdl_op_definition
 class AllReduceOp(CollectiveOp):
-    """`spmd.all_reduce %v over ["model"] : T`: sum over the group (P -> B)."""
+    """`spmd.all_reduce %v over ["model"] : T`: sum over the group (P -> B).
+    `reduction "max"` (or "min") combines by maximum (minimum) instead,
+    as a nested shard_map's `pmax` (`pmin`) does; partir's own partitioning
+    only ever sums."""
 
     name = "spmd.all_reduce"
     input = operand_def(TensorType)
     result = result_def(TensorType)
+    reduction = opt_prop_def(StringAttr)
     traits = traits_def(Pure())
-    assembly_format = "$input `over` $axes attr-dict `:` type($input) `->` type($result)"
+    assembly_format = (
+        "$input `over` $axes (`reduction` $reduction^)? attr-dict `:` type($input) "
+        "`->` type($result)"
+    )
 
-    def __init__(self, value: SSAValue, axes: Sequence[str]):
-        super().__init__(
-            operands=[value], result_types=[value.type], properties={"axes": _axes(axes)}
-        )
+    def __init__(self, value: SSAValue, axes: Sequence[str], reduction: str = "sum"):
+        props: dict[str, Attribute] = {"axes": _axes(axes)}
+        if reduction != "sum":
+            props["reduction"] = StringAttr(reduction)
+        super().__init__(operands=[value], result_types=[value.type], properties=props)
+
+    @property
+    def combines(self) -> str:
+        """"sum", "max" or "min"."""
+        return self.reduction.data if self.reduction is not None else "sum"
 
     def verify_(self) -> None:
+        if self.combines not in REDUCTIONS:
+            raise VerifyException(
+                f"{self.name}: reduction {self.combines!r} is none of {list(REDUCTIONS)}"
+            )
         self._check(self.input, self.result, None, None)
 
     def result_distribution(self, before: Distribution) -> Distribution:
@@ -542,6 +564,32 @@ class FromLocalOp(_BoundaryOp):
         return self.result.type, self.input.type
 
 
+@irdl_op_definition
+class AxisIndexOp(IRDLOperation):
+    """`spmd.axis_index over ["batch", "model"] : tensor<ui32>`: this device's
+    position in its group along the axes (major first), as `lax.axis_index`
+    gives it; over every mesh axis, the device's id (what a nested
+    shard_map's `stablehlo.partition_id` is)."""
+
+    name = "spmd.axis_index"
+    axes = prop_def(ArrayAttr[StringAttr])
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = "`over` $axes attr-dict `:` type($result)"
+
+    def __init__(self, axes: Sequence[str], result_type: TensorType):
+        super().__init__(result_types=[result_type], properties={"axes": _axes(axes)})
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(a.data for a in self.axes.data)
+
+    def verify_(self) -> None:
+        _group_size(self, self.axis_names)
+        if _shape(self.result):
+            raise VerifyException(f"{self.name}: the index is a scalar, not {self.result.type}")
+
+
 SPMD = Dialect(
     "spmd",
     [
@@ -553,6 +601,7 @@ SPMD = Dialect(
         CollectivePermuteOp,
         ToLocalOp,
         FromLocalOp,
+        AxisIndexOp,
     ],
     [DTensorType],
 )

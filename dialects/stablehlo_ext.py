@@ -34,6 +34,9 @@ what JAX emits but xdsl-jax 0.6 cannot represent:
   keys. `RngBitGeneratorOp`, `RngAlgorithmAttr`.
 - `stablehlo.convolution`: missing, with its dimension-number attribute
   (`dialects.convolution`).
+- the collectives (`all_reduce`, `all_gather`, `reduce_scatter`,
+  `collective_permute`, `all_to_all`) and `partition_id` that a nested
+  `jax.shard_map`'s body holds: missing (`dialects.stablehlo_collectives`).
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ from xdsl_jax.dialects.stablehlo.types import PredTensorType
 from xdsl_jax.xdsl_extras.traits import Elementwise, SameOperandsAndResultShape
 
 from dialects.convolution import ConvDimensionNumbers, ConvolutionOp
+from dialects.stablehlo_collectives import COLLECTIVE_OPS, ChannelHandleAttr
 
 
 @irdl_op_definition
@@ -693,10 +697,10 @@ def _stablehlo_dialect() -> Dialect:
     ops: list[type[Operation]] = [replaced.get(op.name, op) for op in _xj.StableHLO.operations]
     ops.extend((
         DynamicUpdateSliceOp, ReverseOp, ReduceWindowOp, SortOp, ConvolutionOp,
-        SelectAndScatterOp, RngBitGeneratorOp,
+        SelectAndScatterOp, RngBitGeneratorOp, *COLLECTIVE_OPS,
     ))
     attributes: list[type[Attribute]] = [
-        *_xj.StableHLO.attributes, ConvDimensionNumbers, RngAlgorithmAttr,
+        *_xj.StableHLO.attributes, ConvDimensionNumbers, RngAlgorithmAttr, ChannelHandleAttr,
     ]
     return Dialect("stablehlo", ops, attributes)
 

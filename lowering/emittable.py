@@ -18,7 +18,9 @@ from xdsl.passes import ModulePass, PassPipeline
 
 from dialects.names import op_name
 from dialects.partir import Partir
+from dialects.sdy import ManualComputationOp
 from dialects.spmd import SPMD
+from dialects.stablehlo_collectives import COLLECTIVE_OPS, DeviceCollectiveOp
 from lowering.jax_ir import UnsupportedOpError, op_position
 from lowering.jax_ops import EMITTERS
 
@@ -50,6 +52,11 @@ ALTERNATIVES: dict[str, str] = {
     "stablehlo.cholesky": "factorise outside the partir.jit function",
     "stablehlo.triangular_solve": "solve outside the partir.jit function",
     "stablehlo.map": "apply the function elementwise with jnp ops (vectorised), not lax.map",
+    **{
+        op.name: "call the collective inside a nested jax.shard_map (partir inserts the "
+        "collectives its own partitioning needs)"
+        for op in COLLECTIVE_OPS
+    },
 }
 """The nearest supported way to compute what an unsupported op computes."""
 
@@ -61,8 +68,20 @@ PARTIR_OPS = frozenset(op.name for dialect in (Partir, SPMD) for op in dialect.o
 collective emitters own them (tests/test_spmd_coverage.py checks they do)."""
 
 
+def _in_manual_region(op: Operation) -> bool:
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, ManualComputationOp):
+        parent = parent.parent_op()
+    return parent is not None
+
+
 def emittable(op: Operation) -> bool:
+    """Whether the emitter can write `op`: a StableHLO collective can where
+    JAX wrote it, in a nested shard_map (`dialects.manual_regions` reads it
+    as partir's `spmd` op)."""
     name = op_name(op)
+    if isinstance(op, DeviceCollectiveOp):
+        return _in_manual_region(op)
     return name in STRUCTURAL or name in EMITTERS or name in PARTIR_OPS
 
 

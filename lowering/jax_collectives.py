@@ -25,9 +25,18 @@ def emit_boundary(em: BodyEmitter, op: Operation) -> None:
     em.alias(op.results[0], op.operands[0])
 
 
+_ALL_REDUCE = {"sum": "psum", "max": "pmax", "min": "pmin"}
+
+
 def emit_all_reduce(em: BodyEmitter, op: spmd.AllReduceOp) -> str:
-    """psum's result is invariant over the axes (JAX types it so)."""
-    return f"lax.psum({em.args(op)}, {axes_literal(op.axis_names)})"
+    """psum's (pmax's, pmin's) result is invariant over the axes (JAX types it so)."""
+    return f"lax.{_ALL_REDUCE[op.combines]}({em.args(op)}, {axes_literal(op.axis_names)})"
+
+
+def emit_axis_index(em: BodyEmitter, op: spmd.AxisIndexOp) -> str:
+    """`lax.axis_index` over the axes (major first), in the result's dtype."""
+    dtype = em.dtype(op, op.result.type)
+    return f"lax.axis_index({axes_literal(op.axis_names)}).astype({dtype})"
 
 
 def emit_all_gather(em: BodyEmitter, op: spmd.AllGatherOp) -> str:
@@ -83,5 +92,6 @@ EMITTERS: dict[type[Operation], OpEmitter] = {
     spmd.AllToAllOp: emit_all_to_all,
     spmd.LocalSliceOp: emit_local_slice,
     spmd.CollectivePermuteOp: emit_collective_permute,
+    spmd.AxisIndexOp: emit_axis_index,
 }
 """SPMD op class -> its emitter."""

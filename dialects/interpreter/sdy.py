@@ -37,7 +37,7 @@ class SdyFunctions(InterpreterFunctions):
         self, interp: Interpreter, op: ManualComputationOp, args: PythonValues
     ) -> PythonValues:
         from dialects.interpreter import make_interpreter
-        from dialects.interpreter.spmd import Lockstep, SpmdFunctions, assemble, device_part
+        from dialects.interpreter.spmd import Lockstep, across_devices, assemble, device_part
 
         mesh = mesh_of(op)
         devices = range(mesh.size)
@@ -47,8 +47,7 @@ class SdyFunctions(InterpreterFunctions):
             for arg, a, dist in zip(block.args, args, operand_distributions(op), strict=True)
         }
         module = interp.module
-        spmd = Interpreter(module)
-        spmd.register_implementations(SpmdFunctions(mesh))
+        spmd = across_devices(module, mesh)
         returned, _ = Lockstep(mesh, make_interpreter(module), spmd, values).run(block)
         results = []
         for i, (result, parts, dist) in enumerate(

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.interpreter import Interpreter, InterpreterFunctions, PythonValues, impl, register_impls
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.traits import IsTerminator
@@ -25,9 +25,11 @@ from xdsl.utils.exceptions import InterpretationError
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.distribution import Distribution
+from dialects.dtypes import numpy_dtype
 from dialects.functions import entry_function
 from dialects.interpreter import _as_argument, check_implemented, make_interpreter
 from dialects.interpreter.control_flow import picked_branch
+from dialects.interpreter.device_collectives import DeviceCollectiveFunctions
 from dialects.mesh import Mesh
 from dialects.partir import MeshOp, find_mesh
 from dialects.spmd import (
@@ -35,6 +37,7 @@ from dialects.spmd import (
     AllGatherOp,
     AllReduceOp,
     AllToAllOp,
+    AxisIndexOp,
     CollectiveOp,
     CollectivePermuteOp,
     DTensorType,
@@ -43,6 +46,7 @@ from dialects.spmd import (
     ReduceScatterOp,
     ToLocalOp,
 )
+from dialects.stablehlo_collectives import DeviceCollectiveOp
 
 PerDevice = list[np.ndarray]
 """One value on every device, indexed by device number (`Mesh.devices`)."""
@@ -91,6 +95,14 @@ def _sum(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return np.asarray(total, dtype=arrays[0].dtype)
 
 
+def _maximum(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.asarray(np.maximum.reduce(list(arrays)), dtype=arrays[0].dtype)
+
+
+def _minimum(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.asarray(np.minimum.reduce(list(arrays)), dtype=arrays[0].dtype)
+
+
 @register_impls
 class SpmdFunctions(InterpreterFunctions):
     """The SPMD ops on per-device values (`PerDevice`) of `mesh`."""
@@ -122,7 +134,17 @@ class SpmdFunctions(InterpreterFunctions):
     def run_all_reduce(
         self, interp: Interpreter, op: AllReduceOp, args: PythonValues
     ) -> PythonValues:
-        return self._by_group(op, args[0], lambda members, me: _sum(members))
+        combine = {"sum": _sum, "max": _maximum, "min": _minimum}[op.combines]
+        return self._by_group(op, args[0], lambda members, me: combine(members))
+
+    @impl(AxisIndexOp)
+    def run_axis_index(
+        self, interp: Interpreter, op: AxisIndexOp, args: PythonValues
+    ) -> PythonValues:
+        assert isinstance(op.result.type, TensorType)
+        dtype = numpy_dtype(op.result.type.element_type)
+        axes = op.axis_names
+        return ([np.asarray(self.mesh.group_index(c, axes), dtype) for c in self.mesh.devices],)
 
     @impl(AllGatherOp)
     def run_all_gather(
@@ -179,6 +201,16 @@ class SpmdFunctions(InterpreterFunctions):
         return self._by_group(op, args[0], part)
 
 
+def across_devices(module: ModuleOp, mesh: Mesh) -> Interpreter:
+    """The interpreter of the ops that run on every device at once: the SPMD
+    dialect's, and StableHLO's collectives as JAX writes them in a nested
+    shard_map (`dialects.interpreter.device_collectives`)."""
+    spmd = Interpreter(module)
+    spmd.register_implementations(SpmdFunctions(mesh))
+    spmd.register_implementations(DeviceCollectiveFunctions(mesh.size))
+    return spmd
+
+
 def run_spmd(module: ModuleOp, args: Sequence[Any]) -> list[np.ndarray]:
     """Run the SPMD module's entry function on global `args`; global results."""
     mesh_op = find_mesh(module)
@@ -188,8 +220,7 @@ def run_spmd(module: ModuleOp, args: Sequence[Any]) -> list[np.ndarray]:
     entry = entry_function(module)
     check_implemented(entry)
     per_device = make_interpreter(module)
-    spmd = Interpreter(module)
-    spmd.register_implementations(SpmdFunctions(mesh))
+    spmd = across_devices(module, mesh)
     inputs = entry.function_type.inputs.data
     if len(args) != len(inputs):
         raise InterpretationError(f"@main takes {len(inputs)} arguments, {len(args)} were given")
@@ -236,7 +267,7 @@ class Lockstep:
                 results = tuple(self._while(op, list(operands)))
             elif isinstance(op, shlo.CaseOp | shlo.IfOp):
                 results = tuple(self._branch(op, operands[0]))
-            elif op.dialect_name() == SPMD.name:
+            elif op.dialect_name() == SPMD.name or isinstance(op, DeviceCollectiveOp):
                 results = self.spmd.run_op(op, operands)
             else:
                 each = [self.per_device.run_op(op, tuple(o[d] for o in operands)) for d in devices]
