@@ -161,6 +161,40 @@ def _source(op: Operation) -> str:
     return f"the sharding in {last}'s type"
 
 
+def _resharded(op: ShardingConstraintOp) -> bool:
+    """Whether a constraint before `op` on the same value splits it (explicit
+    mode: `reshard` of a value typed split). Once the constraints are gone
+    both are about one value, which the earlier one splits; keeping it whole
+    too would make the user's two statements conflict with each other."""
+    value = op.input
+    while isinstance(value.owner, ShardingConstraintOp):
+        if any(value.owner.sharding.dims):
+            return True
+        value = value.owner.input
+    return False
+
+
+def states_replication(op: ShardingConstraintOp) -> bool:
+    """Whether a constraint that splits nothing is the user's own statement
+    that the value stays whole (`with_sharding_constraint(x, P(None, None))`
+    or a `reshard` to it), which `Annotations` honours like any other: its
+    name stack ends in the call, with no JAX helper's (a private nested jit,
+    `jit(_normal)`: the `random` internals) between it and the function
+    partir lowers. JAX's own trivial constraints (explicit
+    mode types every op's result, "the sharding in add's type"; a helper's
+    replicated key) say nothing the user wrote. A constraint with no location
+    (IR written by hand) is taken at its word."""
+    if not op.sharding.dims or _resharded(op):
+        return False
+    stack = source_location(op.location).name_stack
+    if stack is None:
+        return True
+    parts = stack.split("/")
+    if parts[-1] not in ("sharding_constraint", "reshard"):
+        return False
+    return not any(part.startswith("jit(_") for part in parts[1:-1])  # [0]: the user's
+
+
 def _where(op: Operation) -> str | None:
     found = source_location(op.location)
     if found.file is None:
@@ -245,7 +279,9 @@ def holds_annotations(module: ModuleOp) -> bool:
     makes actions of. (JAX's trivial ones, a scalar's `@empty_mesh, []` or
     the replicated constraint it adds at `random_wrap`, split nothing.)"""
     for op in module.walk():
-        if isinstance(op, ShardingConstraintOp) and any(op.sharding.dims):
+        if isinstance(op, ShardingConstraintOp) and (
+            any(op.sharding.dims) or states_replication(op)
+        ):
             return True
         if isinstance(op, ManualComputationOp):
             return True
@@ -295,12 +331,13 @@ argument or result, `[[dims], annotation, spec]`. The constraints go when
 so `split_whole_dims` can check them after every later tactic."""
 
 
-def _whole(s: ShardingAttr) -> list[int]:
+def _whole(s: ShardingAttr, replication_stated: bool = False) -> list[int]:
     """The dims `s` keeps whole: closed, with no axes (an open one, `?` or
     JAX's `P.UNCONSTRAINED`, is partir's to split). None when `s` splits
-    nothing: JAX's own trivial shardings are as common as the user's."""
+    nothing, unless the user stated that (`states_replication`): JAX's own
+    trivial shardings are as common as the user's."""
     opened = {d.data for d in s.open_dims.data}
-    if not any(s.dims):
+    if not any(s.dims) and not replication_stated:
         return []
     return [d for d, axes in enumerate(s.dims) if not axes and d not in opened]
 
@@ -335,7 +372,7 @@ def mark_whole_dims(entry: func.FuncOp) -> None:
             entry.res_attrs = ArrayAttr(marked)
     refs: dict[Operation, str] | None = None
     for op in constraint_ops(entry):
-        whole = _whole(op.sharding)
+        whole = _whole(op.sharding, states_replication(op))
         value = constrained_value(op)
         if not whole or not isinstance(value, OpResult):
             continue

@@ -27,6 +27,7 @@ import partir
 from dialects.context import make_context
 from dialects.parser import PartirParser
 from dialects.sdy import ShardingAttr, ShardingConstraintOp
+from partir.annotations import states_replication
 from partir.importer import import_lowered
 from tests.numerics import assert_leaves_close
 
@@ -217,6 +218,65 @@ def test_an_unconstrained_dim_may_be_split():
     lowered = fn.lower(*args)
     assert lowered.conflicts == []
     assert "tensor<2x3xf32>" in lowered.stage("spmd")  # rows over batch, columns over model
+
+
+def _kept_whole(x, w):
+    hidden = jnp.tanh(x @ w)
+    hidden = jax.lax.with_sharding_constraint(hidden, NamedSharding(AUTO, P(None, None)))
+    return hidden.sum(axis=1)
+
+
+def test_a_fully_replicated_constraint_is_honoured_a_split_of_it_reported():
+    """`P(None, None)` keeps the whole value on every device: BatchParallel
+    splitting its rows over "batch" is a reported conflict naming the
+    annotation and its line, not silently resolved (the numbers stay jax.jit's)."""
+    args = (rand(8, 6), rand(6, 4))
+    fn = partir.jit(_kept_whole, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs="x")])
+    assert_leaves_close(fn(*args), jax.jit(_kept_whole)(*args))
+    lowered = fn.lower(*args)
+    assert [s.name for s in lowered.stages] == ["import", "Annotations", "BatchParallel", "spmd"]
+    (conflict,) = lowered.conflicts
+    line = line_of(_kept_whole, "with_sharding_constraint")
+    assert conflict.op == "annotation" and conflict.axis == "batch"
+    assert conflict.loser == f"with_sharding_constraint at test_annotations.py:{line}"
+    assert "BatchParallel" in conflict.winner
+    assert "P(None, None) keeps dim 0 whole" in conflict.detail
+
+
+def test_a_fully_replicated_constraint_no_tactic_splits_is_no_conflict():
+    """Splitting what the constraint does not reach (the sum's result) is no conflict."""
+    args = (rand(8, 6), rand(6, 4))
+    fn = partir.jit(_kept_whole, mesh=MESH, tactics=[partir.ManualPartition({"x": {1: "model"}})])
+    assert_leaves_close(fn(*args), jax.jit(_kept_whole)(*args))
+    assert fn.lower(*args).conflicts == []
+
+
+def test_jax_s_own_replicated_constraints_are_no_conflicts():
+    """Under an explicit mesh JAX types every op's result, so a random draw
+    (`jax.random`'s helpers) and each op around it carry replicated
+    constraints JAX wrote, not the user ("the sharding in add's type"):
+    BatchParallel splits through them with no conflict."""
+
+    def f(x, key_data):
+        key = jax.random.wrap_key_data(key_data)
+        return (x + jax.random.normal(key, x.shape)) * 2.0
+
+    x = rand(8, 4)
+    key_data = np.asarray(jax.random.key_data(jax.random.key(0)))
+    with jax.set_mesh(EXPLICIT):
+        fn = partir.jit(f, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs="x")])
+        lowered = fn.lower(x, key_data)
+        got = lowered.compile()(x, key_data)
+        want = jax.jit(f)(x, key_data)
+    assert_leaves_close(got, want)
+    with jax.set_mesh(EXPLICIT):
+        module = partir.import_jax(f, x, key_data)
+    jax_s = [op for op in module.walk() if isinstance(op, ShardingConstraintOp)]
+    assert len(jax_s) > 10 and not any(any(op.sharding.dims) for op in jax_s)
+    assert not any(states_replication(op) for op in jax_s)
+    assert [s.name for s in lowered.stages] == ["import", "BatchParallel", "spmd"]
+    assert lowered.conflicts == []
+    assert "tensor<2x4xf32>" in lowered.stage("spmd")  # split over batch through them
 
 
 def test_a_tactic_splitting_a_dim_an_argument_type_keeps_whole_is_a_reported_conflict():
