@@ -1,17 +1,23 @@
 """Manual regions (a nested `jax.shard_map`, `sdy.manual_computation`), read
 into partir's terms.
 
-A region's body is per-device code, and partir's own program is per device
-over every mesh axis, so a region whose manual axes are all of the mesh is
-its body run on each device's parts: its operands converted to the parts
-`in_shardings` give, its results the parts `out_shardings` give. The body's
-collectives come from JAX as `stablehlo.all_reduce` with device-id
-`replica_groups`; `normalize_manual_regions` rewrites each as partir's
-`spmd.all_reduce` over the mesh axes its groups span (`psum_scatter`,
-`all_gather` and `ppermute` their `spmd` ops too), which the interpreters,
-the SPMD lowering and the emitter already know. What partir cannot keep (a
-region over some of the axes, a collective other than a sum) is an
-`UnsupportedError` naming it and what to do.
+A region's body is per-device code over its manual axes, and partir's own
+program is per device over every mesh axis, so a region is its body run on
+each device's parts: its operands converted to the parts `in_shardings`
+give, its results the parts `out_shardings` give. A region manual over some
+axes only (`jax.shard_map(..., axis_names={"model"})`) has a body written
+whole over the others; each device runs it on its parts along the manual
+axes, whole along the rest (the work is repeated along them, as written),
+and a region nested in it over the remaining axes (what `axis_index` of such
+an axis lowers to) is inlined: its operands are each device's parts along
+its axes (`spmd.local_slice`), its results gathered (`spmd.all_gather`).
+The body's collectives come from JAX as `stablehlo.all_reduce` & co. with
+device-id `replica_groups` (`dialects.stablehlo_collectives`);
+`normalize_manual_regions` rewrites each as partir's `spmd` op over the mesh
+axes its groups span (a `pmax` / `pmin` an all-reduce of that kind,
+`partition_id` the device's `spmd.axis_index` over every axis), which the
+interpreters, the SPMD lowering and the emitter already know. What partir
+cannot keep is an `UnsupportedError` naming it and what to do.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from __future__ import annotations
 import itertools
 
 from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
+from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects import stablehlo_collectives as stablehlo
 from dialects.distribution import Distribution
@@ -28,7 +35,14 @@ from dialects.escaping import quoted
 from dialects.locations import source_location
 from dialects.mesh import Mesh
 from dialects.names import op_name
-from dialects.sdy import ManualComputationOp, MeshAttr, MeshOp, ShardingAttr
+from dialects.sdy import (
+    ManualComputationOp,
+    MeshAttr,
+    MeshOp,
+    ReturnOp,
+    ShardingAttr,
+    ShardingConstraintOp,
+)
 from dialects.spmd import (
     REDUCTIONS,
     AllGatherOp,
@@ -36,6 +50,7 @@ from dialects.spmd import (
     AllToAllOp,
     AxisIndexOp,
     CollectivePermuteOp,
+    LocalSliceOp,
     ReduceScatterOp,
 )
 from dialects.stablehlo_collectives import DeviceCollectiveOp
@@ -79,15 +94,23 @@ def region_mesh(op: ManualComputationOp, meshes: dict[str, Mesh]) -> Mesh:
             "declares; give jax.shard_map the mesh partir.jit partitions over"
         )
     mesh = found[0]
-    manual = op.manual_axes.names
-    if set(manual) != set(mesh.axes):
+    manual = set(op.manual_axes.names)
+    unknown = [a for a in op.manual_axes.names if a not in mesh.axes]
+    if unknown:
         raise UnsupportedError(
             f"sdy.manual_computation{_where(op)}: the nested jax.shard_map is manual over "
-            f"{', '.join(map(quoted, manual)) or 'no axes'} but the mesh has "
-            f"{', '.join(map(quoted, mesh.axes))}; partir keeps a shard_map that is manual "
-            "over every mesh axis: leave axis_names out of jax.shard_map (or name all axes)"
+            f"{', '.join(map(quoted, unknown))}, which the mesh "
+            f"({', '.join(map(quoted, mesh.axes))}) does not have; name the mesh's axes"
         )
     for sharding in (*op.in_shardings.shardings, *op.out_shardings.shardings):
+        auto = [a for a in sharding.axes if a not in manual]
+        if auto:
+            raise UnsupportedError(
+                f"sdy.manual_computation{_where(op)}: a spec splits over "
+                f"{', '.join(map(quoted, auto))}, which the nested jax.shard_map is not manual "
+                "over; partir runs its body whole over those axes: name them in axis_names, "
+                "or leave them out of in_specs and out_specs"
+            )
         if sharding.unreduced.data:
             raise UnsupportedError(
                 f"sdy.manual_computation{_where(op)}: an unreduced out_spec; reduce inside "
@@ -185,7 +208,134 @@ def _kept(op: DeviceCollectiveOp, mesh: Mesh) -> list[Operation]:
     return kept
 
 
+def _insert_before(op: Operation, at: Operation) -> None:
+    block = at.parent_block()
+    assert block is not None
+    block.insert_op_before(op, at)
+
+
+def _respread(
+    value: SSAValue, dist: Distribution, at: ManualComputationOp, mesh: Mesh, *, gather: bool
+) -> SSAValue:
+    """`value` cut to this device's parts along each dim's axes in `dist`
+    (`spmd.local_slice`), or the parts put together along them (`spmd.all_gather`)."""
+    for dim, split in enumerate(dist.dims):
+        if not split:
+            continue
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        shape = list(ty.get_shape())
+        n = mesh.size_of(split)
+        shape[dim] = shape[dim] * n if gather else shape[dim] // n
+        part = TensorType(ty.element_type, shape)
+        kind = AllGatherOp if gather else LocalSliceOp
+        op = kind(value, dim, split, part)
+        op.location = at.location
+        _insert_before(op, at)
+        value = op.results[0]
+    return value
+
+
+def _inline_nested(inner: ManualComputationOp, outer: set[str], mesh: Mesh) -> None:
+    """Replace a region nested in another by its body: its operands cut to
+    each device's parts along its manual axes, its results gathered along
+    them (`out_shardings`). Its axes and the outer region's make every axis
+    of `mesh` manual, or some axis would be neither."""
+    axes = set(inner.manual_axes.names)
+    if (axes | outer) != set(mesh.axes) or axes & outer:
+        raise UnsupportedError(
+            f"sdy.manual_computation{_where(inner)}: a jax.shard_map nested in one manual "
+            f"over {', '.join(map(quoted, sorted(outer)))} is manual over "
+            f"{', '.join(map(quoted, sorted(axes)))}; partir inlines one over the remaining "
+            "mesh axes (as axis_index writes it): write the kernel as one shard_map"
+        )
+    block = inner.body.block
+    ins, outs = operand_distributions(inner), result_distributions(inner)
+    for arg, value, dist in zip(block.args, inner.tensors, ins, strict=True):
+        arg.replace_all_uses_with(_respread(value, dist, inner, mesh, gather=False))
+    returned = block.last_op
+    assert isinstance(returned, ReturnOp)
+    outputs = list(returned.operands)
+    for op in list(block.ops):
+        if op is returned:
+            break
+        op.detach()
+        _insert_before(op, inner)
+    for result, value, dist in zip(inner.results, outputs, outs, strict=True):
+        result.replace_all_uses_with(_respread(value, dist, inner, mesh, gather=True))
+    inner.detach()
+    inner.erase()
+
+
+def _drop_trivial_constraints(region: ManualComputationOp) -> None:
+    """JAX constrains the values of a body manual over some axes to be open
+    over the others (`<@mesh, [{?}, {?}]>`, in its reducers too); partir runs
+    the body whole over them, which such a constraint allows, so it goes. A
+    constraint splitting over an axis there is refused: the body is not split."""
+    for op in list(region.body.walk()):
+        if isinstance(op, ShardingConstraintOp):
+            if any(op.sharding.dims):
+                raise UnsupportedError(
+                    f"sdy.sharding_constraint{_where(op)} in a nested jax.shard_map splits over "
+                    f"{', '.join(map(quoted, op.sharding.axes))}; partir runs the body whole "
+                    "over the axes it is not manual over: move the constraint outside the "
+                    "shard_map, or make the shard_map manual over that axis"
+                )
+            op.result.replace_all_uses_with(op.input)
+            op.detach()
+            op.erase()
+
+
+def _scalar(value: SSAValue) -> int | None:
+    owner = value.owner
+    if not isinstance(owner, shlo.ConstantOp):
+        return None
+    found = [int(v) for v in owner.value.get_values()]
+    return found[0] if len(set(found)) == 1 else None
+
+
+def _axis_indices(pid: stablehlo.PartitionIdOp, mesh: Mesh) -> None:
+    """`axis_index(a)` as JAX writes it, `partition_id / stride(a) % size(a)`
+    (device ids row-major), becomes `spmd.axis_index over [a]`: a value the
+    emitted program knows varies only along `a`."""
+    strides = {a: mesh.size_of(list(mesh.axes)[i + 1 :]) for i, a in enumerate(mesh.axes)}
+    for use in list(pid.result.uses):
+        divide = use.operation
+        if not (isinstance(divide, shlo.DivideOp) and use.index == 0):
+            continue
+        for inner in list(divide.result.uses):
+            rem = inner.operation
+            if not (isinstance(rem, shlo.RemainderOp) and inner.index == 0):
+                continue
+            stride, size = _scalar(divide.operands[1]), _scalar(rem.operands[1])
+            axis = next(
+                (a for a in mesh.axes if strides[a] == stride and mesh[a] == size), None
+            )
+            if axis is None:
+                continue
+            ty = rem.results[0].type
+            assert isinstance(ty, TensorType)
+            index = AxisIndexOp([axis], ty)
+            index.location = rem.location
+            _insert_before(index, rem)
+            rem.results[0].replace_all_uses_with(index.result)
+            rem.detach()
+            rem.erase()
+        if not divide.result.uses:
+            divide.detach()
+            divide.erase()
+
+
 def _normalize_body(region: ManualComputationOp, mesh: Mesh) -> None:
+    _drop_trivial_constraints(region)
+    nested = [op for op in region.body.walk() if isinstance(op, ManualComputationOp)]
+    for inner in reversed(nested):  # innermost first
+        _inline_nested(inner, set(region.manual_axes.names), mesh)
+    for pid in [op for op in region.body.walk() if isinstance(op, stablehlo.PartitionIdOp)]:
+        _axis_indices(pid, mesh)
+        if not pid.result.uses:
+            pid.detach()
+            pid.erase()
     for op in list(region.body.walk()):
         name = op_name(op)
         if isinstance(op, DeviceCollectiveOp):
@@ -199,9 +349,7 @@ def _normalize_body(region: ManualComputationOp, mesh: Mesh) -> None:
                 result.replace_all_uses_with(value)
             op.detach()
             op.erase()
-        elif name in _OTHER_COLLECTIVES or (
-            isinstance(op, ManualComputationOp) and op is not region
-        ):
+        elif name in _OTHER_COLLECTIVES:
             raise UnsupportedError(
                 f"{name}{_where(op)} in a nested jax.shard_map: partir keeps a shard_map "
                 "whose collectives are psum, pmax, pmin, psum_scatter, all_gather, all_to_all, "
@@ -255,11 +403,23 @@ def mesh_of(op: ManualComputationOp) -> Mesh:
     return Mesh(found.axes)
 
 
+def _outermost(region: ManualComputationOp) -> bool:
+    parent = region.parent_op()
+    while parent is not None:
+        if isinstance(parent, ManualComputationOp):
+            return False
+        parent = parent.parent_op()
+    return True
+
+
 def normalize_manual_regions(module: ModuleOp) -> None:
     """Check each manual region is one partir keeps, record its mesh on it
     and rewrite its body's collectives as partir's (the module docstring);
     regions done before are left as they are."""
-    regions = [r for r in manual_regions(module) if REGION_MESH not in r.attributes]
+    regions = [
+        r for r in manual_regions(module)
+        if REGION_MESH not in r.attributes and _outermost(r)
+    ]
     if not regions:
         return
     meshes = jax_meshes(module)

@@ -113,7 +113,9 @@ class DeviceCollectiveOp(IRDLOperation):
         """"sum", "max" or "min" for a reducer of one such op; None for another body."""
         if not self.regions or len(self.regions[0].blocks) != 1:
             return None
-        ops = list(self.regions[0].block.ops)
+        ops = [  # JAX constrains a reducer's value in a partially manual region: the identity
+            op for op in self.regions[0].block.ops if op_name(op) != "sdy.sharding_constraint"
+        ]
         if len(ops) != 2 or op_name(ops[1]) != "stablehlo.return":
             return None
         return REDUCTIONS.get(op_name(ops[0]))

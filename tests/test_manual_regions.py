@@ -244,8 +244,9 @@ def test_kernels_with_pmax_pmin_all_to_all_and_axis_index(kernel, out_spec):
     assert kinds == expected[kernel]
     if kernel is _max_and_min:
         assert "lax.pmax(" in lowered.source and "lax.pmin(" in lowered.source
-    if kernel is _axis_index:
-        assert "lax.axis_index(('batch', 'model'))" in lowered.source
+    if kernel is _axis_index:  # JAX's partition_id / stride % size: one axis's index
+        assert "lax.axis_index(('batch',))" in lowered.source
+        assert "lax.axis_index(('model',))" in lowered.source
 
 
 # --------------------------------------------------------------------------
@@ -299,20 +300,84 @@ def test_the_jax_text_of_every_kept_collective_parses_and_prints_back():
     assert str(again) == printed
 
 
-def _partial_manual(x):
-    return jax.shard_map(
-        lambda a: jax.lax.psum(a, "model"), mesh=AUTO, in_specs=P(None, "model"),
-        out_specs=P(), axis_names={"model"},
-    )(x)
+# --------------------------------------------------------------------------
+# A shard_map manual over some axes (axis_names=)
+
+
+def model_manual(kernel, in_spec, out_spec):
+    def fn(x):
+        y = jax.shard_map(
+            kernel, mesh=AUTO, in_specs=in_spec, out_specs=out_spec, axis_names={"model"},
+            check_vma=False,
+        )(jnp.tanh(x))
+        return (y * 3.0).sum(axis=1)
+
+    return fn
+
+
+def _psum_columns(a):
+    return jax.lax.psum(a * 2.0, "model")
+
+
+def _max_by_model_index(a):
+    """axis_index of a manual axis: JAX writes a region nested over the others."""
+    index = jax.lax.axis_index("model").astype(jnp.float32)
+    whole = jax.lax.all_gather(a, "model", axis=1, tiled=True)
+    return jax.lax.pmax(a + index, "model") - whole.sum(axis=1, keepdims=True)
 
 
 @pytest.mark.parametrize(
-    "fn, message",
-    [
-        (_partial_manual, r'manual over "model" but the mesh has "batch", "model"'),
-    ],
-    ids=["some-axes-manual"],
+    "kernel, in_spec, out_spec",
+    [(_psum_columns, P(None, "model"), P()), (_max_by_model_index, P(None, "model"), P())],
+    ids=["psum", "axis-index-pmax-all-gather"],
 )
-def test_what_partir_cannot_keep_is_refused_by_name(fn, message):
-    with pytest.raises(partir.PartirError, match=message):
-        partir.jit(fn, mesh=MESH, tactics=[])(rand(16, 8))
+def test_a_shard_map_manual_over_some_axes(kernel, in_spec, out_spec):
+    """The body runs whole over "batch" (not manual), on each device's
+    columns along "model"; BatchParallel splits the work around it."""
+    fn = model_manual(kernel, in_spec, out_spec)
+    x = rand(16, 8)
+    lowered = batch_parallel(fn, check=True).lower(x)
+    assert_leaves_close(lowered.compile()(x), jax.jit(fn)(x))
+    kept = [c for c in lowered.report().collectives if c.needed_by == MANUAL_COLLECTIVE]
+    assert kept and {c.axes for c in kept} == {("model",)}
+
+
+def test_partir_opt_reads_a_shard_map_manual_over_some_axes(tmp_path):
+    """JAX's text of it (open specs, the body's own constraints, the region
+    axis_index nests) runs through partir-opt: the reference interpreter runs
+    it as written (--check-numerics), the emitted program gives jax.jit's numbers."""
+    from lowering.loader import load_source
+    from partir.opt import main as partir_opt
+
+    fn = model_manual(_max_by_model_index, P(None, "model"), P())
+    x = rand(16, 8)
+    source, out = tmp_path / "fn.mlir", tmp_path / "fn.py"
+    source.write_text(jax.jit(fn).lower(x).as_text())
+    pipeline = (
+        'partir-declare-mesh{axes="batch=4","model=2"},partir-annotations,'
+        "partir-lower-spmd,partir-emit-jax"
+    )
+    assert partir_opt([str(source), "-p", pipeline, "--check-numerics", "-o", str(out)]) == 0
+    program = load_source(out.read_text(), "model_manual_from_text")
+    (got,) = program.build(program.make_mesh())(x)
+    assert_leaves_close(got, jax.jit(fn)(x))
+
+
+def _constraint_inside(x):
+    def kernel(a):
+        return jax.lax.with_sharding_constraint(a * 2.0, P("batch", None))
+
+    return jax.shard_map(
+        kernel, mesh=AUTO, in_specs=P(None, "model"), out_specs=P(None, "model"),
+        axis_names={"model"},
+    )(x)
+
+
+def test_what_partir_cannot_keep_is_refused_by_name():
+    with pytest.raises(
+        partir.PartirError,
+        match=r"sdy.sharding_constraint at .*test_manual_regions.py:\d+.* splits over \"batch\"; "
+        r"partir runs the body whole",
+    ):
+        with jax.set_mesh(AUTO):
+            partir.jit(_constraint_inside, mesh=MESH, tactics=[])(rand(16, 8))

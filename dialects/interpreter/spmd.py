@@ -30,8 +30,10 @@ from dialects.functions import entry_function
 from dialects.interpreter import _as_argument, check_implemented, make_interpreter
 from dialects.interpreter.control_flow import picked_branch
 from dialects.interpreter.device_collectives import DeviceCollectiveFunctions
+from dialects.manual_regions import operand_distributions, result_distributions
 from dialects.mesh import Mesh
 from dialects.partir import MeshOp, find_mesh
+from dialects.sdy import ManualComputationOp
 from dialects.spmd import (
     SPMD,
     AllGatherOp,
@@ -265,6 +267,8 @@ class Lockstep:
             operands = tuple(self.values[v] for v in op.operands)
             if isinstance(op, shlo.WhileOp):
                 results = tuple(self._while(op, list(operands)))
+            elif isinstance(op, ManualComputationOp):
+                results = tuple(self._nested_region(op, list(operands)))
             elif isinstance(op, shlo.CaseOp | shlo.IfOp):
                 results = tuple(self._branch(op, operands[0]))
             elif op.dialect_name() == SPMD.name or isinstance(op, DeviceCollectiveOp):
@@ -275,6 +279,27 @@ class Lockstep:
             for result, value in zip(op.results, results, strict=True):
                 self.values[result] = value
         raise InterpretationError(f"a block of {block.parent_op()} has no terminator")
+
+    def _nested_region(self, op: ManualComputationOp, args: list[PerDevice]) -> list[PerDevice]:
+        """A shard_map nested in one manual over the other axes (JAX's text,
+        before `dialects.manual_regions` inlines it): each device's value cut
+        to its part along the region's axes, the body run, each result put
+        together along them from the devices' parts."""
+        parts = [
+            [device_part(value, dist, d, self.mesh) for d, value in enumerate(values)]
+            for values, dist in zip(args, operand_distributions(op), strict=True)
+        ]
+        returned = self._region(op.body.block, parts)
+        results = []
+        for values, dist in zip(returned, result_distributions(op), strict=True):
+            for dim, axes in enumerate(dist.dims):
+                if axes:
+                    values = [
+                        np.concatenate([values[m] for m in self.mesh.group(d, axes)], axis=dim)
+                        for d in range(len(values))
+                    ]
+            results.append(values)
+        return results
 
     def _region(self, block: Block, args: list[PerDevice]) -> list[PerDevice]:
         for arg, value in zip(block.args, args, strict=True):
