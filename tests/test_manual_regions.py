@@ -17,6 +17,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import inspect
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,7 @@ from tests.numerics import assert_leaves_close
 MESH = partir.Mesh({"batch": 4, "model": 2})
 AUTO = jax.make_mesh((4, 2), ("batch", "model"), axis_types=(AxisType.Auto,) * 2)
 RNG = np.random.default_rng(0)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def rand(*shape: int) -> np.ndarray:
@@ -381,3 +383,16 @@ def test_what_partir_cannot_keep_is_refused_by_name():
     ):
         with jax.set_mesh(AUTO):
             partir.jit(_constraint_inside, mesh=MESH, tactics=[])(rand(16, 8))
+
+
+def test_a_collective_partir_does_not_know_is_refused_by_name(tmp_path, capsys):
+    """A reducer body other than add, maximum or minimum (here a product, as
+    no jax.lax call writes it) is a one-line error naming the op and the fix."""
+    from partir.opt import main as partir_opt
+
+    text = (ROOT / "tests/filecheck/passes/manual_region_collectives.mlir").read_text()
+    source = tmp_path / "product.mlir"
+    source.write_text(text.replace("%10 = stablehlo.maximum", "%10 = stablehlo.multiply"))
+    assert partir_opt([str(source), "-p", 'partir-declare-mesh{axes="batch=4","model=2"}']) == 1
+    err = capsys.readouterr().err
+    assert "stablehlo.all_reduce" in err and "partir keeps jax.lax.psum, pmax and pmin" in err

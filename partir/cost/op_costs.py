@@ -60,6 +60,7 @@ KINDS: dict[str, Kind] = {
     **{f"chlo.{n}": Kind.ELEMENTWISE for n in _CHLO.split()},
     "stablehlo.broadcast_in_dim": Kind.ELEMENTWISE,
     "stablehlo.iota": Kind.ELEMENTWISE,
+    "spmd.axis_index": Kind.ELEMENTWISE,  # the device's index, like an iota
     "stablehlo.bitcast_convert": Kind.ELEMENTWISE,
     "stablehlo.rng_bit_generator": Kind.ELEMENTWISE,
     "stablehlo.constant": Kind.FREE,  # a literal in the executable (bytes, if not a splat)
