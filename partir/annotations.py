@@ -274,10 +274,11 @@ def annotated_value(entry: func.FuncOp, kind: str, ordinal: int, position: int) 
 
 
 def holds_annotations(module: ModuleOp) -> bool:
-    """Whether the module states a sharding of JAX's that splits something
-    (a constraint or an argument or result sharding): what `Annotations`
-    makes actions of. (JAX's trivial ones, a scalar's `@empty_mesh, []` or
-    the replicated constraint it adds at `random_wrap`, split nothing.)"""
+    """Whether the module states a sharding that splits something (a
+    constraint, an argument or result sharding, a manual region) or a user's
+    constraint keeping a value whole (`states_replication`): what
+    `Annotations` makes actions of. (JAX's trivial ones, a scalar's
+    `@empty_mesh, []` or explicit mode's replicated types, state nothing.)"""
     for op in module.walk():
         if isinstance(op, ShardingConstraintOp) and (
             any(op.sharding.dims) or states_replication(op)

@@ -344,6 +344,34 @@ def test_a_shard_map_manual_over_some_axes(kernel, in_spec, out_spec):
     assert kept and {c.axes for c in kept} == {("model",)}
 
 
+def test_a_training_step_through_a_kernel_manual_over_model_only():
+    """Megatron's MLP written by hand over "model" alone (the batch left to
+    the compiler): jax.grad's transposed region is kept too, BatchParallel
+    splits the rest, every stage checks against jax.jit."""
+
+    def loss(params, batch):
+        h = jnp.tanh(batch["x"] @ params["embed"])
+        out = jax.shard_map(
+            layer, mesh=AUTO, in_specs=(P(), P(None, "model"), P("model", None)),
+            out_specs=P(), axis_names={"model"},
+        )(h, params["w1"], params["w2"])
+        return jnp.mean((out - batch["y"]) ** 2)
+
+    def step(params, batch):
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    params = {"embed": rand(6, 8), "w1": rand(8, 16), "w2": rand(16, 8)}
+    batch = {"x": rand(32, 6), "y": rand(32, 8)}
+    fn = partir.jit(
+        step, mesh=MESH, tactics=[partir.BatchParallel("batch", inputs=["batch/*"])], check=True,
+    )
+    assert_leaves_close(fn(params, batch), jax.jit(step)(params, batch))
+    kept = [c for c in fn.lower(params, batch).report().collectives
+            if c.needed_by == MANUAL_COLLECTIVE]
+    assert len(kept) >= 2 and {c.axes for c in kept} == {("model",)}
+
+
 def test_partir_opt_reads_a_shard_map_manual_over_some_axes(tmp_path):
     """JAX's text of it (open specs, the body's own constraints, the region
     axis_index nests) runs through partir-opt: the reference interpreter runs
