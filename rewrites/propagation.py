@@ -224,17 +224,19 @@ class PushForward(RewritePattern):
     ) -> None:
         """An operand split along a factor the op can regroup (`OpRule.regroupable`:
         an argmax along a split dim): the op becomes the op on each part and
-        the op again over the parts' picks, which then propagate as any ops.
-        Not where each part is one element: that is the final op already."""
+        the op again over the parts' picks, which then propagate as any ops
+        (where the parts' picks are fewer than the whole: not the final op)."""
         if rule.regroup is None:
             return
         for i, tiling in sorted(tilings, key=lambda it: (it[1].order, it[0])):
             factor = dim_factor(rule, i, tiling.dim)
             parts = self.mesh[tiling.axis]
-            size = rule.factors[factor].size if factor is not None else 0
-            if factor in rule.regroupable and size % parts == 0 and size > parts:
-                new_ops = rule.regroup(op, factor, parts)
-                rewriter.replace(op, new_ops, list(new_ops[-1].results))
+            if factor not in rule.regroupable:
+                continue
+            regrouped = rule.regroup(op, factor, parts)
+            if regrouped is not None:
+                new_ops, results = regrouped
+                rewriter.replace(op, new_ops, list(results))
                 return
 
     @staticmethod

@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr, TensorType, i64
-from xdsl.ir import Attribute, Operation
+from xdsl.dialects.builtin import I64, DenseIntOrFPElementsAttr, IntegerAttr, TensorType, i64
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.xdsl_extras.traits import Elementwise
 
@@ -81,11 +81,13 @@ Localizer = Callable[[Operation, int, Resize], dict[str, Attribute]]
 """(op, factor, resize) -> properties to replace in the op rebuilt with the
 factor's dims resized (the per-part op; the padded op)."""
 
-Regroup = Callable[[Operation, int, int], list[Operation]]
-"""(op, factor, parts) -> new ops, the last making `op`'s results: the op
+Regroup = Callable[[Operation, int, int], tuple[list[Operation], list[SSAValue]] | None]
+"""(op, factor, parts) -> new ops and the values replacing `op`'s results: the op
 again with the factor's dims regrouped as [parts, size / parts] (a new
 parallel factor of `parts`, major), the op on each group, and the op once
-more over the groups' results (`OpRule.regroupable`)."""
+more over the groups' picks (`OpRule.regroupable`); None where `parts`
+does not divide the factor, or the parts' picks are not fewer than the
+whole (the op over the picks is that op already)."""
 
 
 @dataclass(frozen=True)
@@ -388,7 +390,9 @@ def _variadic_reduce_rule(op: ReduceOp) -> OpRule:
     )
 
 
-def _regroup_reduce(op: Operation, factor: int, parts: int) -> list[Operation]:
+def _regroup_reduce(
+    op: Operation, factor: int, parts: int
+) -> tuple[list[Operation], list[SSAValue]] | None:
     """`reduce(xs, dims)` -> `reduce(reduce(reshape(xs) to [.., parts, n / parts, ..],
     dims + the inner dim), the parts' dim)`, both with `op`'s body and inits."""
     from xdsl.dialects.builtin import DenseArrayBase
@@ -399,21 +403,15 @@ def _regroup_reduce(op: Operation, factor: int, parts: int) -> list[Operation]:
     d = rule.operand_dims(factor)[0]
     assert d is not None
     src = shape(op.inputs[0])
+    if src[d] % parts or src[d] <= parts:
+        return None
     grouped = [*src[:d], parts, src[d] // parts, *src[d + 1 :]]
     reduced = sorted(ints(op.dimensions))
     inner = sorted({r + (r > d) for r in reduced if r != d} | {d + 1})
     kept = [k for k in range(len(grouped)) if k not in inner]
     at = kept.index(d)  # the parts' dim in the inner reduce's results
     ops: list[Operation] = []
-    reshaped = []
-    for x in op.inputs:
-        element = x.type.element_type  # type: ignore[attr-defined]
-        reshape = shlo.ReshapeOp.create(
-            operands=[x], result_types=[TensorType(element, grouped)]
-        )
-        reshape.location = op.location
-        ops.append(reshape)
-        reshaped.append(reshape.results[0])
+    reshaped = [_made(ops, op, _reshape(x, grouped)) for x in op.inputs]
     partial_types = [
         TensorType(r.type.element_type, [grouped[k] for k in kept])  # type: ignore[attr-defined]
         for r in op.results
@@ -432,7 +430,19 @@ def _regroup_reduce(op: Operation, factor: int, parts: int) -> list[Operation]:
 
     partial = again(reshaped, inner, list(partial_types))
     final = again(list(partial.results), [at], [r.type for r in op.results])
-    return [*ops, partial, final]
+    return [*ops, partial, final], list(final.results)
+
+
+def _reshape(value: SSAValue, to: Sequence[int]) -> Operation:
+    element = value.type.element_type  # type: ignore[attr-defined]
+    return shlo.ReshapeOp.create(operands=[value], result_types=[TensorType(element, to)])
+
+
+def _made(ops: list[Operation], origin: Operation, op: Operation, result: int = 0) -> SSAValue:
+    """Append `op` (made to replace `origin`, whose location it takes) to `ops`."""
+    op.location = origin.location
+    ops.append(op)
+    return op.results[result]
 
 
 def _pass_through_or_blocked(
@@ -723,14 +733,87 @@ def sort_rule(op: SortOp) -> OpRule:
 def top_k_rule(op: TopKOp) -> OpRule:
     """`chlo.top_k` along the last dim: the others pass through the operand
     and both results (each row picks its own k); the last dim is blocked:
-    a part's k largest are not the whole row's."""
+    a part's k largest are not the whole row's, but regroupable: the k
+    largest of the parts' k largest are (`_regroup_top_k`)."""
     b = _Builder()
     src = shape(op.operand)
     reason = "the dim top_k picks along: a part's k largest are not the whole row's"
     lanes = tuple((b.new(n),) for n in src[:-1])
-    operand = (*lanes, b.blocked(src[-1], reason))
+    picked = b.blocked(src[-1], reason)
+    operand = (*lanes, picked)
     result = (*lanes, b.blocked(op.count, reason))
-    return b.rule([operand], [result, result])
+    return b.rule(
+        [operand], [result, result], regroupable=frozenset(picked), regroup=_regroup_top_k
+    )
+
+
+def _regroup_top_k(
+    op: Operation, factor: int, parts: int
+) -> tuple[list[Operation], list[SSAValue]] | None:
+    """`top_k(x, k)` along [n] -> with x regrouped [parts, n / parts]: each
+    group's k largest (`top_k` again, its indices made global by adding the
+    group's offset), then the k largest of the parts * k picks and the
+    global indices at their places (`take_along_axis`, a gather). Ties keep
+    index order: the picks are in group order, and each group's in its own."""
+    from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase
+
+    assert isinstance(op, TopKOp)
+    src = shape(op.operand)
+    *lanes, n = src
+    k = op.count
+    if n % parts or n // parts < k or parts * k >= n:
+        return None
+    r = len(src)
+    index_type = op.indices.type
+    assert isinstance(index_type, TensorType)
+    value_type = op.values.type
+    assert isinstance(value_type, TensorType)
+    element, index = value_type.element_type, index_type.element_type
+    ops: list[Operation] = []
+    grouped = _made(ops, op, _reshape(op.operand, [*lanes, parts, n // parts]))
+    picks = [*lanes, parts, k]
+    per_group = TopKOp.create(
+        operands=[grouped], result_types=[TensorType(element, picks), TensorType(index, picks)],
+        properties=dict(op.properties),
+    )
+    values = _made(ops, op, per_group, 0)
+    local = per_group.results[1]
+    scalar = DenseIntOrFPElementsAttr.from_list(TensorType(index, []), [n // parts])  # type: ignore[type-var]
+    size = _made(ops, op, shlo.ConstantOp(scalar))  # type: ignore[arg-type]
+    sizes = _made(ops, op, shlo.BroadcastInDimOp.create(
+        operands=[size], result_types=[TensorType(index, picks)],
+        properties={"broadcast_dimensions": DenseArrayBase.from_list(i64, [])},
+    ))
+    group = _made(ops, op, shlo.IotaOp.create(
+        properties={"iota_dimension": IntegerAttr(r - 1, i64)},
+        result_types=[TensorType(index, picks)],
+    ))
+    offset = _made(ops, op, shlo.MultiplyOp(group, sizes))
+    found = _made(ops, op, shlo.AddOp(local, offset))
+    flat = [*lanes, parts * k]
+    values = _made(ops, op, _reshape(values, flat))
+    found = _made(ops, op, _reshape(found, flat))
+    best = TopKOp.create(
+        operands=[values], result_types=[op.values.type, op.indices.type],
+        properties=dict(op.properties),
+    )
+    _made(ops, op, best)
+    at = _made(ops, op, _reshape(best.results[1], [*lanes, k, 1]))
+
+    def dims(values: Sequence[int]) -> ArrayAttr[IntegerAttr[I64]]:
+        return ArrayAttr([IntegerAttr(v, i64) for v in values])
+
+    numbers = shlo.GatherDimensionNumbers(
+        dims([]), dims([r - 1]), dims(range(r - 1)), dims(range(r - 1)), dims([r - 1]),
+        IntegerAttr(r, i64),
+    )
+    take = shlo.GatherOp.create(
+        operands=[found, at], result_types=[op.indices.type],
+        properties={"dimension_numbers": numbers,
+                    "slice_sizes": DenseArrayBase.from_list(i64, [1] * r)},
+    )
+    _made(ops, op, take)
+    return ops, [best.results[0], take.results[0]]
 
 
 def concatenate_rule(op: shlo.ConcatenateOp) -> OpRule:

@@ -1557,11 +1557,13 @@ def test_a_regrouped_argmax_equals_the_op(case: Case) -> None:
     assert rule is not None and rule.regroup is not None
     axis = next(d for d, fs in enumerate(rule.operands[0]) if fs and fs[0] in rule.regroupable)
     (factor,) = rule.operands[0][axis]
-    new_ops = rule.regroup(op, factor, case.parts)
+    regrouped = rule.regroup(op, factor, case.parts)
+    assert regrouped is not None
+    new_ops, results = regrouped
     block = op.parent_block()
     assert block is not None
     block.insert_ops_before(new_ops, op)
-    for old, new in zip(op.results, new_ops[-1].results, strict=True):
+    for old, new in zip(op.results, results, strict=True):
         old.replace_all_uses_with(new)
     block.erase_op(op)
     module.verify()
