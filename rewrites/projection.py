@@ -558,17 +558,20 @@ class LoopRelations:
         return self(value).on(axis)
 
     def _through(self, user: Operation, index: int, axis: str) -> AxisRelation | None:
-        """Operand `index`'s relation to `axis`, given the user's result's."""
-        if len(user.results) != 1:
+        """Operand `index`'s relation to `axis`, given the user's result's (of
+        an op with several results, the first settled one's: they run over
+        the same factors)."""
+        if not user.results:
             return None
-        after = self._settled(user.results[0], axis)
+        settled = [(k, self._settled(r, axis)) for k, r in enumerate(user.results)]
+        k, after = next(((k, a) for k, a in settled if a is not None), (0, None))
         rule = self._rule(user)
         if after is None or rule is None:
             return None
         if isinstance(after, Replicated):
             return after
         if isinstance(after, Split):
-            factor = rule.result_factor(0, after.dim)
+            factor = rule.result_factor(k, after.dim)
         else:
             sums = [f for f, fac in enumerate(rule.factors) if fac.kind is FactorKind.SUM]
             factor = sums[0] if len(sums) == 1 else None

@@ -1542,13 +1542,28 @@ def regroupable_argmaxes(draw: st.DrawFn) -> Case:
     return argmax_case(parts, src, axis, draw(st.sampled_from(["GT", "LT"])), draw(rngs))
 
 
+@st.composite
+def regroupable_top_ks(draw: st.DrawFn) -> Case:
+    """A top_k whose last dim `parts` divides into groups of more than k."""
+    parts = draw(PARTS)
+    k = draw(st.integers(1, 3))
+    lanes = [draw(st.sampled_from([1, 2, 3])) for _ in range(draw(st.integers(0, 2)))]
+    src = (*lanes, parts * draw(st.integers(k + 1, k + 3)))  # fewer picks than the whole
+    out = (*lanes, k)
+    t, o, oi = tensor_type(src, F32), tensor_type(out, F32), tensor_type(out, I32)
+    line = op_line("chlo.top_k", ["%arg0"], [t], f"({o}, {oi})", f"k = {k} : i64",
+                   result="%result:2")
+    return Case(parts, (GRID(draw(rngs), src),), (line,), f"{o}, {oi}", results=2)
+
+
 @seed(35)
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
-@given(regroupable_argmaxes())
-def test_a_regrouped_argmax_equals_the_op(case: Case) -> None:
-    """`OpRule.regroup`: the argmax of each group, then of the groups' winners,
-    is the argmax (ties: the lower index); and the per-group argmax tiles over
-    the groups, which is how a split operand runs it on each device."""
+@given(st.one_of(regroupable_argmaxes(), regroupable_top_ks()))
+def test_a_regrouped_selection_equals_the_op(case: Case) -> None:
+    """`OpRule.regroup`: the argmax (top_k) of each group, then of the groups'
+    picks, is the argmax (top_k), ties at the lower index; and the per-group
+    op tiles over the groups, which is how a split operand runs it on each
+    device."""
     module = parse(case.text())
     module.verify()
     expected = run_function(module, case.args)
@@ -1569,7 +1584,7 @@ def test_a_regrouped_argmax_equals_the_op(case: Case) -> None:
     module.verify()
     for got, want in zip(run_function(module, case.args), expected, strict=True):
         np.testing.assert_array_equal(got, want)
-    groups = new_ops[-2]
+    groups = next(new for new in new_ops if new.name == op.name)  # the op on each group
     inner = rule_for(groups)
     assert inner is not None
     (by_group,) = inner.operands[0][axis]
