@@ -14,7 +14,13 @@ A reduction that is not a sum (`reduce` with a max/min/and/or body) is
 *blocked*: a per-part maximum is not a sum, and partir has no max loop, so the
 reduced dimension stays whole and propagation stops there. Other blocked
 factors have their own reasons (an iota's counting dimension, a dimension a
-slice cuts, ...), each stated where the rule is built.
+slice cuts, ...), each stated where the rule is built. A blocked factor may
+be *regroupable* (`OpRule.regroupable`: an argmax's or a top_k's): the op
+is rewritten as the op on each part and the op again over the parts' picks.
+
+An op with several results (a sort of several operands, an argmax's
+reduce, `chlo.top_k`) runs them all over the same factors; tiling it gives
+one loop per result (`tiling.tile_results`).
 
 An op with no rule at all is *opaque*: `OPAQUE_REASONS` says why, propagation
 stops at it and it stays replicated. Nothing here knows about passes.
