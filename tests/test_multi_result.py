@@ -185,3 +185,14 @@ def test_the_decided_engine_gives_the_rewrite_engines_program(name, tactics):
     from tests.test_build_core import check_against_engine
 
     check_against_engine(PROGRAMS[name], (grid((8, 16)),), tactics)
+
+
+def test_the_decisions_equal_the_rewrite_engines_in_a_decoding_loop():
+    """The argmax inside a `fori_loop`, on each device's rows (the vocabulary
+    whole: an argmax along a split dim is the rewrite engine's alone, see
+    `rewrites.factor_propagation`)."""
+    module = partir.import_jax(greedy_decode, *decode_args())
+    found = compare(module, MESH, [partir.BatchParallel("batch")])
+    assert found.ops > 0
+    assert not found.mismatched, found.mismatched
+    assert not found.arguments, found.arguments
