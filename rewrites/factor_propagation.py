@@ -49,10 +49,12 @@ An op of several results (an argmax's reduce, a sort, `top_k`) splits all
 of them alike; it is split for its users only when every use of every
 result wants the same split (`_Propagation._demands`).
 
+An argmax or top_k reading an operand split along the dim it picks along
+is kept whole here, and its results decided as the engine's; the engine
+computes it regrouped (`OpRule.regroupable`), which `rewrites.build_core`
+leaves to it.
+
 Not yet the engine's (`tests/test_factor_propagation.py` states which):
-an argmax or top_k reading an operand split along the dim it picks along,
-which the engine regroups (`OpRule.regroupable`) and this keeps whole
-(`rewrites.build_core` hands such programs to the engine);
 conflicting splits inside attention under `ManualPartition` (2-4 ops of
 ~800-1,800, fused in an order this does not replay); ZeRO-3 after Megatron
 on the same parameters; Megatron over a hidden size its axis does not divide

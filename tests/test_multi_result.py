@@ -196,3 +196,12 @@ def test_the_decisions_equal_the_rewrite_engines_in_a_decoding_loop():
     assert found.ops > 0
     assert not found.mismatched, found.mismatched
     assert not found.arguments, found.arguments
+
+
+def test_the_decisions_equal_the_rewrite_engines_picking_along_a_split_dim():
+    """Every value of the program is sharded alike; only how the engine
+    computes the pick (regrouped) is its own: `decide` keeps the op whole,
+    and `build_core` hands the program to the engine."""
+    found = compare(partir.import_jax(PROGRAMS["max and argmax"], grid((8, 16))), MESH, [BOTH])
+    assert found.ops > 0
+    assert not found.mismatched, found.mismatched
