@@ -165,7 +165,7 @@ def test_the_moe_routers_top_k_runs_on_the_local_batch():
     groups = args[1].shape[0]
     assert top_ks  # one per result used (the same op on the same part: XLA merges them)
     for top_k in top_ks:  # the groups are split over every device
-        assert top_k.operands[0].type.get_shape()[0] == groups // MESH.size  # type: ignore[attr-defined]
+        assert top_k.operands[0].type.get_shape()[0] == groups // MESH.size
     assert not [c for c in lowered.collectives if c.kind == "all_gather" and "batch" in c.axes]
 
 
