@@ -17,7 +17,8 @@ rewrite engine (`rewrites.propagation`) reaches one rewrite at a time:
   index of the loop whose axis the op reads it split over.
 
 Straight-line programs only: a `while`/`case`/optimization barrier, a
-multi-result op that is split, a split factor with a halo (a convolution's
+multi-result op that is split, an argmax or top_k along a split dim (which
+the rewrite engine regroups), a split factor with a halo (a convolution's
 window), an op whose properties hold sizes split on two factors, or a dim
 padded for divisibility raises `UnsupportedError` before anything is built
 (the rewrite engine handles them); the module is not changed then.
@@ -76,6 +77,11 @@ def _refuse(decision: Decision, top: list[int]) -> None:
         if kind == _OTHER and (decision.factors[o] or decision.inside[o]):
             raise UnsupportedError(f"build_core: {op.name} has no rule but is split")
         rule = graph.rules[o]
+        if rule is not None and rule.regroupable and _regrouped(decision, o, rule):
+            raise UnsupportedError(
+                f"build_core: {op.name} picks along a split dim (regrouped by the rewrite "
+                "engine); use the rewrite engine"
+            )
         split = set(decision.factors[o].values())
         if rule is not None and rule.localize is not None and len(split) > 1:
             raise UnsupportedError(  # a localizer reads the op's shapes one factor at a time
@@ -89,6 +95,19 @@ def _refuse(decision: Decision, top: list[int]) -> None:
                     f"build_core: {op.name} is split on a window with a halo; use the "
                     "rewrite engine"
                 )
+
+
+def _regrouped(decision: Decision, o: int, rule: OpRule) -> bool:
+    """Whether an operand of op `o` arrives split along a factor the rewrite
+    engine regroups (`OpRule.regroupable`: an argmax or top_k along a split
+    dim), which this builder does not do."""
+    graph = decision.graph
+    for i, v in enumerate(graph.operands[o]):
+        for dim in decision.split[v].values():
+            fs = rule.operands[i][dim] if dim < len(rule.operands[i]) else ()
+            if fs and fs[0] in rule.regroupable:
+                return True
+    return False
 
 
 class _Builder:

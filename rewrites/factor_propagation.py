@@ -45,6 +45,15 @@ The decisions follow the rewrite engine's (`rewrites.propagation`):
   in their loops (`Decision.inside`): a later split over one of those axes
   passes it by, as the engine's `busy` axes do.
 
+An op of several results (an argmax's reduce, a sort, `top_k`) splits all
+of them alike; it is split for its users only when every use of every
+result wants the same split (`_Propagation._demands`).
+
+An argmax or top_k reading an operand split along the dim it picks along
+is kept whole here, and its results decided as the engine's; the engine
+computes it regrouped (`OpRule.regroupable`), which `rewrites.build_core`
+leaves to it.
+
 Not yet the engine's (`tests/test_factor_propagation.py` states which):
 conflicting splits inside attention under `ManualPartition` (2-4 ops of
 ~800-1,800, fused in an order this does not replay); ZeRO-3 after Megatron
@@ -202,7 +211,7 @@ class _Graph:
             if carrier is not None:
                 return _RETURN, None
             return _OTHER, None
-        if isinstance(op, func.ReturnOp) or len(op.results) != 1:
+        if isinstance(op, func.ReturnOp) or not op.results:
             return _OTHER, None
         rule = rule_for(op)
         return (_COMPUTE, rule) if rule is not None else (_OTHER, None)
@@ -503,12 +512,14 @@ class _Propagation:
                 for user, _ in g.uses[v]:  # another user may now be the last to agree
                     if g.kinds[user] in (_WHILE, _BRANCH, _BARRIER):
                         self.push(user)
-        rdim = rule.result_dim(factor)
-        if rdim is not None and rule.factors[factor].kind is FactorKind.PARALLEL:
-            v = g.results[o][0]
-            if padded:
-                d.padded.add((v, rdim))
-            self.split_value(v, axis, rdim, priority)
+        if rule.factors[factor].kind is not FactorKind.PARALLEL:
+            return
+        for k, v in enumerate(g.results[o]):  # an op of several results splits them all
+            rdim = rule.result_dim(factor, k)
+            if rdim is not None:
+                if padded:
+                    d.padded.add((v, rdim))
+                self.split_value(v, axis, rdim, priority)
 
     # --- one op -------------------------------------------------------------------
 
@@ -558,21 +569,15 @@ class _Propagation:
                 priority = d.priority[v][axis]
                 candidates.append(_Candidate(priority[0], i, axis, factor, dim, priority, padded))
         # backward: the result every use wants split alike
-        if len(g.results[o]) == 1:
-            r = g.results[o][0]
-            for axis, dim, priority in self._demand(r):
-                if axis in have or axis in around:
-                    continue
-                fs = rule.results[0][dim]
-                if not fs:
-                    continue
-                factor = fs[0]
-                padded = (r, dim) in d.padded
-                if not self.tileable(o, rule, factor, axis, padded):
-                    continue
-                candidates.append(
-                    _Candidate(priority[0], backward, axis, factor, dim, priority, padded)
-                )
+        for axis, r, dim, factor, priority in self._demands(o, rule):
+            if axis in have or axis in around:
+                continue
+            padded = (r, dim) in d.padded
+            if not self.tileable(o, rule, factor, axis, padded):
+                continue
+            candidates.append(
+                _Candidate(priority[0], backward, axis, factor, dim, priority, padded)
+            )
         if not candidates:
             return
         candidates.sort(key=lambda c: (c.order, c.operand))
@@ -594,8 +599,8 @@ class _Propagation:
 
     def _idle(self, o: int) -> bool:
         """Nothing to decide at `o` (most visits): it splits nothing, no
-        operand is split, its result has no seed and its first user reads
-        nothing split."""
+        operand is split, its results have no seed and their first users
+        read nothing split."""
         d, g = self.d, self.g
         if d.factors[o]:
             return False
@@ -603,19 +608,46 @@ class _Propagation:
         for v in g.operands[o]:
             if split[v]:
                 return False
-        r = g.results[o][0]
-        if r in self.seeded:
-            return False
-        uses = g.uses[r]
-        if not uses:
-            return True
-        first = uses[0][0]
-        return not d.factors[first] and g.kinds[first] not in (_WHILE, _BARRIER)
+        for r in g.results[o]:
+            if r in self.seeded:
+                return False
+            uses = g.uses[r]
+            if not uses:
+                continue
+            first = uses[0][0]
+            if d.factors[first] or g.kinds[first] in (_WHILE, _BARRIER):
+                return False
+        return True
+
+    def _demands(self, o: int, rule: OpRule) -> list[tuple[str, int, int, int, Priority]]:
+        """(axis, result, its dim, factor, priority): the splits every use of
+        a result wants alike. Of an op with several results, only the splits
+        every used result wants, along one factor: the engine pulls slices
+        into such an op only when all its results are only sliced
+        (`PullSliceIntoProducer`)."""
+        g = self.g
+        found: list[tuple[str, int, int, int, Priority]] = []
+        for k, r in enumerate(g.results[o]):
+            for axis, dim, priority in self._demand(r):
+                fs = rule.results[k][dim]
+                if fs:
+                    found.append((axis, r, dim, fs[0], priority))
+        if len(g.results[o]) == 1 or not found:
+            return found
+        used = [r for r in g.results[o] if g.uses[r]]
+        agreed = []
+        for axis, r, dim, factor, priority in found:
+            if all(
+                any(a == axis and f == factor and q == other for a, q, _, f, _ in found)
+                for other in used
+            ):
+                agreed.append((axis, r, dim, factor, priority))
+        return agreed
 
     def _inherit(self, o: int) -> None:
         """`o`, made split for its users, runs in the loops they share."""
         d, g = self.d, self.g
-        uses = g.uses[g.results[o][0]]
+        uses = [use for r in g.results[o] for use in g.uses[r]]
         if not uses:
             return
         common = None
@@ -770,7 +802,7 @@ class _Propagation:
 def _tileable_somehow(rule: OpRule, factor: int) -> bool:
     """The size-independent part of `OpRule.why_not_tileable`."""
     f = rule.factors[factor]
-    if f.kind is FactorKind.BLOCKED or len(rule.results) != 1:
+    if f.kind is FactorKind.BLOCKED:
         return False
     for dims in (*rule.operands, *rule.results):
         for factors in dims:

@@ -81,7 +81,7 @@ class _Component:
 
     def rule(self, op: Operation) -> OpRule | None:
         if op not in self.rules:
-            self.rules[op] = rule_for(op) if len(op.results) == 1 else None
+            self.rules[op] = rule_for(op)
         return self.rules[op]
 
     def safe_factor(self, op: Operation, factors: tuple[int, ...]) -> int | None:
@@ -145,7 +145,8 @@ class _Component:
         assert rule is not None
         for operand, dims in zip(op.operands, rule.operands, strict=True):
             todo += [(operand, d) for d, fs in enumerate(dims) if fs and fs[0] == f]
-        todo += [(op.results[0], d) for d, fs in enumerate(rule.results[0]) if fs and fs[0] == f]
+        for result, dims in zip(op.results, rule.results, strict=True):  # all alike
+            todo += [(result, d) for d, fs in enumerate(dims) if fs and fs[0] == f]
 
     def _carry(self, carrier: Operation, k: int, d: int, todo: list[tuple[SSAValue, int]]) -> None:
         dims = self.carried.setdefault(carrier, {}).setdefault(k, set())
@@ -173,7 +174,9 @@ class _Component:
         rule = self.rule(owner) if isinstance(owner, Operation) else None
         if not joined or rule is None:
             return frozenset()
-        return frozenset(d for d, fs in enumerate(rule.results[0]) if fs and fs[0] in joined)
+        assert isinstance(value, OpResult)
+        dims = rule.results[value.index]
+        return frozenset(d for d, fs in enumerate(dims) if fs and fs[0] in joined)
 
 
 class _Rebuild:
@@ -262,28 +265,31 @@ class _Rebuild:
                         if fs and fs[0] == f:
                             value = self._masked(value, d)
             operands.append(value)
-        result = op.results[0]
-        produced = self.c.produced(result)
-        ty = result.type
-        assert isinstance(ty, TensorType)
-        shape = [self.resize(n) if d in produced else n for d, n in enumerate(ty.get_shape())]
+        result_types = []
+        for result in op.results:
+            produced = self.c.produced(result)
+            ty = result.type
+            assert isinstance(ty, TensorType)
+            shape = [self.resize(n) if d in produced else n for d, n in enumerate(ty.get_shape())]
+            result_types.append(tensor_type(ty.element_type, shape))
         properties = dict(op.properties)
         if rule.localize is not None:
             for f in joined:
                 properties.update(rule.localize(op, f, self.resize))
         new = type(op).create(
             operands=operands,
-            result_types=[tensor_type(ty.element_type, shape)],
+            result_types=result_types,
             properties=properties,
             attributes=dict(op.attributes),
             location=op.location,
             regions=[region.clone() for region in op.regions],
         )
         Rewriter.insert_op(new, InsertPoint.before(op))
-        if result in self.c.dims:
-            self.base[result] = (new.results[0], produced)
-        else:  # a sum factor only: the result keeps its shape
-            result.replace_all_uses_with(new.results[0])
+        for result, made in zip(op.results, new.results, strict=True):
+            if result in self.c.dims:
+                self.base[result] = (made, self.c.produced(result))
+            else:  # a sum factor only: the result keeps its shape
+                result.replace_all_uses_with(made)
 
     def _masked(self, value: SSAValue, dim: int) -> SSAValue:
         """`value` with zeros past the true size along `dim` (a sum's operand),

@@ -379,9 +379,9 @@ class LoopRelations:
     """Per value with any (in program order), the free or unknown axes that a
     user may still settle."""
     _rules: dict[Operation, OpRule | None] = field(default_factory=dict)
-    _computed: dict[tuple[int, tuple[LoopRelation, ...]], tuple[OpRule, LoopRelation]] = field(
-        default_factory=dict
-    )
+    _computed: dict[
+        tuple[int, tuple[LoopRelation, ...]], tuple[OpRule, list[LoopRelation]]
+    ] = field(default_factory=dict)
     """`_compute`'s result per rule and operand relations: a stack's layers
     repeat the same few hundred (the rule is kept so its id stays its own)."""
 
@@ -447,7 +447,7 @@ class LoopRelations:
 
     def _rule(self, op: Operation) -> OpRule | None:
         if op not in self._rules:
-            self._rules[op] = rule_for(op) if len(op.results) == 1 else None
+            self._rules[op] = rule_for(op)
         return self._rules[op]
 
     def _compute(self, op: Operation) -> list[LoopRelation]:
@@ -467,11 +467,13 @@ class LoopRelations:
         if known is None:
             partial = {a for r in operands for a in r.dist.partial}
             projection = project(rule, [r.dist for r in operands])
-            dist, lost = result_distribution(rule, projection)
             unplaced = {a for f in rule.unplaced for a in projection.factors[f]}
-            relation = LoopRelation(dist).forget(lost | partial | unknown | unplaced)
-            known = self._computed[key] = (rule, relation)
-        return [known[1]]
+            relations = []
+            for k in range(len(op.results)):  # an op of several results: alike
+                dist, lost = result_distribution(rule, projection, k)
+                relations.append(LoopRelation(dist).forget(lost | partial | unknown | unplaced))
+            known = self._computed[key] = (rule, relations)
+        return list(known[1])
 
     # what the lowering relies on ---------------------------------------------------
 
@@ -556,17 +558,20 @@ class LoopRelations:
         return self(value).on(axis)
 
     def _through(self, user: Operation, index: int, axis: str) -> AxisRelation | None:
-        """Operand `index`'s relation to `axis`, given the user's result's."""
-        if len(user.results) != 1:
+        """Operand `index`'s relation to `axis`, given the user's result's (of
+        an op with several results, the first settled one's: they run over
+        the same factors)."""
+        if not user.results:
             return None
-        after = self._settled(user.results[0], axis)
+        settled = [(k, self._settled(r, axis)) for k, r in enumerate(user.results)]
+        k, after = next(((k, a) for k, a in settled if a is not None), (0, None))
         rule = self._rule(user)
         if after is None or rule is None:
             return None
         if isinstance(after, Replicated):
             return after
         if isinstance(after, Split):
-            factor = rule.result_factor(0, after.dim)
+            factor = rule.result_factor(k, after.dim)
         else:
             sums = [f for f, fac in enumerate(rule.factors) if fac.kind is FactorKind.SUM]
             factor = sums[0] if len(sums) == 1 else None

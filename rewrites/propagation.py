@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.ir import Attribute, Block, Operation, OpResult, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -66,6 +66,7 @@ from rewrites.conflicts import (
 from rewrites.control_flow import CARRYING_OPS, TileCarriedValues
 from rewrites.projection import (
     Tiling,
+    dim_factor,
     enclosing_axes,
     follow,
     nested_loops,
@@ -75,7 +76,7 @@ from rewrites.projection import (
     tilings,
 )
 from rewrites.registry import OpRule, rule_for
-from rewrites.tiling import loop_action, part_op, slice_operands, tile_op
+from rewrites.tiling import loop_action, part_op, slice_operands, tile_results
 
 STRUCTURAL = (
     LoopOp, SliceOp, HaloSliceOp, YieldOp, MeshOp, func.ReturnOp, func.FuncOp, ModuleOp
@@ -184,7 +185,7 @@ class PushForward(RewritePattern):
     rules: RuleCache
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
-        if type(op) in _STRUCTURAL_TYPES or len(op.results) != 1:
+        if type(op) in _STRUCTURAL_TYPES or not op.results:
             return
         tilings = _operand_tilings(op)
         if not tilings:
@@ -194,6 +195,7 @@ class PushForward(RewritePattern):
             return
         candidates = _candidates(rule, tilings, self.mesh)
         if not candidates:
+            self._regroup(op, rule, tilings, rewriter)
             return
         chosen, others, why = self._choose(op, rule, candidates)
         self._record_conflicts(op, chosen, others, why)
@@ -205,16 +207,44 @@ class PushForward(RewritePattern):
             attrs: dict[str, Attribute] = (
                 {ORIGIN: chosen.tiling.origin} if chosen.tiling.origin else {}
             )
-            new = tile_op(
+            loops = tile_results(
                 op, rule, chosen.factor, chosen.tiling.axis, self.mesh[chosen.tiling.axis], attrs
             )
-            rewriter.replace(op, new)
-            wake_body(rewriter, list(new.body.block.ops))
+            rewriter.replace(op, loops, [loop.result for loop in loops])
+            for new in loops:
+                wake_body(rewriter, list(new.body.block.ops))
         wake_users(rewriter, operands)
+
+    def _regroup(
+        self,
+        op: Operation,
+        rule: OpRule,
+        tilings: list[tuple[int, Tiling]],
+        rewriter: PatternRewriter,
+    ) -> None:
+        """An operand split along a factor the op can regroup (`OpRule.regroupable`:
+        an argmax along a split dim): the op becomes the op on each part and
+        the op again over the parts' picks, which then propagate as any ops
+        (where the parts' picks are fewer than the whole: not the final op)."""
+        if rule.regroup is None:
+            return
+        for i, tiling in sorted(tilings, key=lambda it: (it[1].order, it[0])):
+            factor = dim_factor(rule, i, tiling.dim)
+            parts = self.mesh[tiling.axis]
+            if factor not in rule.regroupable:
+                continue
+            regrouped = rule.regroup(op, factor, parts)
+            if regrouped is not None:
+                new_ops, results = regrouped
+                rewriter.replace(op, new_ops, list(results))
+                return
 
     @staticmethod
     def _can_join(op: Operation, rule: OpRule, chosen: _Candidate, loop: LoopOp) -> bool:
-        """`op` is the loop's only user, and uses it only where its part fits."""
+        """`op` (of one result) is the loop's only user, and uses it only
+        where its part fits."""
+        if len(op.results) != 1:
+            return False
         if loop.result is not op.operands[chosen.operand] or _sole_user(loop.result) is not op:
             return False
         if any(rule.factors[chosen.factor].halo) and op.operands[0] is loop.result:
@@ -406,21 +436,26 @@ class PullSliceIntoProducer(RewritePattern):
         producer = src.owner
         if not isinstance(producer, Operation) or isinstance(producer, STRUCTURAL):
             return
-        if len(producer.results) != 1:
-            return
-        if not all(isinstance(use.operation, SliceOp) for use in src.uses):
+        # Of an op with several results, every result is only sliced: each
+        # slice then makes its own part (one part op per slice, as one loop
+        # per result), and the whole op dies.
+        if not all(
+            isinstance(use.operation, SliceOp) for r in producer.results for use in r.uses
+        ):
             return
         rule = self.rules(producer)
         if rule is None:
             return
-        factor = rule.result_factor(0, op.dim_index)
+        assert isinstance(src, OpResult)
+        k = src.index  # of an op with several results, only this one is sliced
+        factor = rule.result_factor(k, op.dim_index)
         parts = range_size(op.index)
         if factor is None or rule.why_not_tileable(factor, parts) is not None:
             return
         slices, operands = slice_operands(rule, factor, list(producer.operands), op.index)
         part = part_op(producer, rule, factor, parts, operands)
-        last_use = op.src.uses.get_length() == 1
-        rewriter.replace(op, [*slices, part], part.results)
+        last_use = sum(r.uses.get_length() for r in producer.results) == 1
+        rewriter.replace(op, [*slices, part], [part.results[k]])
         if last_use:  # the producer is dead now; its operands lose a use
             wake_users(rewriter, list(producer.operands))
 
@@ -569,7 +604,7 @@ def _idle(op: Operation) -> bool:
             break
     else:
         return False  # dead code: the applier erases it
-    if kind in _STRUCTURAL_TYPES or len(results) != 1:
+    if kind in _STRUCTURAL_TYPES:
         return True
     return not _reads_tiled(op)
 

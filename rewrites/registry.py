@@ -14,7 +14,13 @@ A reduction that is not a sum (`reduce` with a max/min/and/or body) is
 *blocked*: a per-part maximum is not a sum, and partir has no max loop, so the
 reduced dimension stays whole and propagation stops there. Other blocked
 factors have their own reasons (an iota's counting dimension, a dimension a
-slice cuts, ...), each stated where the rule is built.
+slice cuts, ...), each stated where the rule is built. A blocked factor may
+be *regroupable* (`OpRule.regroupable`: an argmax's or a top_k's): the op
+is rewritten as the op on each part and the op again over the parts' picks.
+
+An op with several results (a sort of several operands, an argmax's
+reduce, `chlo.top_k`) runs them all over the same factors; tiling it gives
+one loop per result (`tiling.tile_results`).
 
 An op with no rule at all is *opaque*: `OPAQUE_REASONS` says why, propagation
 stops at it and it stays replicated. Nothing here knows about passes.
@@ -27,13 +33,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IntegerAttr, TensorType, i64
-from xdsl.ir import Attribute, Operation
+from xdsl.dialects.builtin import I64, DenseIntOrFPElementsAttr, IntegerAttr, TensorType, i64
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.xdsl_extras.traits import Elementwise
 
 from dialects.attributes import ints
-from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES
+from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES, TopKOp
 from dialects.convolution import ConvolutionOp
 from dialects.names import op_name
 from dialects.regions import combiner_name
@@ -81,6 +87,14 @@ Localizer = Callable[[Operation, int, Resize], dict[str, Attribute]]
 """(op, factor, resize) -> properties to replace in the op rebuilt with the
 factor's dims resized (the per-part op; the padded op)."""
 
+Regroup = Callable[[Operation, int, int], tuple[list[Operation], list[SSAValue]] | None]
+"""(op, factor, parts) -> new ops and the values replacing `op`'s results: the op
+again with the factor's dims regrouped as [parts, size / parts] (a new
+parallel factor of `parts`, major), the op on each group, and the op once
+more over the groups' picks (`OpRule.regroupable`); None where `parts`
+does not divide the factor, or the parts' picks are not fewer than the
+whole (the op over the picks is that op already)."""
+
 
 @dataclass(frozen=True)
 class OpRule:
@@ -91,6 +105,15 @@ class OpRule:
     results: tuple[Dims, ...]
     localize: Localizer | None = field(default=None, compare=False)
     unplaced: frozenset[int] = frozenset()
+    regroupable: frozenset[int] = frozenset()
+    """Blocked factors a selection of the whole's can still be split: the
+    op on each part picks its own (an argmax of a part, with the part's
+    indices global), then the op again over the parts' few picks
+    (`regroup`): a sharded argmax gathers one (value, index) pair per part
+    instead of the whole input. Propagation rewrites the op so (on a
+    factor whose size `parts` divides) where an operand arrives split on
+    one, and the new ops propagate as any others."""
+    regroup: Regroup | None = field(default=None, compare=False)
     """Factors whose place in the *global* shapes these (local) shapes do not
     fix: a reshape's size-1 dim just major to the factor may be a dim some
     enclosing loop split down to 1, so a split of the factor's dims on one
@@ -115,8 +138,6 @@ class OpRule:
             return f.reason
         if f.size % parts:
             return f"the dimension has {f.size} elements, which {parts} parts do not divide"
-        if len(self.results) != 1:
-            return "a loop has one result, and this op has several"
         for dims in (*self.operands, *self.results):
             for factors in dims:
                 if factor in factors[1:]:
@@ -131,9 +152,11 @@ class OpRule:
             )
         return None
 
-    def result_dim(self, factor: int) -> int | None:
-        """The dimension of the (single) result that runs over `factor`."""
-        for d, factors in enumerate(self.results[0]):
+    def result_dim(self, factor: int, result: int = 0) -> int | None:
+        """The dimension of result `result` that runs over `factor` (an op with
+        several results, a sort or an argmax, runs them all over the same
+        factors: each result gets a loop of its own, `tiling.tile_op`)."""
+        for d, factors in enumerate(self.results[result]):
             if factors and factors[0] == factor:
                 return d
         return None
@@ -175,8 +198,13 @@ class _Builder:
         results: Sequence[Dims],
         localize: Localizer | None = None,
         unplaced: frozenset[int] = frozenset(),
+        regroupable: frozenset[int] = frozenset(),
+        regroup: Regroup | None = None,
     ) -> OpRule:
-        return OpRule(tuple(self.factors), tuple(operands), tuple(results), localize, unplaced)
+        return OpRule(
+            tuple(self.factors), tuple(operands), tuple(results), localize, unplaced,
+            regroupable, regroup,
+        )
 
 
 def shape(value_or_type: object) -> tuple[int, ...]:
@@ -311,9 +339,11 @@ def _is_zero_constant(value: object) -> bool:
 
 def reduce_rule(op: ReduceOp) -> OpRule | None:
     """Kept dims are parallel; reduced dims are sum factors when the body is
-    `add` and the init a zero constant (a sum of per-part sums), else blocked."""
+    `add` and the init a zero constant (a sum of per-part sums), else blocked.
+    A reduce of several inputs (`argmax`: values and their indices) runs all
+    of them over the same factors; its reduced dims are blocked."""
     if len(op.inputs) != 1:
-        return None
+        return _variadic_reduce_rule(op)
     b = _Builder()
     src = shape(op.inputs[0])
     reduced = set(ints(op.dimensions))
@@ -336,6 +366,89 @@ def reduce_rule(op: ReduceOp) -> OpRule | None:
             result.append(f)
     init: Dims = ()
     return b.rule([tuple(operand), init], [tuple(result)])
+
+
+def _variadic_reduce_rule(op: ReduceOp) -> OpRule:
+    """An argmax: the reduced dims are blocked, and regroupable (its body is
+    a selection of one input set, so a part's winner competes again with
+    the other parts'; its index input is the whole's iota, so the indices
+    stay global through the regrouping reshape)."""
+    b = _Builder()
+    src = shape(op.inputs[0])
+    reduced = set(ints(op.dimensions))
+    reason = "a reduction of several operands (an argmax): a part's winner is not the whole's"
+    operand: list[tuple[int, ...]] = []
+    result: list[tuple[int, ...]] = []
+    regroupable: set[int] = set()
+    for d, n in enumerate(src):
+        if d in reduced:
+            operand.append(b.blocked(n, reason))
+            regroupable.update(operand[-1])
+        else:
+            f = (b.new(n),)
+            operand.append(f)
+            result.append(f)
+    inputs = [tuple(operand)] * len(op.inputs)
+    inits: list[Dims] = [()] * len(op.init_values)
+    return b.rule(
+        [*inputs, *inits], [tuple(result)] * len(op.results),
+        regroupable=frozenset(regroupable), regroup=_regroup_reduce,
+    )
+
+
+def _regroup_reduce(
+    op: Operation, factor: int, parts: int
+) -> tuple[list[Operation], list[SSAValue]] | None:
+    """`reduce(xs, dims)` -> `reduce(reduce(reshape(xs) to [.., parts, n / parts, ..],
+    dims + the inner dim), the parts' dim)`, both with `op`'s body and inits."""
+    from xdsl.dialects.builtin import DenseArrayBase
+
+    assert isinstance(op, ReduceOp)
+    rule = reduce_rule(op)
+    assert rule is not None
+    d = rule.operand_dims(factor)[0]
+    assert d is not None
+    src = shape(op.inputs[0])
+    if src[d] % parts or src[d] <= parts:
+        return None
+    grouped = [*src[:d], parts, src[d] // parts, *src[d + 1 :]]
+    reduced = sorted(ints(op.dimensions))
+    inner = sorted({r + (r > d) for r in reduced if r != d} | {d + 1})
+    kept = [k for k in range(len(grouped)) if k not in inner]
+    at = kept.index(d)  # the parts' dim in the inner reduce's results
+    ops: list[Operation] = []
+    reshaped = [_made(ops, op, _reshape(x, grouped)) for x in op.inputs]
+    partial_types = [
+        TensorType(r.type.element_type, [grouped[k] for k in kept])  # type: ignore[attr-defined]
+        for r in op.results
+    ]
+
+    def again(inputs: Sequence[object], dims: list[int], types: list[Attribute]) -> Operation:
+        made = type(op).create(
+            operands=[*inputs, *op.init_values],  # type: ignore[list-item]
+            result_types=types,
+            properties={**op.properties, "dimensions": DenseArrayBase.from_list(i64, dims)},
+            attributes=dict(op.attributes),
+            regions=[region.clone() for region in op.regions],
+        )
+        made.location = op.location
+        return made
+
+    partial = again(reshaped, inner, list(partial_types))
+    final = again(list(partial.results), [at], [r.type for r in op.results])
+    return [*ops, partial, final], list(final.results)
+
+
+def _reshape(value: SSAValue, to: Sequence[int]) -> Operation:
+    element = value.type.element_type  # type: ignore[attr-defined]
+    return shlo.ReshapeOp.create(operands=[value], result_types=[TensorType(element, to)])
+
+
+def _made(ops: list[Operation], origin: Operation, op: Operation, result: int = 0) -> SSAValue:
+    """Append `op` (made to replace `origin`, whose location it takes) to `ops`."""
+    op.location = origin.location
+    ops.append(op)
+    return op.results[result]
 
 
 def _pass_through_or_blocked(
@@ -608,11 +721,11 @@ def select_and_scatter_rule(op: SelectAndScatterOp) -> OpRule:
     return b.rule([operand, source, ()], [operand])
 
 
-def sort_rule(op: SortOp) -> OpRule | None:
-    """Dims other than the sorted one pass through (each lane sorts alone);
-    the sorted dim is blocked: a part's order depends on the other parts."""
-    if len(op.inputs) != 1:
-        return None
+def sort_rule(op: SortOp) -> OpRule:
+    """Dims other than the sorted one pass through (each lane sorts alone),
+    in every input and result alike (an argsort sorts values and indices
+    together); the sorted dim is blocked: a part's order depends on the
+    other parts."""
     b = _Builder()
     src = shape(op.inputs[0])
     axis = op.axis % len(src)
@@ -620,7 +733,93 @@ def sort_rule(op: SortOp) -> OpRule | None:
     operand, result = _pass_through_or_blocked(
         b, src, src, keep, "the sorted dim: each part's order depends on the other parts"
     )
-    return b.rule([operand], [result])
+    return b.rule([operand] * len(op.inputs), [result] * len(op.results))
+
+
+def top_k_rule(op: TopKOp) -> OpRule:
+    """`chlo.top_k` along the last dim: the others pass through the operand
+    and both results (each row picks its own k); the last dim is blocked:
+    a part's k largest are not the whole row's, but regroupable: the k
+    largest of the parts' k largest are (`_regroup_top_k`)."""
+    b = _Builder()
+    src = shape(op.operand)
+    reason = "the dim top_k picks along: a part's k largest are not the whole row's"
+    lanes = tuple((b.new(n),) for n in src[:-1])
+    picked = b.blocked(src[-1], reason)
+    operand = (*lanes, picked)
+    result = (*lanes, b.blocked(op.count, reason))
+    return b.rule(
+        [operand], [result, result], regroupable=frozenset(picked), regroup=_regroup_top_k
+    )
+
+
+def _regroup_top_k(
+    op: Operation, factor: int, parts: int
+) -> tuple[list[Operation], list[SSAValue]] | None:
+    """`top_k(x, k)` along [n] -> with x regrouped [parts, n / parts]: each
+    group's k largest (`top_k` again, its indices made global by adding the
+    group's offset), then the k largest of the parts * k picks and the
+    global indices at their places (`take_along_axis`, a gather). Ties keep
+    index order: the picks are in group order, and each group's in its own."""
+    from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase
+
+    assert isinstance(op, TopKOp)
+    src = shape(op.operand)
+    *lanes, n = src
+    k = op.count
+    if n % parts or n // parts < k or parts * k >= n:
+        return None
+    r = len(src)
+    index_type = op.indices.type
+    assert isinstance(index_type, TensorType)
+    value_type = op.values.type
+    assert isinstance(value_type, TensorType)
+    element, index = value_type.element_type, index_type.element_type
+    ops: list[Operation] = []
+    grouped = _made(ops, op, _reshape(op.operand, [*lanes, parts, n // parts]))
+    picks = [*lanes, parts, k]
+    per_group = TopKOp.create(
+        operands=[grouped], result_types=[TensorType(element, picks), TensorType(index, picks)],
+        properties=dict(op.properties),
+    )
+    values = _made(ops, op, per_group, 0)
+    local = per_group.results[1]
+    scalar = DenseIntOrFPElementsAttr.from_list(TensorType(index, []), [n // parts])  # type: ignore[type-var]
+    size = _made(ops, op, shlo.ConstantOp(scalar))  # type: ignore[arg-type]
+    sizes = _made(ops, op, shlo.BroadcastInDimOp.create(
+        operands=[size], result_types=[TensorType(index, picks)],
+        properties={"broadcast_dimensions": DenseArrayBase.from_list(i64, [])},
+    ))
+    group = _made(ops, op, shlo.IotaOp.create(
+        properties={"iota_dimension": IntegerAttr(r - 1, i64)},
+        result_types=[TensorType(index, picks)],
+    ))
+    offset = _made(ops, op, shlo.MultiplyOp(group, sizes))
+    found = _made(ops, op, shlo.AddOp(local, offset))
+    flat = [*lanes, parts * k]
+    values = _made(ops, op, _reshape(values, flat))
+    found = _made(ops, op, _reshape(found, flat))
+    best = TopKOp.create(
+        operands=[values], result_types=[op.values.type, op.indices.type],
+        properties=dict(op.properties),
+    )
+    _made(ops, op, best)
+    at = _made(ops, op, _reshape(best.results[1], [*lanes, k, 1]))
+
+    def dims(values: Sequence[int]) -> ArrayAttr[IntegerAttr[I64]]:
+        return ArrayAttr([IntegerAttr(v, i64) for v in values])
+
+    numbers = shlo.GatherDimensionNumbers(
+        dims([]), dims([r - 1]), dims(range(r - 1)), dims(range(r - 1)), dims([r - 1]),
+        IntegerAttr(r, i64),
+    )
+    take = shlo.GatherOp.create(
+        operands=[found, at], result_types=[op.indices.type],
+        properties={"dimension_numbers": numbers,
+                    "slice_sizes": DenseArrayBase.from_list(i64, [1] * r)},
+    )
+    _made(ops, op, take)
+    return ops, [best.results[0], take.results[0]]
 
 
 def concatenate_rule(op: shlo.ConcatenateOp) -> OpRule:
@@ -831,6 +1030,7 @@ RULES: dict[str, RuleBuilder] = {
     "stablehlo.reduce_window": reduce_window_rule,
     "stablehlo.select_and_scatter": select_and_scatter_rule,
     "stablehlo.sort": sort_rule,
+    "chlo.top_k": top_k_rule,
     "stablehlo.select": elementwise_rule,
     "stablehlo.clamp": elementwise_rule,
     "sdy.sharding_constraint": elementwise_rule,  # the identity, until `Annotations` runs
@@ -854,14 +1054,10 @@ OPAQUE_REASONS: dict[str, str] = {
     "distribution it arrives with, whose tiling rewrites.control_flow carries through",
     "stablehlo.after_all": "a token op: no tensor to tile",
     "stablehlo.return": "a region terminator, not a computation",
-    "stablehlo.reduce(multi-input)": "a loop has one result; variadic reduce has several",
     "stablehlo.reduce_window(multi-input)": "a loop has one result; this reduce_window has "
     "several",
-    "stablehlo.sort(multi-input)": "a loop has one result; this sort (an argsort, a sort by "
-    "keys) has several",
     "stablehlo.rng_bit_generator": "random bits: a part's bits are not a slice of the "
     "whole's bits, so every device draws them all (replicated) and takes its part",
-    "chlo.top_k": "a loop has one result; top_k has two (its values and their indices)",
     "stablehlo.constant(non-splat)": "a literal array: each part slices it at run time",
     "stablehlo.bitcast_convert(rank-changing)": "changing the bit width changes the rank",
 }
@@ -1014,16 +1210,12 @@ def opaque_reason(op: Operation) -> str:
     name = op_name(op)
     if name in OPAQUE_REASONS:
         return OPAQUE_REASONS[name]
-    if name == "stablehlo.reduce":
-        return OPAQUE_REASONS["stablehlo.reduce(multi-input)"]
     if name == "stablehlo.constant":
         return OPAQUE_REASONS["stablehlo.constant(non-splat)"]
     if name == "stablehlo.scatter":
         return OPAQUE_REASONS["stablehlo.scatter(multi-input)"]
     if name == "stablehlo.reduce_window":
         return OPAQUE_REASONS["stablehlo.reduce_window(multi-input)"]
-    if name == "stablehlo.sort":
-        return OPAQUE_REASONS["stablehlo.sort(multi-input)"]
     if name == "stablehlo.bitcast_convert":
         return OPAQUE_REASONS["stablehlo.bitcast_convert(rank-changing)"]
     if name in RULES:

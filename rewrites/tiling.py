@@ -30,8 +30,8 @@ from dialects.partir import (
 from rewrites.registry import OpRule
 
 
-def loop_action(rule: OpRule, factor: int) -> TileAttr | SumAttr:
-    dim = rule.result_dim(factor)
+def loop_action(rule: OpRule, factor: int, result: int = 0) -> TileAttr | SumAttr:
+    dim = rule.result_dim(factor, result)
     return _tile(dim) if dim is not None else _SUM
 
 
@@ -48,16 +48,18 @@ def part_op(
 ) -> Operation:
     """`op` applied to `operands` (its operands' parts) with part-sized results;
     the slices made for it that have no location yet take its location."""
-    dim = rule.result_dim(factor)
-    result = op.results[0].type
-    result_type = part_type(result, dim, parts) if dim is not None else result
+    result_types = []
+    for k, result in enumerate(op.results):
+        dim = rule.result_dim(factor, k)
+        ty = result.type
+        result_types.append(part_type(ty, dim, parts) if dim is not None else ty)
     properties = dict(op.properties)
     if rule.localize is not None:
         properties.update(rule.localize(op, factor, lambda size: size // parts))
     give_location([v.owner for v in operands if isinstance(v.owner, _SLICES)], op.location)
     return type(op).create(
         operands=list(operands),
-        result_types=[result_type],
+        result_types=result_types,
         properties=properties,
         attributes=dict(op.attributes),
         location=op.location,
@@ -108,11 +110,34 @@ def tile_op(
     parts: int,
     attributes: dict[str, Attribute] | None = None,
 ) -> LoopOp:
-    """The loop equal to `op` with `factor` split over `axis` (not inserted)."""
-    block = Block(arg_types=[RangeType(parts)])
-    slices, operands = slice_operands(rule, factor, list(op.operands), block.args[0])
-    body = part_op(op, rule, factor, parts, operands)
-    block.add_ops([*slices, body, YieldOp(body.results[0])])
-    loop = LoopOp(axis, loop_action(rule, factor), Region(block), op.results[0].type, attributes)
-    loop.location = op.location
-    return loop
+    """The loop equal to `op` (of one result) with `factor` split over
+    `axis` (not inserted)."""
+    assert len(op.results) == 1, f"{op.name} has several results: use tile_results"
+    return tile_results(op, rule, factor, axis, parts, attributes)[0]
+
+
+def tile_results(
+    op: Operation,
+    rule: OpRule,
+    factor: int,
+    axis: str,
+    parts: int,
+    attributes: dict[str, Attribute] | None = None,
+) -> list[LoopOp]:
+    """Per result of `op`, the loop equal to it with `factor` split over
+    `axis` (not inserted). A loop has one result, so an op with several (a
+    sort, an argmax's reduce, a top_k) gets one loop per result, each with
+    the op on the parts in its body: the copies are the same pure op on the
+    same parts, which the compiler of the emitted program merges, and one
+    whose result is unused is erased as dead code."""
+    loops = []
+    for k, result in enumerate(op.results):
+        block = Block(arg_types=[RangeType(parts)])
+        slices, operands = slice_operands(rule, factor, list(op.operands), block.args[0])
+        body = part_op(op, rule, factor, parts, operands)
+        block.add_ops([*slices, body, YieldOp(body.results[k])])
+        action = loop_action(rule, factor, k)
+        loop = LoopOp(axis, action, Region(block), result.type, dict(attributes or {}))
+        loop.location = op.location
+        loops.append(loop)
+    return loops

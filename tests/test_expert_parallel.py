@@ -137,9 +137,8 @@ def test_a_gshard_layer_sends_tokens_to_the_experts_and_back_by_all_to_all(exper
 
 @pytest.mark.slow  # the training step below routes by top_k too
 def test_a_top_k_router_dispatches_by_all_to_all_and_never_gathers_the_experts():
-    """`lax.top_k` runs whole today (its probabilities gathered, issue 35's
-    multi-result ops), so the combine weights are whole over "model" and the
-    combine sums over it; the dispatch is still an all-to-all."""
+    """`lax.top_k` runs on each device's tokens (`tests/test_multi_result.py`);
+    the dispatch is an all-to-all, and the experts are never gathered."""
     args = make_args()
     compiled = partir.jit(layer_top_k, mesh=MESH, tactics=[partir.BatchParallel("batch"), EXPERTS])
     assert_leaves_close(compiled(*args), jax.jit(layer_top_k)(*args), what="top_k layer")
@@ -187,9 +186,8 @@ def test_a_training_step_through_the_experts_keeps_them_split():
     split = {s.leaf for s in report.selections if s.role == "expert weight"}
     assert split == {f"params['moe']['{n}']" for n in ("experts_b1", "experts_w1", "experts_w2")}
     assert gathered(lowered, split) == []
-    # Forward dispatch, and the output gradient sent to the experts (the
-    # combine and the expert inputs' way back need none: top_k is whole
-    # over "model", and x takes no gradient).
+    # Forward dispatch, and the output gradient sent to the experts (x
+    # takes no gradient).
     assert sum(c.kind == "all_to_all" for c in lowered.collectives) >= 2
     # The experts' gradients stay split: summed over "batch" only.
     model_sums = [c for c in lowered.collectives if c.kind == "all_reduce" and "model" in c.axes]

@@ -215,7 +215,11 @@ def test_import_stage_is_replicated_without_collectives(step):
 
 
 def conflict_program(x, y):
-    return jnp.argsort(x, axis=0), x + y, jnp.max(x, axis=0), jnp.argmax(x, axis=1)
+    window = jax.lax.reduce_window(  # two operands: opaque
+        (x, y), (-jnp.inf, jnp.inf),
+        lambda a, b: (jnp.maximum(a[0], b[0]), jnp.minimum(a[1], b[1])), (2, 1), (2, 1), "VALID",
+    )
+    return jnp.argsort(x, axis=0), x + y, jnp.max(x, axis=0), jnp.argmax(x, axis=1), window
 
 
 @pytest.fixture(scope="module")
@@ -243,10 +247,14 @@ def test_core_stage_lists_replicated_ops_with_reasons(core_stage, capsys):
     by_op = collections.defaultdict(list)
     for r in data["replicated_ops"]:
         by_op[(r["op"], r["reason"])].append(r)
-    assert by_op[("stablehlo.sort", "opaque")]
-    reduces = [op for op in top if op.name == "stablehlo.reduce"]
-    variadic = next(op for op in reduces if len(op.results) > 1)
-    assert [r["detail"] for r in by_op[("stablehlo.reduce", "opaque")]] == [opaque_reason(variadic)]
+    windows = [op for op in top if op.name == "stablehlo.reduce_window"]
+    assert [r["detail"] for r in by_op[("stablehlo.reduce_window", "opaque")]] == [
+        opaque_reason(windows[0])
+    ]
+    (argsort,) = by_op[("stablehlo.sort", "blocked")]  # along the tiled dim
+    assert "dim 0" in argsort["detail"] and "sorted dim" in argsort["detail"]
+    # argmax along the other dim runs on each device's rows (a loop per result)
+    assert not [op for op in top if op.name == "stablehlo.reduce" and len(op.results) > 1]
     (blocked,) = by_op[("stablehlo.reduce", "blocked")]  # max over the tiled dim
     assert "dim 0" in blocked["detail"] and "batch" in blocked["detail"]
     # the conflict is reported as recorded, and its op is not replicated: the

@@ -2,8 +2,8 @@
 
 The experts' weights are stacked on a leading expert dim; tokens are split
 over "batch", and with expert parallelism the experts over "model". The
-router's `top_k` has two results, so propagation keeps it whole (its
-probabilities are gathered over "batch" first: issue 16's multi-result ops).
+router's `top_k` runs on each device's tokens (a loop per result:
+`tests/test_multi_result.py`).
 """
 
 from __future__ import annotations

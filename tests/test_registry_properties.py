@@ -35,7 +35,7 @@ from dialects.interpreter import run_function
 from dialects.parser import PartirParser
 from examples import ALL as EXAMPLES
 from rewrites.registry import RULES, FactorKind, OpRule, opaque_reason, rule_for
-from rewrites.tiling import tile_op
+from rewrites.tiling import tile_op, tile_results
 from tests.numerics import assert_close
 
 AXIS = "a"
@@ -53,15 +53,21 @@ class Case:
     result_type: str
     expect: Callable[[OpRule, int], None] | None = None
     """Extra claims about the rule itself (e.g. which factors are sums)."""
+    results: int = 1
+    """How many results `%result` has (`result_type` lists their types)."""
 
     def text(self) -> str:
         params = ", ".join(f"%arg{i}: {tensor_type(a.shape, a.dtype)}"
                            for i, a in enumerate(self.args))
         body = "\n".join(f"  {line}" for line in self.lines)
+        returned, signature = "%result", self.result_type
+        if self.results > 1:
+            returned = ", ".join(f"%result#{k}" for k in range(self.results))
+            signature = f"({self.result_type})"
         return (
             f'partir.mesh @mesh ["{AXIS}" = {self.parts}]\n'
-            f"func.func @main({params}) -> {self.result_type} {{\n{body}\n"
-            f"  func.return %result : {self.result_type}\n}}\n"
+            f"func.func @main({params}) -> {signature} {{\n{body}\n"
+            f"  func.return {returned} : {self.result_type}\n}}\n"
         )
 
 
@@ -119,13 +125,16 @@ def op_under_test(module: ModuleOp) -> Operation:
 
 
 def replace_by_loop(op: Operation, factor: int, parts: int) -> None:
+    """`op` replaced by its loop (one loop per result, `tile_results`)."""
     rule = rule_for(op)
     assert rule is not None
-    loop = tile_op(op, rule, factor, AXIS, parts)
+    loops = [tile_op(op, rule, factor, AXIS, parts)] if len(op.results) == 1 else tile_results(
+        op, rule, factor, AXIS, parts)
     block = op.parent_block()
     assert block is not None
-    block.insert_op_before(loop, op)
-    op.results[0].replace_all_uses_with(loop.result)
+    for loop, result in zip(loops, op.results, strict=True):
+        block.insert_op_before(loop, op)
+        result.replace_all_uses_with(loop.result)
     block.erase_op(op)
 
 
@@ -846,6 +855,114 @@ def _sort() -> Generator:
     return Generator("stablehlo.sort", cases(), examples=30)
 
 
+def _sort_pairs() -> Generator:
+    """An argsort (`jnp.argsort`): values and their indices sorted together,
+    by the values (ties are common: the stable sort keeps index order)."""
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts, kept, src = draw(kept_dim_shapes().filter(lambda c: len(c[2]) > 1))
+        axis = draw(st.sampled_from([d for d in range(len(src)) if d != kept]))
+        t, ti, t0, i0 = tensor_type(src, F32), tensor_type(src, I32), "tensor<f32>", "tensor<i32>"
+        comparator = (
+            f"{{\n  ^bb0(%a: {t0}, %b: {t0}, %c: {i0}, %d: {i0}):\n"
+            f'    %less = "stablehlo.compare"(%a, %b) <{{comparison_direction = '
+            f"#stablehlo<comparison_direction LT>}}> : ({t0}, {t0}) -> tensor<i1>\n"
+            f'    "stablehlo.return"(%less) : (tensor<i1>) -> ()\n  }}'
+        )
+        line = op_line("stablehlo.sort", ["%arg0", "%arg1"], [t, ti], f"({t}, {ti})",
+                       f"dimension = {axis} : i64, is_stable = true", comparator,
+                       result="%result:2")
+        rng = draw(rngs)
+        index = np.broadcast_to(
+            np.arange(src[axis]).reshape([-1 if d == axis else 1 for d in range(len(src))]),
+            src).astype(np.int32)
+        return Case(parts, (GRID(rng, src), index), (line,), f"{t}, {ti}",
+                    _expect_blocked([axis], [axis]), results=2)
+
+    return Generator("stablehlo.sort", cases(), examples=30)
+
+
+def argmax_body(direction: str) -> str:
+    """JAX's argmax (GT) / argmin (LT) comparator: the better value, NaN
+    first, and of equal values the lower index."""
+    f0, i0, b0 = "tensor<f32>", "tensor<i32>", "tensor<i1>"
+
+    def compare(name: str, a: str, b: str, how: str, t: str) -> str:
+        return (f'    {name} = "stablehlo.compare"({a}, {b}) <{{comparison_direction = '
+                f"#stablehlo<comparison_direction {how}>}}> : ({t}, {t}) -> {b0}\n")
+
+    def logic(name: str, op: str, a: str, b: str) -> str:
+        return f'    {name} = "stablehlo.{op}"({a}, {b}) : ({b0}, {b0}) -> {b0}\n'
+
+    return (
+        f"{{\n  ^bb0(%a: {f0}, %i: {i0}, %b: {f0}, %j: {i0}):\n"
+        + compare("%better", "%a", "%b", direction, f0)
+        + compare("%nan", "%a", "%a", "NE", f0)
+        + logic("%take", "or", "%better", "%nan")
+        + compare("%same", "%a", "%b", "EQ", f0)
+        + compare("%lower", "%i", "%j", "LT", i0)
+        + logic("%tie", "and", "%same", "%lower")
+        + logic("%pick", "or", "%take", "%tie")
+        + f'    %v = "stablehlo.select"(%take, %a, %b) : ({b0}, {f0}, {f0}) -> {f0}\n'
+        + f'    %k = "stablehlo.select"(%pick, %i, %j) : ({b0}, {i0}, {i0}) -> {i0}\n'
+        + f'    "stablehlo.return"(%v, %k) : ({f0}, {i0}) -> ()\n  }}'
+    )
+
+
+def argmax_case(parts: int, src: Sequence[int], axis: int, direction: str,
+                rng: np.random.Generator) -> Case:
+    """`jnp.argmax` (GT) or `jnp.argmin` (LT) along `axis`: a reduce of the
+    values and an iota, both results returned."""
+    out = [n for d, n in enumerate(src) if d != axis]
+    t, ti = tensor_type(src, F32), tensor_type(src, I32)
+    o, oi = tensor_type(out, F32), tensor_type(out, I32)
+    init = "0xFF800000" if direction == "GT" else "0x7F800000"
+    lines = (
+        f'%iota = "stablehlo.iota"() <{{iota_dimension = {axis} : i64}}> : () -> {ti}',
+        f'%init = "stablehlo.constant"() <{{value = dense<{init}> : tensor<f32>}}> : () -> '
+        "tensor<f32>",
+        '%zero = "stablehlo.constant"() <{value = dense<0> : tensor<i32>}> : () -> tensor<i32>',
+        op_line("stablehlo.reduce", ["%arg0", "%iota", "%init", "%zero"],
+                [t, ti, "tensor<f32>", "tensor<i32>"], f"({o}, {oi})",
+                f"dimensions = {array_attr([axis])}", argmax_body(direction),
+                result="%result:2"),
+    )
+    expect = _expect_blocked([axis], [])
+    return Case(parts, (GRID(rng, src),), lines, f"{o}, {oi}", expect, results=2)
+
+
+def _argmax(direction: str) -> Generator:
+    """An argmax or argmin (a reduce of two operands) along a dim other than
+    one a tiling could split; ties (few distinct values) pick the lower index."""
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts, kept, src = draw(kept_dim_shapes().filter(lambda c: len(c[2]) > 1))
+        axis = draw(st.sampled_from([d for d in range(len(src)) if d != kept]))
+        return argmax_case(parts, src, axis, direction, draw(rngs))
+
+    return Generator("stablehlo.reduce", cases(), examples=30)
+
+
+def _top_k() -> Generator:
+    """`lax.top_k` (`chlo.top_k`) along the last dim, ties common."""
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> Case:
+        parts, _kept, src = draw(kept_dim_shapes().filter(lambda c: c[1] < len(c[2]) - 1))
+        k = draw(st.integers(1, src[-1]))
+        out = (*src[:-1], k)
+        t, o, oi = tensor_type(src, F32), tensor_type(out, F32), tensor_type(out, I32)
+        line = op_line("chlo.top_k", ["%arg0"], [t], f"({o}, {oi})", f"k = {k} : i64",
+                       result="%result:2")
+        rank = len(src)
+        return Case(parts, (GRID(draw(rngs), src),), (line,), f"{o}, {oi}",
+                    _expect_blocked([rank - 1], [rank - 1]), results=2)
+
+    return Generator("chlo.top_k", cases(), examples=30)
+
+
 def _slice() -> Generator:
     """Some dims whole, the others cut (random start, limit and stride)."""
 
@@ -1185,6 +1302,10 @@ def _generators() -> dict[str, Generator]:
     table["stablehlo.select_and_scatter[max pool grad]"] = _select_and_scatter("GE")
     table["stablehlo.select_and_scatter[min pool grad]"] = _select_and_scatter("LE")
     table["stablehlo.sort"] = _sort()
+    table["stablehlo.sort[argsort]"] = _sort_pairs()
+    table["stablehlo.reduce[argmax]"] = _argmax("GT")
+    table["stablehlo.reduce[argmin]"] = _argmax("LT")
+    table["chlo.top_k"] = _top_k()
     table["stablehlo.slice"] = _slice()
     table["stablehlo.dynamic_slice"] = _dynamic_slice()
     table["stablehlo.dynamic_update_slice"] = _dynamic_update_slice()
@@ -1405,3 +1526,70 @@ def test_a_reverse_blocks_the_dims_it_reverses() -> None:
     assert "mirror" in (rule.why_not_tileable(flipped, 2) or "")
     assert rule.tileable_factors(2) == [kept]
     assert forced_loop_differs(case, flipped), "each part would be reversed in place"
+
+
+# --- a selection along a split dim: the op on each part, then again ---------------
+
+
+@st.composite
+def regroupable_argmaxes(draw: st.DrawFn) -> Case:
+    """An argmax or argmin whose reduced dim `parts` divides into groups of 2-3."""
+    parts = draw(PARTS)
+    rank = draw(st.integers(1, 3))
+    axis = draw(st.integers(0, rank - 1))
+    src = [draw(st.sampled_from([1, 2, 3, 4])) for _ in range(rank)]
+    src[axis] = parts * draw(st.integers(2, 3))
+    return argmax_case(parts, src, axis, draw(st.sampled_from(["GT", "LT"])), draw(rngs))
+
+
+@st.composite
+def regroupable_top_ks(draw: st.DrawFn) -> Case:
+    """A top_k whose last dim `parts` divides into groups of more than k."""
+    parts = draw(PARTS)
+    k = draw(st.integers(1, 3))
+    lanes = [draw(st.sampled_from([1, 2, 3])) for _ in range(draw(st.integers(0, 2)))]
+    src = (*lanes, parts * draw(st.integers(k + 1, k + 3)))  # fewer picks than the whole
+    out = (*lanes, k)
+    t, o, oi = tensor_type(src, F32), tensor_type(out, F32), tensor_type(out, I32)
+    line = op_line("chlo.top_k", ["%arg0"], [t], f"({o}, {oi})", f"k = {k} : i64",
+                   result="%result:2")
+    return Case(parts, (GRID(draw(rngs), src),), (line,), f"{o}, {oi}", results=2)
+
+
+@seed(35)
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(st.one_of(regroupable_argmaxes(), regroupable_top_ks()))
+def test_a_regrouped_selection_equals_the_op(case: Case) -> None:
+    """`OpRule.regroup`: the argmax (top_k) of each group, then of the groups'
+    picks, is the argmax (top_k), ties at the lower index; and the per-group
+    op tiles over the groups, which is how a split operand runs it on each
+    device."""
+    module = parse(case.text())
+    module.verify()
+    expected = run_function(module, case.args)
+    op = op_under_test(module)
+    rule = rule_for(op)
+    assert rule is not None and rule.regroup is not None
+    axis = next(d for d, fs in enumerate(rule.operands[0]) if fs and fs[0] in rule.regroupable)
+    (factor,) = rule.operands[0][axis]
+    regrouped = rule.regroup(op, factor, case.parts)
+    assert regrouped is not None
+    new_ops, results = regrouped
+    block = op.parent_block()
+    assert block is not None
+    block.insert_ops_before(new_ops, op)
+    for old, new in zip(op.results, results, strict=True):
+        old.replace_all_uses_with(new)
+    block.erase_op(op)
+    module.verify()
+    for got, want in zip(run_function(module, case.args), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    groups = next(new for new in new_ops if new.name == op.name)  # the op on each group
+    inner = rule_for(groups)
+    assert inner is not None
+    (by_group,) = inner.operands[0][axis]
+    assert by_group in inner.tileable_factors(case.parts)
+    replace_by_loop(groups, by_group, case.parts)
+    module.verify()
+    for got, want in zip(run_function(module, case.args), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
