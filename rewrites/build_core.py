@@ -286,7 +286,15 @@ class _Builder:
         if self.g.kinds[o] == _RETURN:
             return value
         want = self.d.wanted(o, i)
-        for k, loop in enumerate(place.frames):
+        decided = list(self.d.factors[o])  # the order the op took its axes: the engine's
+        order = sorted(  # slices, each of the one before, in that order
+            range(len(place.frames)),
+            key=lambda k: (decided.index(place.frames[k].axis), k)
+            if place.frames[k].axis in decided
+            else (len(decided), k),
+        )
+        for k in order:
+            loop = place.frames[k]
             dim = want.get(loop.axis)
             if dim is None or loop.axis in done:
                 continue
@@ -299,19 +307,79 @@ class _Builder:
                 made[key] = s.results[0]
             value = made[key]
         return value
-        want = self.d.wanted(o, i)
-        for loop in place.frames:
-            dim = want.get(loop.axis)
-            if dim is None or loop.axis in done:
-                continue
-            key = (value, dim, loop.index)
-            if key not in made:
-                s = SliceOp(value, dim, loop.index)
-                s.location = self.g.ops[o].location
-                place.frames[-1].block.add_op(s)
-                made[key] = s.results[0]
-            value = made[key]
-        return value
+
+
+def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]) -> None:
+    """Order a loop body (and the bodies inside it) as the rewrite engine
+    leaves it, from the yield back: each op after what it reads (post-order),
+    in operand order (the engine fuses a producer's part where its slice
+    was), except that an op whose split over the loop's axis came through
+    an operand made in this body follows that operand's ops (the engine
+    moved it into their loop, after its body: `PushForward._join_loop`).
+    The build adds ops in program order; this makes the core IR text the
+    engine's, so `partir-opt`'s passes and the stages read the same."""
+    block = loop.body.block
+    ops = list(block.ops)
+    for op in ops:
+        if isinstance(op, LoopOp):
+            _in_engine_order(op, decision, ids)
+    terminator = block.last_op
+    if len(ops) < 3 or terminator is None:
+        return
+    axis = loop.axis.data
+    here = set(ops)
+
+    def reads(op: Operation) -> list[Operation]:
+        o = ids.get(op)
+        if o is None:  # a slice, loop or yield: its operands in order
+            found = [v.owner for v in op.operands if v.owner in here]
+        else:  # an op of the program: each operand's slices by the axis order
+            # in which the op was split (the engine slices per tiling), then
+            # the operand's producer; the operand it arrived through first
+            rank = {axis: k for k, axis in enumerate(decision.factors[o])}
+            keyed: list[tuple[int, int, Operation]] = []
+            for i, v in enumerate(op.operands):
+                owner = v.owner
+                while isinstance(owner, SliceOp) and owner in here:
+                    keyed.append((rank.get(_axis_of(owner), len(rank)), i, owner))
+                    owner = owner.operands[0].owner
+                if owner in here:  # made in the loop: where the last tiling sliced it
+                    keyed.append((max(len(rank) - 1, 0), i, owner))  # type: ignore[arg-type]
+            keyed.sort(key=lambda k: (k[0], k[1]))
+            found = [k[2] for k in keyed]
+            arrived = decision.arrival[o].get(axis)
+            if arrived is not None and arrived < len(op.operands):
+                first = op.operands[arrived].owner
+                if first in here and first in ids:  # an op of the program, not a slice
+                    found.insert(0, first)  # type: ignore[arg-type]
+        for region in op.regions:
+            for inner in region.walk():
+                found += [v.owner for v in inner.operands if v.owner in here]  # type: ignore[misc]
+        return found
+
+    order: list[Operation] = []
+    placed: set[Operation] = {terminator}
+    stack: list[tuple[Operation, list[Operation]]] = [(terminator, reads(terminator)[::-1])]
+    while stack:
+        op, pending = stack[-1]
+        if pending:
+            nxt = pending.pop()
+            if nxt not in placed:
+                placed.add(nxt)
+                stack.append((nxt, reads(nxt)[::-1]))
+            continue
+        stack.pop()
+        order.append(op)
+    rest = [op for op in ops if op not in placed]  # read by nothing the yield needs
+    for op in [*order[:-1], *rest, terminator]:
+        op.detach()
+        block.add_op(op)
+
+
+def _axis_of(s: SliceOp) -> str:
+    """The axis of the loop whose index `s` reads."""
+    loop = s.operands[1].owner.parent_op()  # type: ignore[union-attr]
+    return loop.axis.data if isinstance(loop, LoopOp) else ""
 
 
 def would_be_trivially_dead_after(builder: _Builder, o: int) -> bool:
@@ -397,6 +465,10 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
         if builder.dead[o]:
             graph.ops[o].detach()
             graph.ops[o].erase(safe_erase=False)
+    ids = {graph.ops[o]: o for o in top}
+    for op in entry.body.block.ops:
+        if isinstance(op, LoopOp):
+            _in_engine_order(op, decision, ids)
     LAST_BUILD_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
 
 

@@ -241,6 +241,11 @@ class Decision:
     """Per op id, axis -> the factor of its rule split over it."""
     factor_axes: list[dict[int, tuple[str, ...]]]
     op_priority: list[dict[str, Priority]]
+    arrival: list[dict[str, int]]
+    """Per op id, axis -> the operand its split over the axis came through
+    (the operand count: from its users). Where that operand's producer is
+    in the loop already, the engine moves the op into it after its body
+    (`rewrites.build_core` orders loop bodies so)."""
     inside: list[frozenset[str]]
     """Per op id, the axes of the loops it runs in without splitting anything
     over them: an op made split for its users (backward) runs in their loops,
@@ -361,6 +366,7 @@ class _Propagation:
             factors=[{} for _ in range(m)],
             factor_axes=[{} for _ in range(m)],
             op_priority=[{} for _ in range(m)],
+            arrival=[{} for _ in range(m)],
             inside=[frozenset() for _ in range(m)],
             carried={},
             carried_priority={},
@@ -590,6 +596,7 @@ class _Propagation:
             chosen[c.axis] = c
             if c.operand == backward:  # it runs in its users' loops
                 self._inherit(o)
+            d.arrival[o][c.axis] = c.operand
             self.assign(o, c.axis, c.factor, c.priority, c.padded)
 
     def _idle(self, o: int) -> bool:
