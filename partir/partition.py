@@ -130,7 +130,7 @@ def partition(
     *,
     keep_stages: bool = False,
     verify: bool = False,
-    engine: str = "rewrite",
+    engine: str = "decided",
 ) -> Partitioned:
     """Apply `tactics` to `module` (in place), each followed by propagation
     (`Annotations` first where the program holds any: `with_annotations`).
@@ -217,22 +217,17 @@ def partition_decided(
     verify: bool = False,
 ) -> Partitioned:
     """`partition`, decided in plain data and built once
-    (`rewrites.factor_propagation`, `rewrites.build_core`). What the builder
-    does not build yet (a while or case, a dim padded for divisibility), an
-    `Automatic` (it searches by rewriting) and `keep_stages` (there is no
-    IR between tactics) go to the rewrite engine, with the same result."""
-    from dataclasses import replace
-
+    (`rewrites.factor_propagation`, `rewrites.build_core`). With
+    `keep_stages`, tactic k's stage is the first k tactics' decision built on
+    a copy of the imported module (what the rewrite engine's IR is after
+    tactic k). What the builder does not build yet (a while or case, a dim
+    padded for divisibility), an `Automatic` (it searches by rewriting) and
+    what only `apply_plan` does go to the rewrite engine, with the same result."""
     from dialects.errors import UnsupportedError
-    from partir.passes import declare_mesh, plan_seeds
-    from partir.selections import record_selections
-    from rewrites.actions import TileAction, check_action, take_action_numbers
-    from rewrites.build_core import build_core
-    from rewrites.conflicts import record_conflicts
-    from rewrites.factor_propagation import decide
+    from partir.passes import declare_mesh
 
     tactics = with_annotations(module, tactics)
-    if keep_stages or any(isinstance(t, Automatic) for t in tactics):
+    if any(isinstance(t, Automatic) for t in tactics):
         return partition(
             module, mesh, tactics, keep_stages=keep_stages, verify=verify, engine="rewrite"
         )
@@ -244,35 +239,84 @@ def partition_decided(
             # What apply_plan does beyond tiling (taking JAX's constraints out,
             # ZeRO-1's whole results, ZeRO planned again on the per-device
             # shapes the tactics before left) is the rewrite engine's alone yet.
-            return partition(module, mesh, tactics, verify=verify, engine="rewrite")
-        mesh_op = declare_mesh(module, mesh)
-        seeds = plan_seeds(module, plans)
-        actions = [
-            [TileAction(s.value, s.dim, s.axis, s.origin, s.label) for s in planned]
-            for planned in seeds
-        ]
-        for action in (a for planned in actions for a in planned):
-            check_action(action, mesh_op)  # the engine's errors, before anything changes
-        decision = decide(module, dict(mesh.axes), seeds)
-        try:
-            build_core(module, decision)  # checks what it builds before changing anything
-        except UnsupportedError:
-            return partition(module, mesh, tactics, verify=verify, engine="rewrite")
-        result = Partitioned(module, plans, decided=list(tactics))
-        for plan, planned_seeds in zip(plans, seeds, strict=True):
-            take_action_numbers(module, len(plan))
-            dims = {(t.leaf.name, t.dim): s.dim for t, s in zip(plan, planned_seeds, strict=True)}
-            record_selections(
-                module,
-                [
-                    replace(s, dim=dims.get((s.leaf, s.dim), s.dim)) if s.dim is not None else s
-                    for s in plan.selections()
-                ],
+            return partition(
+                module, mesh, tactics, keep_stages=keep_stages, verify=verify, engine="rewrite"
             )
-        for planned in actions:
-            result.actions += planned
-        record_conflicts(module, decision.conflicts)
-        result.conflicts = list(decision.conflicts)
+        declare_mesh(module, mesh)
+        imported = Stage.snapshot("import", module) if keep_stages else None
+        try:
+            result = _decide_and_build(module, mesh, tactics, plans)
+        except UnsupportedError:
+            return partition(
+                module, mesh, tactics, keep_stages=keep_stages, verify=verify, engine="rewrite"
+            )
         if verify:
             module.verify()
+        if imported is not None:
+            result.stages = _decided_stages(imported, module, mesh, tactics, plans)
+    return result
+
+
+def _decided_stages(
+    imported: Stage, module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic], plans: list[Plan]
+) -> list[Stage]:
+    """"import" and, per tactic, the first k tactics' decision built on a copy
+    of the import (`module` is the last)."""
+    from dialects.errors import UnsupportedError
+
+    names = stage_names(tactics)
+    stages = [imported]
+    for k, name in enumerate(names[:-1], start=1):
+        prefix = imported.module.clone()
+        try:
+            _decide_and_build(prefix, mesh, tactics[:k], plans[:k])
+        except UnsupportedError:  # a prefix the builder leaves to the engine
+            replayed = partition(
+                imported.module.clone(), mesh, tactics, keep_stages=True, engine="rewrite"
+            )
+            return [imported, *replayed.stages[1:-1], Stage.snapshot(names[-1], module)]
+        stages.append(Stage(name, prefix))
+    return [*stages, Stage.snapshot(names[-1], module)]
+
+
+def _decide_and_build(
+    module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic], plans: list[Plan]
+) -> Partitioned:
+    """Decide `plans`' seeds on `module` (its mesh declared) and build its
+    core IR once, recording the actions' numbers, selections and conflicts
+    as the rewrite engine's passes do."""
+    from dataclasses import replace
+
+    from partir.passes import declare_mesh, plan_seeds
+    from partir.selections import record_selections
+    from rewrites.actions import TileAction, check_action, take_action_numbers
+    from rewrites.build_core import build_core
+    from rewrites.conflicts import record_conflicts
+    from rewrites.factor_propagation import decide
+
+    mesh_op = declare_mesh(module, mesh)  # declared already: the module's own
+    seeds = plan_seeds(module, plans)
+    actions = [
+        [TileAction(s.value, s.dim, s.axis, s.origin, s.label) for s in planned]
+        for planned in seeds
+    ]
+    for action in (a for planned in actions for a in planned):
+        check_action(action, mesh_op)  # the engine's errors, before anything changes
+    decision = decide(module, dict(mesh.axes), seeds)
+    build_core(module, decision)  # checks what it builds before changing anything
+    result = Partitioned(module, list(plans), decided=list(tactics))
+    for plan, planned_seeds in zip(plans, seeds, strict=True):
+        take_action_numbers(module, len(plan))
+        dims = {(t.leaf.name, t.dim): s.dim for t, s in zip(plan, planned_seeds, strict=True)}
+        record_selections(
+            module,
+            [
+                replace(s, dim=dims.get((s.leaf, s.dim), s.dim)) if s.dim is not None else s
+                for s in plan.selections()
+            ],
+        )
+    for planned in actions:
+        result.actions += planned
+    record_conflicts(module, decision.conflicts)
+    result.conflicts = list(decision.conflicts)
     return result

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import TensorType
@@ -22,6 +23,7 @@ from dialects.functions import NAME_ATTR
 from lowering.to_spmd import input_slices
 from partir.annotations import Annotation, read_annotations
 from partir.mesh import Mesh
+from partir.roles import Roles
 from partir.selections import Selection
 from partir.selectors import POSITIONAL_ROOT, argument_root, display_path, select
 from rewrites.projection import tilings
@@ -63,6 +65,12 @@ class ProgramView:
     left the program: a tactic that picks a dim from a leaf's shape reads
     the per-device one (`local_shape`)."""
     annotations: tuple[Annotation, ...] = ()
+
+    @cached_property
+    def roles(self) -> Roles:
+        """What each leaf is (parameters, optimizer state, data...): found
+        once per program, whichever tactics ask (`partir.roles`)."""
+        return Roles.of(self.arguments, self.results)
 
     def local_shape(self, leaf: Leaf, mesh: Mesh) -> tuple[int, ...]:
         """`leaf`'s shape on one device after the earlier tactics' splits

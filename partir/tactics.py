@@ -301,7 +301,7 @@ def _data_tiles(
         roles = [("data", given) if leaf.index in chosen else ("other", f"not {given}")
                  for leaf in program.arguments]
     else:
-        found = Roles.of(program.arguments, program.results)
+        found = program.roles
         data = found.data(program.arguments, _axis_size(mesh, axis, who))
         if isinstance(data, str):
             raise TacticError(f"{who}: {data}")
@@ -418,7 +418,7 @@ class Megatron(Tactic):
     CLI_NAME = "partir-megatron"
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
-        roles = Roles.of(program.arguments, program.results)
+        roles = program.roles
         roots = [glob_escaped(node) for node in roles.parameters] or ["*"]
         kinds = (
             ("column weight", -1, self.column, MEGATRON_COLUMN, "column"),
@@ -540,7 +540,7 @@ class ExpertParallel(Tactic):
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         """The tokens first (their action is the earlier one), then the experts."""
-        roles = Roles.of(program.arguments, program.results)
+        roles = program.roles
         tokens, _ = _data_tiles(
             self.name, self.axis, self.inputs, self.token_dim, program, mesh, "token"
         )
@@ -700,7 +700,7 @@ class ZeRO(Tactic):
         if self.stage not in (1, 2, 3):
             raise TacticError(f"{self.name}: stage must be 1, 2 or 3, got {self.stage}")
         passed: list[PassedLeaf] = []
-        roles = Roles.of(program.arguments, program.results)
+        roles = program.roles
         planned = self._leaves(
             program, mesh, self.opt_state, [f"{glob_escaped(r)}/**" for r in roles.optimizer],
             results=False, role="optimizer state",

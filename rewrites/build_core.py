@@ -33,13 +33,28 @@ from dataclasses import dataclass, field
 from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.transforms.dead_code_elimination import would_be_trivially_dead
+from xdsl_jax.dialects.stablehlo import WhileOp
 
 from dialects.errors import PartirValueError, UnsupportedError
 from dialects.functions import entry_function
 from dialects.partir import LoopOp, RangeType, SliceOp, TileAttr, YieldOp, part_type
-from rewrites.factor_propagation import _COMPUTE, _OTHER, _RETURN, Decision
+from rewrites.factor_propagation import (
+    _BARRIER,
+    _BRANCH,
+    _COMPUTE,
+    _OTHER,
+    _RETURN,
+    _WHILE,
+    Decision,
+    Priority,
+)
 from rewrites.registry import FactorKind, OpRule
 from rewrites.tiling import loop_action
+
+_CARRIERS = (_WHILE, _BRANCH, _BARRIER)
+"""A while, a case or an optimization barrier: it carries whole values
+(as the rewrite engine leaves it); the ops of a while's or case's bodies
+are placed and built in their own block."""
 
 
 @dataclass(eq=False)
@@ -68,10 +83,8 @@ def _refuse(decision: Decision, top: list[int]) -> None:
         raise UnsupportedError("build_core: a dim padded for divisibility; use the rewrite engine")
     for o in top:
         op, kind = graph.ops[o], graph.kinds[o]
-        if kind not in (_COMPUTE, _RETURN, _OTHER):
-            raise UnsupportedError(
-                f"build_core: {op.name} (a loop or branch) is not built yet; use the rewrite engine"
-            )
+        if kind in _CARRIERS:
+            continue  # carries whole values; its bodies are built as blocks of their own
         if kind != _RETURN and decision.factors[o] and len(op.results) != 1:
             raise UnsupportedError(f"build_core: {op.name} has several results and is split")
         if kind == _OTHER and (decision.factors[o] or decision.inside[o]):
@@ -122,6 +135,25 @@ class _Builder:
         """(source, dim, loop index) -> its slice: one per loop, shared by its readers."""
         self.reps: dict[int, SSAValue] = {}
         """Value id -> the value users outside its producer's own loops read."""
+        self.bodies: dict[int, list[tuple[Block, list[int]]]] = {}
+        """A while's or case's op id -> its bodies, each with its ops' ids."""
+
+    def build_block(self, block: Block, ops: list[int], arguments: bool) -> None:
+        """Place (users first) and build (in program order) the ops of
+        `block`: the entry's, or a while's or case's body (whose arguments
+        are read as their uses slice them)."""
+        outer, self.block = self.block, block
+        for o in reversed(ops):
+            if self.g.kinds[o] == _RETURN:
+                self.places[o] = _Place()
+            else:
+                self.place(o)
+        if arguments:
+            for arg in block.args:
+                self.arrive(arg)
+        for o in ops:
+            self.build(o)
+        self.block = outer
 
     # -- placement ---------------------------------------------------------
 
@@ -165,7 +197,9 @@ class _Builder:
             if not self.dead[q] and (place := self.places[q]) is not None
         ]
         shared: list[_Loop] = []
-        if users and len(self.g.results[o]) == 1:
+        if users and len(self.g.results[o]) == 1 and all(
+            self.g.ops[q].parent is op.parent for v in self.g.results[o] for q, _ in self.g.uses[v]
+        ):  # a use inside a body reads it whole, from outside any loop
             own = self._own_axes(o)
             for level, loop in enumerate(users[0][0].frames):
                 if any(len(p.frames) <= level or p.frames[level] is not loop for p, _, _ in users):
@@ -224,18 +258,33 @@ class _Builder:
             return
         own = {axis: d for d, axes in self.d.nesting[v].items() for axis in axes}
         if all(
-            all(self.d.wanted(o, i).get(axis) == d for axis, d in own.items())
+            self.g.kinds[o] not in _CARRIERS  # a carrier reads it whole
+            and all(self.d.wanted(o, i).get(axis) == d for axis, d in own.items())
             for o, i in self.g.uses[v]
         ):
             return  # each use slices it itself (fused)
-        value: SSAValue = arg
+        origins = {axis: self.d.priority[v].get(axis) for axis in own}
+        value = self._tile_loops(arg, self.d.nesting[v], origins)
+        value.name_hint = arg.name_hint
+        self.reps[v] = value
+
+    def _tile_loops(
+        self,
+        value: SSAValue,
+        nesting: dict[int, tuple[str, ...]],
+        origins: dict[str, Priority | None],
+    ) -> SSAValue:
+        """`value` made split as `nesting` says (dim -> its axes, major
+        first): a tile loop nest slicing it, added to the current block; the
+        nest's result (the rewrite engine's form of a value that arrives
+        split)."""
         loops: list[LoopOp] = []
-        ty = arg.type
-        for d, axes in sorted(self.d.nesting[v].items()):
+        ty = value.type
+        for d, axes in sorted(nesting.items()):
             for axis in axes:
                 assert isinstance(ty, TensorType)
                 block = Block(arg_types=[RangeType(self.d.mesh[axis])])
-                origin = self.d.priority[v].get(axis)
+                origin = origins.get(axis)
                 loop = LoopOp(axis, TileAttr(d), Region(block), ty,
                               {"origin": origin[1]} if origin and origin[1] else {})
                 ty = part_type(ty, d, self.d.mesh[axis])
@@ -249,8 +298,33 @@ class _Builder:
                 loops[k - 1].body.block.add_op(loops[k])
             value = loops[k].results[0]
         self.block.add_op(loops[0])
-        value.name_hint = arg.name_hint
-        self.reps[v] = value
+        return value
+
+    def _ends_body(self, o: int, carrier: int) -> bool:
+        """Whether return `o` ends the body of while `carrier` (not its condition)."""
+        op = self.g.ops[carrier]
+        return isinstance(op, WhileOp) and self.g.ops[o].parent is op.body.block
+
+    def _carried(self, o: int, i: int, v: int, value: SSAValue) -> SSAValue:
+        """Value `v` carried as operand `i` of while or barrier `o` (or
+        returned by its body for that place), split as the decision says:
+        it is carried split, as a tile loop nest of slices (the rewrite
+        engine's form), unless its producer's own loops make it so."""
+        want = self.d.wanted(o, i)
+        if not want:
+            return value
+        p = self.g.producer[v]
+        if p >= 0 and self.g.kinds[p] == _COMPUTE:
+            place = self.places[p]
+            own = {loop.axis for loop in place.frames[place.shared:]} if place else set()
+            if all(a in own and self._tile_dim(p, a) == d for a, d in want.items()):
+                return value
+        nesting: dict[int, tuple[str, ...]] = {}
+        for axis in self.d.mesh:  # major first, as the mesh orders its axes
+            if axis in want:
+                nesting[want[axis]] = (*nesting.get(want[axis], ()), axis)
+        origins = {axis: self.d.carried_priority.get((o, axis)) for axis in want}
+        return self._tile_loops(value, nesting, origins)
 
     def build(self, o: int) -> None:
         if self.dead[o]:
@@ -268,6 +342,8 @@ class _Builder:
         target = place.frames[-1].block if place.frames else self.block
         target.add_op(built)
         if not op.results:
+            for block, ops in self.bodies.get(o, ()):
+                self.build_block(block, ops, arguments=False)
             return
         inner = built.results[0]
         for k in range(len(place.frames) - 1, place.shared - 1, -1):
@@ -281,6 +357,8 @@ class _Builder:
         else:
             for v, r in zip(self.g.results[o], built.results, strict=True):
                 self.reps[v] = r
+        for block, ops in self.bodies.get(o, ()):
+            self.build_block(block, ops, arguments=False)
         if inner is not built.results[0] and built.results[0].name_hint:
             inner.name_hint = built.results[0].name_hint  # the name is the whole value's
             built.results[0].name_hint = None
@@ -302,10 +380,26 @@ class _Builder:
             for loop in producer.frames[: producer.shared]:
                 if self._tile_dim(p, loop.axis) is not None:
                     done.add(loop.axis)
-        if self.g.kinds[o] == _RETURN:
+        kind = self.g.kinds[o]
+        if kind == _RETURN:
+            carrier = self.g.carrier_of_return.get(o, -1)
+            if carrier >= 0 and self._ends_body(o, carrier):  # the next iteration's value
+                return self._carried(carrier, i, v, value)
             return value
+        if kind == _BRANCH:
+            return value
+        if kind in _CARRIERS:
+            return self._carried(o, i, v, value)
         want = self.d.wanted(o, i)
-        for k, loop in enumerate(place.frames):
+        decided = list(self.d.factors[o])  # the order the op took its axes: the engine's
+        order = sorted(  # slices, each of the one before, in that order
+            range(len(place.frames)),
+            key=lambda k: (decided.index(place.frames[k].axis), k)
+            if place.frames[k].axis in decided
+            else (len(decided), k),
+        )
+        for k in order:
+            loop = place.frames[k]
             dim = want.get(loop.axis)
             if dim is None or loop.axis in done:
                 continue
@@ -318,19 +412,79 @@ class _Builder:
                 made[key] = s.results[0]
             value = made[key]
         return value
-        want = self.d.wanted(o, i)
-        for loop in place.frames:
-            dim = want.get(loop.axis)
-            if dim is None or loop.axis in done:
-                continue
-            key = (value, dim, loop.index)
-            if key not in made:
-                s = SliceOp(value, dim, loop.index)
-                s.location = self.g.ops[o].location
-                place.frames[-1].block.add_op(s)
-                made[key] = s.results[0]
-            value = made[key]
-        return value
+
+
+def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]) -> None:
+    """Order a loop body (and the bodies inside it) as the rewrite engine
+    leaves it, from the yield back: each op after what it reads (post-order),
+    in operand order (the engine fuses a producer's part where its slice
+    was), except that an op whose split over the loop's axis came through
+    an operand made in this body follows that operand's ops (the engine
+    moved it into their loop, after its body: `PushForward._join_loop`).
+    The build adds ops in program order; this makes the core IR text the
+    engine's, so `partir-opt`'s passes and the stages read the same."""
+    block = loop.body.block
+    ops = list(block.ops)
+    for op in ops:
+        if isinstance(op, LoopOp):
+            _in_engine_order(op, decision, ids)
+    terminator = block.last_op
+    if len(ops) < 3 or terminator is None:
+        return
+    axis = loop.axis.data
+    here = set(ops)
+
+    def reads(op: Operation) -> list[Operation]:
+        o = ids.get(op)
+        if o is None:  # a slice, loop or yield: its operands in order
+            found = [v.owner for v in op.operands if v.owner in here]
+        else:  # an op of the program: each operand's slices by the axis order
+            # in which the op was split (the engine slices per tiling), then
+            # the operand's producer; the operand it arrived through first
+            rank = {axis: k for k, axis in enumerate(decision.factors[o])}
+            keyed: list[tuple[int, int, Operation]] = []
+            for i, v in enumerate(op.operands):
+                owner = v.owner
+                while isinstance(owner, SliceOp) and owner in here:
+                    keyed.append((rank.get(_axis_of(owner), len(rank)), i, owner))
+                    owner = owner.operands[0].owner
+                if owner in here:  # made in the loop: where the last tiling sliced it
+                    keyed.append((max(len(rank) - 1, 0), i, owner))  # type: ignore[arg-type]
+            keyed.sort(key=lambda k: (k[0], k[1]))
+            found = [k[2] for k in keyed]
+            arrived = decision.arrival[o].get(axis)
+            if arrived is not None and arrived < len(op.operands):
+                first = op.operands[arrived].owner
+                if first in here and first in ids:  # an op of the program, not a slice
+                    found.insert(0, first)  # type: ignore[arg-type]
+        for region in op.regions:
+            for inner in region.walk():
+                found += [v.owner for v in inner.operands if v.owner in here]  # type: ignore[misc]
+        return found
+
+    order: list[Operation] = []
+    placed: set[Operation] = {terminator}
+    stack: list[tuple[Operation, list[Operation]]] = [(terminator, reads(terminator)[::-1])]
+    while stack:
+        op, pending = stack[-1]
+        if pending:
+            nxt = pending.pop()
+            if nxt not in placed:
+                placed.add(nxt)
+                stack.append((nxt, reads(nxt)[::-1]))
+            continue
+        stack.pop()
+        order.append(op)
+    rest = [op for op in ops if op not in placed]  # read by nothing the yield needs
+    for op in [*order[:-1], *rest, terminator]:
+        op.detach()
+        block.add_op(op)
+
+
+def _axis_of(s: SliceOp) -> str:
+    """The axis of the loop whose index `s` reads."""
+    loop = s.operands[1].owner.parent_op()  # type: ignore[union-attr]
+    return loop.axis.data if isinstance(loop, LoopOp) else ""
 
 
 def would_be_trivially_dead_after(builder: _Builder, o: int) -> bool:
@@ -389,34 +543,56 @@ def _localize(op: Operation, rule: OpRule | None, decision: Decision, o: int) ->
 
 def build_core(module: ModuleOp, decision: Decision) -> None:
     """Rewrite `module`'s entry function (in place) into the core IR
-    `decision` describes: every op once, in its tile and sum loops."""
+    `decision` describes: every op once, in its tile and sum loops (those of
+    a while's or case's body inside that body)."""
     start, start_cpu = time.perf_counter(), time.process_time()
     entry = entry_function(module)
     graph = decision.graph
     if graph.values[: len(entry.body.block.args)] != list(entry.body.block.args):
         raise PartirValueError("build_core: the decision was made for another module")
-    top = [o for o, op in enumerate(graph.ops) if op.parent is entry.body.block]
-    _refuse(decision, top)
-    old = entry.body.block
-    builder = _Builder(decision, old)  # each op moves to the end as it is built
-    for o in reversed(top):
-        if graph.kinds[o] == _RETURN:
-            builder.places[o] = _Place()
-        else:
-            builder.place(o)
-    for o in top:
+    blocks = _program_blocks(decision, entry.body.block)
+    every = [o for _, ops in blocks for o in ops]
+    _refuse(decision, every)
+    ids = {graph.ops[o]: o for o in every}
+    builder = _Builder(decision, entry.body.block)  # each op moves to the end as it is built
+    for block, ops in blocks[1:]:
+        parent = block.parent_op()
+        assert parent is not None
+        builder.bodies.setdefault(ids[parent], []).append((block, ops))
+    for o in every:
         rule = graph.rules[o]
-        if rule is not None and decision.factors[o] and not builder.dead[o]:
+        if rule is not None and decision.factors[o]:
             _resize_properties(graph.ops[o], rule, decision, o)
-    for arg in entry.body.block.args:
-        builder.arrive(arg)
-    for o in top:
-        builder.build(o)
-    for o in reversed(top):  # what is left in place is dead
+    builder.build_block(entry.body.block, blocks[0][1], arguments=True)
+    for o in reversed(every):  # what is left in place is dead
         if builder.dead[o]:
             graph.ops[o].detach()
             graph.ops[o].erase(safe_erase=False)
+    for block, _ in blocks:
+        for op in block.ops:
+            if isinstance(op, LoopOp):
+                _in_engine_order(op, decision, ids)
     LAST_BUILD_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
+
+
+def _program_blocks(decision: Decision, entry: Block) -> list[tuple[Block, list[int]]]:
+    """The entry's block and every while's or case's body in it (at any
+    depth), each with its ops' ids in program order; a reduction's body is
+    part of its op, not a block of the program."""
+    graph = decision.graph
+    by_block: dict[Block | None, list[int]] = {}
+    for o, op in enumerate(graph.ops):
+        by_block.setdefault(op.parent, []).append(o)
+    found: list[tuple[Block, list[int]]] = []
+    pending = [entry]
+    while pending:
+        block = pending.pop(0)
+        ops = by_block.get(block, [])
+        found.append((block, ops))
+        for o in ops:
+            if graph.kinds[o] in (_WHILE, _BRANCH):
+                pending += [b for region in graph.ops[o].regions for b in region.blocks]
+    return found
 
 
 LAST_BUILD_SECONDS = [0.0, 0.0]

@@ -87,6 +87,13 @@ from rewrites.conflicts import Conflict, ConflictLog, describe_origin
 from rewrites.registry import FactorKind, OpRule, rule_for
 
 _COMPUTE, _WHILE, _BRANCH, _BARRIER, _RETURN, _OTHER = range(6)
+_KIND_OF_CLASS: dict[type[Operation], int] = {
+    shlo.WhileOp: _WHILE,
+    **{branching: _BRANCH for branching in BRANCHING_OPS},
+    shlo.OptimizationBarrierOp: _BARRIER,
+    shlo.ReturnOp: _RETURN,  # a carrier's region's end, or a reduction body's (_OTHER)
+    func.ReturnOp: _OTHER,
+}
 
 Priority = tuple[int, OriginAttr | None]
 """(schedule position of the action behind a decision, its origin)."""
@@ -200,18 +207,12 @@ class _Graph:
         return
 
     def _kind(self, op: Operation) -> tuple[int, OpRule | None]:
-        if isinstance(op, shlo.WhileOp):
-            return _WHILE, None
-        if isinstance(op, BRANCHING_OPS):
-            return _BRANCH, None
-        if isinstance(op, shlo.OptimizationBarrierOp):
-            return _BARRIER, None
-        if isinstance(op, shlo.ReturnOp):
-            carrier = enclosing_carrier(op)
-            if carrier is not None:
-                return _RETURN, None
-            return _OTHER, None
-        if isinstance(op, func.ReturnOp) or not op.results:
+        kind = _KIND_OF_CLASS.get(type(op))  # one lookup: most ops compute
+        if kind == _RETURN:
+            return (_RETURN if enclosing_carrier(op) is not None else _OTHER), None
+        if kind is not None:
+            return kind, None
+        if not op.results:
             return _OTHER, None
         rule = rule_for(op)
         return (_COMPUTE, rule) if rule is not None else (_OTHER, None)
@@ -250,6 +251,11 @@ class Decision:
     """Per op id, axis -> the factor of its rule split over it."""
     factor_axes: list[dict[int, tuple[str, ...]]]
     op_priority: list[dict[str, Priority]]
+    arrival: list[dict[str, int]]
+    """Per op id, axis -> the operand its split over the axis came through
+    (the operand count: from its users). Where that operand's producer is
+    in the loop already, the engine moves the op into it after its body
+    (`rewrites.build_core` orders loop bodies so)."""
     inside: list[frozenset[str]]
     """Per op id, the axes of the loops it runs in without splitting anything
     over them: an op made split for its users (backward) runs in their loops,
@@ -370,6 +376,7 @@ class _Propagation:
             factors=[{} for _ in range(m)],
             factor_axes=[{} for _ in range(m)],
             op_priority=[{} for _ in range(m)],
+            arrival=[{} for _ in range(m)],
             inside=[frozenset() for _ in range(m)],
             carried={},
             carried_priority={},
@@ -595,6 +602,7 @@ class _Propagation:
             chosen[c.axis] = c
             if c.operand == backward:  # it runs in its users' loops
                 self._inherit(o)
+            d.arrival[o][c.axis] = c.operand
             self.assign(o, c.axis, c.factor, c.priority, c.padded)
 
     def _idle(self, o: int) -> bool:

@@ -53,7 +53,7 @@ def compare(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic]) -> Comparis
         op.attributes[TAG] = IntegerAttr(i, i64)
     engine = module.clone()
     decision = decide_partition(module, mesh, tactics)
-    done = partition(engine, mesh, tactics)
+    done = partition(engine, mesh, tactics, engine="rewrite")
     core = entry_function(engine)
     relations = LoopRelations.of(core.body.block)
     seen: dict[int, set[Distribution]] = {}

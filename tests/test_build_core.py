@@ -7,8 +7,9 @@ Megatron, ZeRO-1 and conflicting ManualPartitions, the built module verifies,
 the reference interpreter on it equals `jax.jit`, its SPMD lowering has the
 rewrite engine's collectives (kind, axes, count, bytes), the emitted JAX
 program computes `jax.jit`'s numbers, and the selections, action numbers and
-conflicts recorded on the module are the engine's. What it does not build
-yet (a while loop, a padded dim) goes to the rewrite engine unchanged.
+conflicts recorded on the module are the engine's; while and case bodies
+are built inside them. What it does not build yet (a padded dim, a window
+with a halo) goes to the rewrite engine unchanged.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def check_against_engine(program, args, tactics, mesh=MESH):
     built = partir.import_jax(program, *args)
     engine = built.clone()
     partition(built, mesh, tactics, engine="decided", verify=True)
-    partition(engine, mesh, tactics)
+    partition(engine, mesh, tactics, engine="rewrite")
     assert_leaves_close(run_function(built, leaves), expected, what="interpreted core IR")
     assert built.attributes == engine.attributes  # selections, actions, conflicts
     assert collectives(built) == collectives(engine)
@@ -106,7 +107,7 @@ def test_mlp_forward_core_ir_is_the_engines_text():
     built = partir.import_jax(mlp_forward.program, *args)
     engine = built.clone()
     partition(built, MESH, [DP], engine="decided")
-    partition(engine, MESH, [DP])
+    partition(engine, MESH, [DP], engine="rewrite")
     assert str(built) == str(engine)
 
 
@@ -134,21 +135,42 @@ def test_a_program_nobody_designed_it_around():
     check_against_engine(step, (weights, inputs), [partir.BatchParallel("batch"), manual])
 
 
-def test_what_it_does_not_build_goes_to_the_engine():
-    """A scanned stack (a while loop): the builder refuses before changing
-    anything, and `engine="decided"` gives the engine's module."""
-    args = scanned_stack.make_args(layers_=2)
-    module = partir.import_jax(scanned_stack.train_step, *args)
-    before = str(module)
-    with pytest.raises(UnsupportedError, match=r"stablehlo\.while"):
-        build_core(module, decide_partition(module, MESH, [DP]))
-    assert str(entry_function(module)) == str(entry_function(partir.import_jax(
-        scanned_stack.train_step, *args)))
-    assert "partir.loop" not in before
-    engine = module.clone()
-    partition(module, MESH, [DP], engine="decided")
-    partition(engine, MESH, [DP])
-    assert str(module) == str(engine)
+@pytest.mark.parametrize(
+    "tactics",
+    [[DP], [DP, partir.Megatron("model")]],
+    ids=["dp", "dp+megatron"],
+)
+def test_a_scanned_stack_is_built_inside_its_while_bodies(tactics):
+    """`lax.scan` over stacked layers (forward and backward whiles): each
+    body's ops are built in loops inside the body, a value carried split
+    enters and is returned as a tile loop of slices (the engine's form), so
+    the collectives are the engine's and nothing is gathered per layer."""
+    built = check_against_engine(
+        scanned_stack.train_step, scanned_stack.make_args(layers_=2), tactics
+    )
+    assert "stablehlo.while" in str(built)
+
+
+def test_a_split_argument_carried_by_a_loop_arrives_split():
+    """An argument a tactic splits whose only use is a while: it enters
+    the loop split (a tile loop of slices), not gathered."""
+
+    def unrolled(h, ws):
+        return jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), h, ws)[0].sum()
+
+    rng = np.random.default_rng(4)
+    h = rng.standard_normal((8, 12)).astype(np.float32)
+    ws = rng.standard_normal((3, 12, 12)).astype(np.float32) / 4
+    built = check_against_engine(
+        unrolled, (h, ws), [partir.ManualPartition({"h": {0: "batch"}})], partir.Mesh({"batch": 4})
+    )
+    assert not [op for op in built.walk() if op.name == "spmd.all_gather"]  # lowered already
+
+
+def test_a_conditional_step_is_built_in_its_branches():
+    from tests.test_conditionals import clipped_step
+
+    check_against_engine(clipped_step, block_train_step.make_args(), [DP, partir.ZeRO("batch", 3)])
 
 
 def test_a_padded_dim_goes_to_the_engine():
@@ -159,7 +181,7 @@ def test_a_padded_dim_goes_to_the_engine():
     with pytest.raises(UnsupportedError, match="padded"):
         build_core(module, decide_partition(module, MESH, [DP]))
     partition(module, MESH, [DP], engine="decided")
-    partition(engine, MESH, [DP])
+    partition(engine, MESH, [DP], engine="rewrite")
     assert str(module) == str(engine)
     assert_leaves_close(run_function(module, jax.tree_util.tree_leaves(args)),
                         jax.jit(mlp_forward.program)(*args))
@@ -211,6 +233,6 @@ def test_a_window_split_with_a_halo_goes_to_the_engine():
     with pytest.raises(partir.PartirError, match="another module"):
         build_core(engine.clone(), decide_partition(module, MESH, tactics))
     partition(module, MESH, tactics, engine="decided")
-    partition(engine, MESH, tactics)
+    partition(engine, MESH, tactics, engine="rewrite")
     assert str(module) == str(engine)
     assert_leaves_close(run_function(module, [x, w]), jax.jit(conv)(x, w))
