@@ -78,13 +78,6 @@ from rewrites.conflicts import Conflict, ConflictLog, describe_origin
 from rewrites.registry import FactorKind, OpRule, rule_for
 
 _COMPUTE, _WHILE, _BRANCH, _BARRIER, _RETURN, _OTHER = range(6)
-_KIND_OF_CLASS: dict[type[Operation], int] = {
-    shlo.WhileOp: _WHILE,
-    **{branching: _BRANCH for branching in BRANCHING_OPS},
-    shlo.OptimizationBarrierOp: _BARRIER,
-    shlo.ReturnOp: _RETURN,  # a carrier's region's end, or a reduction body's (_OTHER)
-    func.ReturnOp: _OTHER,
-}
 
 Priority = tuple[int, OriginAttr | None]
 """(schedule position of the action behind a decision, its origin)."""
@@ -198,12 +191,18 @@ class _Graph:
         return
 
     def _kind(self, op: Operation) -> tuple[int, OpRule | None]:
-        kind = _KIND_OF_CLASS.get(type(op))  # one lookup: most ops compute
-        if kind == _RETURN:
-            return (_RETURN if enclosing_carrier(op) is not None else _OTHER), None
-        if kind is not None:
-            return kind, None
-        if len(op.results) != 1:
+        if isinstance(op, shlo.WhileOp):
+            return _WHILE, None
+        if isinstance(op, BRANCHING_OPS):
+            return _BRANCH, None
+        if isinstance(op, shlo.OptimizationBarrierOp):
+            return _BARRIER, None
+        if isinstance(op, shlo.ReturnOp):
+            carrier = enclosing_carrier(op)
+            if carrier is not None:
+                return _RETURN, None
+            return _OTHER, None
+        if isinstance(op, func.ReturnOp) or len(op.results) != 1:
             return _OTHER, None
         rule = rule_for(op)
         return (_COMPUTE, rule) if rule is not None else (_OTHER, None)
