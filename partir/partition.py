@@ -2,8 +2,11 @@
 
 `partition` is the one driver: `partir.jit` calls it, and `partir-opt` runs
 the same `ApplyPlanPass` inside each tactic pass. Every tactic is planned
-(and so checked) before the first rewrite; the plans then run as an xDSL
-`PassPipeline`, each tile followed by propagation.
+(and so checked) before anything changes; by default the plans' tiles are
+then decided together in plain data and the core IR built once
+(`partition_decided`), or, with `engine="rewrite"` (and where the builder
+hands over), run as an xDSL `PassPipeline`, each tile followed by
+propagation.
 
 Stages are the IR as it was after each step, keyed by name ("import", a
 tactic's name, "ZeRO#2" for the second tactic of one class) or by index. A
@@ -137,8 +140,11 @@ def partition(
 
     With `keep_stages`, `stages` holds "import" and one stage per tactic (see
     `stage_names`); with `verify`, the dialect verifier runs after each tactic.
-    `engine="decided"` (opt-in, not yet the default) decides every sharding in
-    plain data and builds the core IR once (`partition_decided`).
+    The default engine, "decided", decides every sharding in plain data and
+    builds the core IR once (`partition_decided`); `engine="rewrite"` runs the
+    tactics as rewrite passes, one tile and its propagation at a time (the
+    reference the decided path is checked against, and what `partir-opt`'s
+    tactic passes run).
     """
     if engine == "decided":
         return partition_decided(module, mesh, tactics, keep_stages=keep_stages, verify=verify)
