@@ -137,9 +137,15 @@ class Lowered:
 
     @property
     def stages(self) -> list[Stage]:
-        """"import", one stage per tactic (`partir.partition.stage_names`), "spmd"."""
+        """"import", one stage per tactic (`partir.partition.stage_names`), "spmd".
+
+        The tactics' stages are replayed by the rewrite engine, one tactic at a
+        time, so they read as `partir-opt`'s tactic passes print them (the same
+        shardings and collectives as the decided path `lower` ran)."""
         if self._stages is None:
-            replayed = partition(self.imported.clone(), self.mesh, self.tactics, keep_stages=True)
+            replayed = partition(
+                self.imported.clone(), self.mesh, self.tactics, keep_stages=True, engine="rewrite"
+            )
             self._stages = [*replayed.stages, Stage("spmd", self.module)]
         return self._stages
 

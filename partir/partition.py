@@ -2,8 +2,11 @@
 
 `partition` is the one driver: `partir.jit` calls it, and `partir-opt` runs
 the same `ApplyPlanPass` inside each tactic pass. Every tactic is planned
-(and so checked) before the first rewrite; the plans then run as an xDSL
-`PassPipeline`, each tile followed by propagation.
+(and so checked) before anything changes; by default the plans' tiles are
+then decided together in plain data and the core IR built once
+(`partition_decided`), or, with `engine="rewrite"` (and where the builder
+hands over), run as an xDSL `PassPipeline`, each tile followed by
+propagation.
 
 Stages are the IR as it was after each step, keyed by name ("import", a
 tactic's name, "ZeRO#2" for the second tactic of one class) or by index. A
@@ -137,8 +140,11 @@ def partition(
 
     With `keep_stages`, `stages` holds "import" and one stage per tactic (see
     `stage_names`); with `verify`, the dialect verifier runs after each tactic.
-    `engine="decided"` (opt-in, not yet the default) decides every sharding in
-    plain data and builds the core IR once (`partition_decided`).
+    The default engine, "decided", decides every sharding in plain data and
+    builds the core IR once (`partition_decided`); `engine="rewrite"` runs the
+    tactics as rewrite passes, one tile and its propagation at a time (the
+    reference the decided path is checked against, and what `partir-opt`'s
+    tactic passes run).
     """
     if engine == "decided":
         return partition_decided(module, mesh, tactics, keep_stages=keep_stages, verify=verify)
@@ -146,6 +152,22 @@ def partition(
         from dialects.errors import PartirValueError
 
         raise PartirValueError(f"partition: engine={engine!r}; use 'rewrite' or 'decided'")
+    tactics = with_annotations(module, tactics)
+    plans = plan_schedule(module, mesh, tactics)
+    return _rewrite(module, mesh, tactics, plans, keep_stages=keep_stages, verify=verify)
+
+
+def _rewrite(
+    module: ModuleOp,
+    mesh: Mesh,
+    tactics: Sequence[Tactic],
+    plans: list[Plan],
+    *,
+    keep_stages: bool,
+    verify: bool,
+) -> Partitioned:
+    """The rewrite engine: each planned tactic as a pass, each tile followed
+    by propagation (`tactics` with their annotations, planned as `plans`)."""
     from dialects.context import make_context
     from partir.passes import (  # on use: `import partir` stays light
         ApplyPlanPass,
@@ -154,8 +176,6 @@ def partition(
     )
     from partir.search import decided
 
-    tactics = with_annotations(module, tactics)
-    plans = plan_schedule(module, mesh, tactics)
     declare_mesh(module, mesh)
     result = Partitioned(module, plans)
     passes: list[ModulePass] = [
@@ -227,29 +247,23 @@ def partition_decided(
     from partir.passes import declare_mesh
 
     tactics = with_annotations(module, tactics)
-    if any(isinstance(t, Automatic) for t in tactics):
-        return partition(
-            module, mesh, tactics, keep_stages=keep_stages, verify=verify, engine="rewrite"
-        )
     with paused_gc():
         plans = plan_schedule(module, mesh, tactics)
-        if any(p.removes_annotations or p.whole for p in plans) or any(
-            isinstance(t, ZeRO) for t in tactics[1:]
+        if (
+            any(isinstance(t, Automatic) for t in tactics)  # it searches by rewriting
+            or any(p.removes_annotations or p.whole for p in plans)
+            or any(isinstance(t, ZeRO) for t in tactics[1:])
         ):
             # What apply_plan does beyond tiling (taking JAX's constraints out,
             # ZeRO-1's whole results, ZeRO planned again on the per-device
             # shapes the tactics before left) is the rewrite engine's alone yet.
-            return partition(
-                module, mesh, tactics, keep_stages=keep_stages, verify=verify, engine="rewrite"
-            )
+            return _rewrite(module, mesh, tactics, plans, keep_stages=keep_stages, verify=verify)
         declare_mesh(module, mesh)
         imported = Stage.snapshot("import", module) if keep_stages else None
         try:
             result = _decide_and_build(module, mesh, tactics, plans)
         except UnsupportedError:
-            return partition(
-                module, mesh, tactics, keep_stages=keep_stages, verify=verify, engine="rewrite"
-            )
+            return _rewrite(module, mesh, tactics, plans, keep_stages=keep_stages, verify=verify)
         if verify:
             module.verify()
         if imported is not None:
@@ -266,6 +280,8 @@ def _decided_stages(
 
     names = stage_names(tactics)
     stages = [imported]
+    if not names:
+        return stages
     for k, name in enumerate(names[:-1], start=1):
         prefix = imported.module.clone()
         try:
@@ -288,8 +304,15 @@ def _decide_and_build(
     from dataclasses import replace
 
     from partir.passes import declare_mesh, plan_seeds
+    from partir.plan import TacticError
     from partir.selections import record_selections
-    from rewrites.actions import TileAction, check_action, take_action_numbers
+    from rewrites.actions import (
+        ActionError,
+        TileAction,
+        check_action,
+        check_size,
+        take_action_numbers,
+    )
     from rewrites.build_core import build_core
     from rewrites.conflicts import record_conflicts
     from rewrites.factor_propagation import decide
@@ -303,6 +326,13 @@ def _decide_and_build(
     for action in (a for planned in actions for a in planned):
         check_action(action, mesh_op)  # the engine's errors, before anything changes
     decision = decide(module, dict(mesh.axes), seeds)
+    for plan, planned in zip(plans, actions, strict=True):
+        for action in planned:  # a dim the tactics before split too finely
+            try:
+                check_size(action, decision.part_type(action.value, action.dim, action.axis),
+                           mesh.axes[action.axis])
+            except ActionError as err:
+                raise TacticError(f"{plan.tactic}: {err}") from None
     build_core(module, decision)  # checks what it builds before changing anything
     result = Partitioned(module, list(plans), decided=list(tactics))
     for plan, planned_seeds in zip(plans, seeds, strict=True):

@@ -84,7 +84,13 @@ def check_action(action: TileAction, mesh: MeshOp) -> None:
     rank = ty.get_num_dims()
     if not 0 <= action.dim < rank:
         raise ActionError(f"{action.name}: dim {action.dim} is out of range for {ty}")
-    size, parts = ty.get_shape()[action.dim], axes[action.axis]
+    check_size(action, ty, axes[action.axis])
+
+
+def check_size(action: TileAction, ty: TensorType, parts: int) -> None:
+    """Raise `ActionError` if `action`'s dim of `ty` (its value's type, or
+    its part after the splits decided before) is smaller than its axis."""
+    size = ty.get_shape()[action.dim]
     if size < parts:
         raise ActionError(
             f"{action.name}: dim {action.dim} of {ty} has size {size}, smaller than mesh axis "

@@ -126,22 +126,28 @@ def redistribution(
     tiled: Sequence[tuple[int, int]],
     factor: int,
     parts: int,
+    sizes: Sequence[int] | None = None,
 ) -> Redistribution:
     """The cost of `op` following `factor` for the operands of `tiled`
     ((operand, factor) pairs over one axis of `parts` devices) on another
     factor: each is gathered where it has no dim over `factor`, else
-    exchanged; a reduction factor also leaves the result a partial sum."""
+    exchanged; a reduction factor also leaves the result a partial sum.
+    `sizes`: each operand's bytes then each result's, where the op's types
+    are not its part's (a decision made before anything is built)."""
     dims = rule.operand_dims(factor)
     total, gathers = 0, False
+    count = len(op.operands)
     for operand in sorted({i for i, f in tiled if f != factor}):
-        size = _bytes(op.operands[operand])
+        size = sizes[operand] if sizes is not None else _bytes(op.operands[operand])
         if dims[operand] is None:
             total, gathers = total + size, True
         else:
             total += size // parts
     partial = rule.factors[factor].kind is FactorKind.SUM
     if partial:
-        total += sum(_bytes(r) for r in op.results)
+        total += (
+            sum(sizes[count:]) if sizes is not None else sum(_bytes(r) for r in op.results)
+        )
     return Redistribution(factor, total, gathers, partial)
 
 
@@ -151,7 +157,11 @@ def _bytes(value: SSAValue) -> int:
 
 
 def cheaper_exchange(
-    rule: OpRule, op: Operation, tiled: Sequence[tuple[int, int]], parts: int
+    rule: OpRule,
+    op: Operation,
+    tiled: Sequence[tuple[int, int]],
+    parts: int,
+    sizes: Sequence[int] | None = None,
 ) -> tuple[int, str]:
     """Which of `tiled` ((operand, factor) pairs of `op` over one axis,
     earliest action first) to follow, and, where bytes decided it, why.
@@ -163,14 +173,14 @@ def cheaper_exchange(
     others along dims they have for fewer bytes: the dispatched tokens, which
     have the expert dim, sent to the experts' devices by all-to-all. Where
     such an exchange exists, the reason names both costs, whichever wins."""
-    first = redistribution(rule, op, tiled, tiled[0][1], parts)
+    first = redistribution(rule, op, tiled, tiled[0][1], parts, sizes)
     if not (first.gathers or first.partial):
         return 0, ""
     best: tuple[int, Redistribution] | None = None
     for k, (_, factor) in enumerate(tiled[1:], start=1):
         if factor == first.factor or rule.factors[factor].kind is not FactorKind.PARALLEL:
             continue
-        cost = redistribution(rule, op, tiled, factor, parts)
+        cost = redistribution(rule, op, tiled, factor, parts, sizes)
         if not cost.gathers and (best is None or cost.bytes < best[1].bytes):
             best = (k, cost)
     if best is None:

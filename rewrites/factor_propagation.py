@@ -80,10 +80,11 @@ from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.carried import BRANCHING_OPS, enclosing_carrier
 from dialects.distribution import Distribution
+from dialects.dtypes import tensor_bytes
 from dialects.functions import entry_function
 from dialects.partir import OriginAttr
 from rewrites.actions import describe_value
-from rewrites.conflicts import Conflict, ConflictLog, describe_origin
+from rewrites.conflicts import Conflict, ConflictLog, cheaper_exchange, describe_origin
 from rewrites.registry import FactorKind, OpRule, rule_for
 
 _COMPUTE, _WHILE, _BRANCH, _BARRIER, _RETURN, _OTHER = range(6)
@@ -285,6 +286,18 @@ class Decision:
             sums = [a for a, f in self.factors[o].items() if rule.factors[f].kind is FactorKind.SUM]
             partial = tuple(sorted(sums))
         return Distribution(dims, partial)
+
+    def part_type(self, value: SSAValue, dim: int, axis: str) -> TensorType:
+        """`value`'s type split by the axes decided on `dim` before `axis`
+        (rounded up: a padded part): the part a split over `axis` divides."""
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        shape = list(ty.get_shape())
+        for earlier in self.nesting[self.graph.ids[value]].get(dim, ()):
+            if earlier == axis:
+                break
+            shape[dim] = -(-shape[dim] // self.mesh[earlier])
+        return TensorType(ty.element_type, shape)
 
     def use_priority(self, o: int, axis: str) -> Priority:
         """The priority of op `o`'s decision to read an operand split over `axis`."""
@@ -587,6 +600,7 @@ class _Propagation:
         if not candidates:
             return
         candidates.sort(key=lambda c: (c.order, c.operand))
+        why = self._exchanges(o, rule, candidates, backward)
         chosen: dict[str, _Candidate] = {}
         for c in candidates:
             if c.axis in d.factors[o]:
@@ -596,13 +610,60 @@ class _Propagation:
                     and won.factor != c.factor
                     and max(won.operand, c.operand) < backward
                 ):
-                    self._conflict(o, won, c)
+                    self._conflict(o, won, c, why.get(c.axis, ""))
                 continue
+            if not self.tileable(o, rule, c.factor, c.axis, c.padded):
+                continue  # an axis taken in this visit left the factor too small
             chosen[c.axis] = c
             if c.operand == backward:  # it runs in its users' loops
                 self._inherit(o)
             d.arrival[o][c.axis] = c.operand
             self.assign(o, c.axis, c.factor, c.priority, c.padded)
+
+    def _exchanges(
+        self, o: int, rule: OpRule, candidates: list[_Candidate], backward: int
+    ) -> dict[str, str]:
+        """Operands split over one axis along different factors: the earlier
+        action's is followed unless a later one costs fewer bytes to
+        reconcile (`cheaper_exchange`, as the rewrite engine chooses); that
+        one is moved first in `candidates` (in place). Axis -> why."""
+        why: dict[str, str] = {}
+        rivals: dict[str, list[_Candidate]] = {}
+        for c in candidates:
+            if c.operand < backward and c.axis not in self.d.factors[o]:
+                rivals.setdefault(c.axis, []).append(c)
+        for axis, found in rivals.items():
+            if len({c.factor for c in found}) < 2:
+                continue
+            tiled = [(c.operand, c.factor) for c in found]
+            before = dict(self.d.factors[o])  # the op's part: the axes decided before this one
+            for c in candidates[: candidates.index(found[0])]:
+                before.setdefault(c.axis, c.factor)
+            k, why[axis] = cheaper_exchange(
+                rule, self.g.ops[o], tiled, self.mesh[axis], self._part_bytes(o, rule, before)
+            )
+            if k:
+                candidates.remove(found[k])
+                candidates.insert(candidates.index(found[0]), found[k])
+        return why
+
+    def _part_bytes(self, o: int, rule: OpRule, split: dict[str, int]) -> list[int]:
+        """Op `o`'s operands' then results' bytes on one device when it
+        splits factors as `split` says (axis -> factor)."""
+        op = self.g.ops[o]
+        out = []
+        for k, value in enumerate((*op.operands, *op.results)):
+            ty = value.type
+            size = tensor_bytes(ty) if isinstance(ty, TensorType) else 0
+            for axis, f in split.items():
+                dim = (
+                    rule.operand_dims(f)[k] if k < len(op.operands)
+                    else rule.result_dim(f) if k == len(op.operands) else None
+                )
+                if dim is not None:
+                    size //= self.mesh[axis]
+            out.append(size)
+        return out
 
     def _idle(self, o: int) -> bool:
         """Nothing to decide at `o` (most visits): it splits nothing, no
@@ -714,7 +775,7 @@ class _Propagation:
             found.append((axis, dim, d.use_priority(o0, axis)))
         return found
 
-    def _conflict(self, o: int, won: _Candidate, lost: _Candidate) -> None:
+    def _conflict(self, o: int, won: _Candidate, lost: _Candidate, why: str = "") -> None:
         """Two operands split over one axis along different factors: the
         earlier action wins (`PushForward._record_conflicts`'s words)."""
         d = self.d
@@ -732,7 +793,8 @@ class _Propagation:
                 loser=describe_origin(lose_origin),
                 detail=(
                     f"operand {won.operand} is tiled on dim {won.dim}, "
-                    f"operand {lost.operand} on dim {lost.dim}; the loser is redistributed"
+                    f"operand {lost.operand} on dim {lost.dim}; "
+                    + (why or "the loser is redistributed")
                 ),
             )
         )

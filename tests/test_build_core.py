@@ -23,7 +23,6 @@ import pytest
 
 import partir
 from dialects.errors import UnsupportedError
-from dialects.functions import entry_function
 from dialects.interpreter import run_function
 from dialects.spmd import CollectiveOp
 from examples import (
