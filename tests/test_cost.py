@@ -24,6 +24,7 @@ from lowering.jax_ops import EMITTERS
 from partir.cost import Device, Link, Profile, named_profile, named_profiles, simulate
 from partir.cost.collective_costs import collective_seconds
 from partir.cost.op_costs import KINDS
+from partir.cost.profile import RING, SHARED_MEMORY
 
 MESH = partir.Mesh({"batch": 4, "model": 2})
 GiB = 1 << 30
@@ -153,6 +154,128 @@ def test_hierarchical_collectives_are_rings_per_level():
         pytest.approx(5e-6 + b / 50e9)
     )
     assert collective_seconds("all_reduce", b, []) == 0
+
+
+def test_cpu_collectives_are_one_rendezvous_and_a_copy_whatever_the_group():
+    """XLA's CPU devices are threads of one process: a collective is one
+    rendezvous then each device's bytes through memory (an all-reduce two
+    passes), the same over 2 devices as over 8; a kind measured apart
+    takes its own α and β."""
+    host = Link("cpu", 8, 1e-4, 1e9, SHARED_MEMORY, {"all_gather": (3e-4, 5e8)})
+    b = 4 * 2**20
+    for n in (2, 4, 8):
+        assert collective_seconds("all_reduce", b, [(n, host)]) == pytest.approx(1e-4 + 2 * b / 1e9)
+        assert collective_seconds("all_to_all", b, [(n, host)]) == pytest.approx(1e-4 + b / 1e9)
+        assert collective_seconds("all_gather", b, [(n, host)]) == pytest.approx(3e-4 + b / 5e8)
+    with pytest.raises(partir.PartirValueError, match="unknown collective algorithm 'tree'"):
+        Link("x", 2, 1e-6, 1e9, "tree")
+
+
+@pytest.mark.parametrize("algorithm", [RING, SHARED_MEMORY])
+def test_a_per_kind_fit_reproduces_its_own_measurements(algorithm):
+    """Timings made by a known α and β per kind, over groups of 2 and 4 at
+    three sizes: the fit finds each kind's figures, and the model on the
+    fitted link gives back every timing."""
+    from partir.cost.calibrate import Measurement, fit_link
+    from partir.cost.collective_costs import KINDS
+
+    truth = {kind: (1e-4 * (i + 1), 1e9 / (i + 1)) for i, kind in enumerate(KINDS)}
+    made = Link("truth", 8, 1.0, 1.0, algorithm, truth)
+    measured = [
+        Measurement(kind, axis, n, b, collective_seconds(kind, b, [(n, made)]))
+        for kind in KINDS
+        for axis, n in (("a", 2), ("b", 4))
+        for b in (1 << 14, 1 << 18, 1 << 22)
+    ]
+    link = fit_link(measured, "fitted", 8, algorithm)
+    assert link.algorithm == algorithm
+    for kind, (alpha, beta) in truth.items():
+        assert link.per_kind[kind] == pytest.approx((alpha, beta), rel=1e-6)
+    for m in measured:
+        assert collective_seconds(m.kind, m.nbytes, [(m.devices, link)]) == (
+            pytest.approx(m.seconds, rel=1e-6)
+        )
+
+
+def test_a_calibration_fits_its_probes_timings():
+    """`fit_profile` on timings of `calibration_probes` made by a known
+    machine gives that machine back: the best matmul rate per type, the
+    stream's bandwidth, the kernel overhead (the chain's slope per kernel),
+    one α and β per collective kind."""
+    from partir.cost.calibrate import KERNELS_PER_LINK, QUICK, calibration_probes, fit_profile
+
+    mesh = {"batch": 4, "model": 2}
+    host = Link("cpu", 8, 0.0, 1.0, SHARED_MEMORY, {"all_reduce": (2e-4, 2e9),
+                                                    "all_gather": (1e-4, 1e9)})
+    flops, bandwidth, overhead = 5e9, 2e9, 4e-6
+    timed = []
+    for probe in calibration_probes(mesh, "cpu", QUICK):
+        if probe.what == "matmul":  # the larger matmul reaches the rate
+            seconds = 2 * probe.size**3 / flops * (1 if probe.size == max(QUICK.matmul_sizes) else 2)
+        elif probe.what == "memory":
+            seconds = 3 * probe.size / bandwidth
+        elif probe.what == "chain":
+            seconds = 1e-3 + probe.size * KERNELS_PER_LINK * overhead
+        elif probe.what in host.per_kind:
+            seconds = collective_seconds(probe.what, probe.size, [(probe.devices, host)])
+        else:
+            seconds = collective_seconds("all_gather", probe.size, [(probe.devices, host)])
+        timed.append((probe, seconds))
+    profile = fit_profile(timed, mesh=mesh, devices=jax.devices(), how="made up")
+    assert profile.platform == "cpu"
+    assert profile.device.peak_flops == pytest.approx({"f32": flops, "bf16": flops})
+    assert profile.device.memory_bandwidth == pytest.approx(bandwidth)
+    assert profile.device.kernel_overhead_s == pytest.approx(overhead)
+    (link,) = profile.levels
+    assert link.algorithm == SHARED_MEMORY and link.size == 8
+    assert link.per_kind["all_reduce"] == pytest.approx((2e-4, 2e9))
+    for kind in ("all_gather", "reduce_scatter", "all_to_all", "collective_permute"):
+        assert link.per_kind[kind] == pytest.approx((1e-4, 1e9))
+
+
+def test_on_cpu_the_model_runs_the_collectives_the_compiled_program_runs():
+    """The estimate costs what XLA runs: on CPU partir writes a reduce-scatter
+    as a sum then a slice, and XLA's combiner merges independent all-reduces
+    (the gradient sums, the scatters' sums) into one. The model's groups
+    (`combined_groups`) match the compiled HLO's collectives, kind by kind,
+    in number and in bytes."""
+    from collections import Counter
+
+    from benchmarks.hlo_stats import collective_ops
+    from dialects.functions import entry_function
+    from examples import mlp_train_step
+    from partir.cost.collective_costs import combined_groups, run_kind
+
+    dp, tp = partir.BatchParallel("batch"), partir.Megatron("model")
+    cases = [
+        (block_train_step, {"batch": 8}, [dp, partir.ZeRO("batch", 2)]),
+        (block_train_step, {"batch": 4, "model": 2}, [dp, tp, partir.ZeRO("batch", 3)]),
+        (mlp_train_step, {"batch": 4, "model": 2}, [dp, tp, partir.ZeRO("batch", 3)]),
+    ]
+    for program, mesh, tactics in cases:
+        args = program.make_args(batch=8)
+        lowered = partir.jit(program.program, mesh=partir.Mesh(mesh), tactics=tactics).lower(*args)
+        groups = combined_groups(entry_function(lowered.module).body.block, "cpu")
+        model_count: Counter[str] = Counter()
+        model_bytes: Counter[str] = Counter()
+        for group in groups:
+            kind = run_kind(group[0].kind, "cpu").replace("_", "-")
+            model_count[kind] += 1
+            model_bytes[kind] += sum(op.bytes_per_device for op in group)
+        compiled = lowered.compile()
+        inputs = [
+            jax.device_put(x, jax.sharding.NamedSharding(compiled.jax_mesh, spec))
+            for x, spec in zip(jax.tree_util.tree_leaves(args), compiled.program.IN_SPECS,
+                               strict=True)
+        ]
+        hlo_count: Counter[str] = Counter()
+        hlo_bytes: Counter[str] = Counter()
+        for c in collective_ops(compiled.run.lower(*inputs).compile().as_text()):
+            hlo_count[c.kind] += c.times
+            hlo_bytes[c.kind] += c.bytes * c.times
+        assert (model_count, model_bytes) == (hlo_count, hlo_bytes), (program.__name__, mesh)
+        merged = sum(len(g) for g in groups if run_kind(g[0].kind, "cpu") == "all_reduce")
+        assert "reduce-scatter" not in model_count and merged > model_count["all-reduce"]
 
 
 def _fori(x):

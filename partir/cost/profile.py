@@ -22,18 +22,47 @@ from typing import Any
 
 from dialects.errors import PartirValueError
 
+RING = "ring"
+"""A level whose collectives are rings over its links (NCCL, TPU ICI): a
+group of n pays n - 1 latencies and (n - 1)/n of the bytes per pass."""
+SHARED_MEMORY = "shared_memory"
+"""A level of devices in one process (XLA's CPU devices): a collective is a
+rendezvous of the devices' threads, then each copies its bytes through the
+host's memory, whatever the group's size (`collective_costs`)."""
+ALGORITHMS = (RING, SHARED_MEMORY)
+
 
 @dataclass(frozen=True)
 class Link:
     """One level of the device hierarchy: `size` groups of the level below
     (devices, for the innermost) joined by links of this latency and
-    per-device, per-direction bandwidth."""
+    per-device, per-direction bandwidth, whose collectives run as
+    `algorithm` says. `per_kind` holds a collective kind's own latency and
+    bandwidth where it was measured apart ("all_gather": (α, β)); the
+    others take the link's."""
 
     name: str
     size: int
     latency_s: float
     bandwidth: float
     """Bytes per second one device sends (and receives) over this level."""
+    algorithm: str = RING
+    per_kind: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise PartirValueError(
+                f"link {self.name!r}: unknown collective algorithm {self.algorithm!r}; "
+                f"expected one of {list(ALGORITHMS)}"
+            )
+        # JSON gives lists: hold tuples, so a loaded profile equals the saved one
+        object.__setattr__(
+            self, "per_kind", {k: (float(a), float(b)) for k, (a, b) in self.per_kind.items()}
+        )
+
+    def alpha_beta(self, kind: str) -> tuple[float, float]:
+        """(latency in seconds, bytes per second) of collective `kind` here."""
+        return self.per_kind.get(kind, (self.latency_s, self.bandwidth))
 
 
 @dataclass(frozen=True)
@@ -69,6 +98,9 @@ class Profile:
     device: Device
     levels: tuple[Link, ...]
     sources: tuple[str, ...] = field(default=())
+    platform: str = ""
+    """JAX's platform name ("cpu", "gpu", "tpu") where known: partir's lowering
+    writes some collectives differently per platform (`collective_costs.RUN_AS`)."""
 
     @property
     def devices(self) -> int:
@@ -118,6 +150,7 @@ class Profile:
                 device=Device(**data["device"]),
                 levels=tuple(Link(**level) for level in data["levels"]),
                 sources=tuple(data.get("sources", ())),
+                platform=data.get("platform", ""),
             )
         except (KeyError, TypeError) as err:
             raise PartirValueError(f"not a partir device profile: {err}") from err
