@@ -200,7 +200,7 @@ def test_a_per_kind_fit_reproduces_its_own_measurements(algorithm):
 def test_a_calibration_fits_its_probes_timings():
     """`fit_profile` on timings of `calibration_probes` made by a known
     machine gives that machine back: the best matmul rate per type, the
-    stream's bandwidth, the kernel overhead (the chain's slope per kernel),
+    rate of thin matmuls as a fraction of it, the stream's bandwidth, the kernel overhead (the chain's slope per kernel),
     one α and β per collective kind."""
     from partir.cost.calibrate import KERNELS_PER_LINK, QUICK, calibration_probes, fit_profile
 
@@ -210,8 +210,9 @@ def test_a_calibration_fits_its_probes_timings():
     flops, bandwidth, overhead = 5e9, 2e9, 4e-6
     timed = []
     for probe in calibration_probes(mesh, "cpu", QUICK):
-        if probe.what == "matmul":  # the larger matmul reaches the rate
-            seconds = 2 * probe.size**3 / flops * (1 if probe.size == max(QUICK.matmul_sizes) else 2)
+        if probe.what == "matmul":  # the larger square reaches the rate, a thin one 1/4 of it
+            thin = min(probe.shape) < max(QUICK.matmul_sizes)
+            seconds = 2 * math.prod(probe.shape) / flops * (4 if thin else 1)
         elif probe.what == "memory":
             seconds = 3 * probe.size / bandwidth
         elif probe.what == "chain":
@@ -226,6 +227,7 @@ def test_a_calibration_fits_its_probes_timings():
     assert profile.device.peak_flops == pytest.approx({"f32": flops, "bf16": flops})
     assert profile.device.memory_bandwidth == pytest.approx(bandwidth)
     assert profile.device.kernel_overhead_s == pytest.approx(overhead)
+    assert profile.device.matmul_efficiency == pytest.approx(((8, 0.25), (32, 0.25)))
     (link,) = profile.levels
     assert link.algorithm == SHARED_MEMORY and link.size == 8
     assert link.per_kind["all_reduce"] == pytest.approx((2e-4, 2e9))

@@ -48,18 +48,24 @@ SIZES = (1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)
 @dataclass(frozen=True)
 class Workload:
     """How large the measurements are: the n of each n³ matmul (the fastest
-    counts), the bytes of each operand of the streaming add, per device, and
-    the bytes per device of each collective."""
+    counts), the smallest dimensions of the f32 matmuls that say how the rate
+    falls with it (each `matmul_width` x d x `matmul_width`), the bytes of
+    each operand of the streaming add, per device, and the bytes per device
+    of each collective."""
 
     matmul_sizes: tuple[int, ...]
     stream_bytes: int
     collective_bytes: tuple[int, ...] = SIZES
+    matmul_dims: tuple[int, ...] = ()
+    matmul_width: int = 0
 
 
-ACCELERATOR = Workload((2048, 4096, 8192), 1 << 30, (*SIZES, 1 << 24, 1 << 26))
+ACCELERATOR = Workload(
+    (2048, 4096, 8192), 1 << 30, (*SIZES, 1 << 24, 1 << 26), (64, 256, 1024), 8192
+)
 """A GPU or TPU: matmuls up to 8192³ and 1 GiB streams reach the chip's rate."""
 
-QUICK = Workload((64, 128), 1 << 20, (1 << 12, 1 << 16))
+QUICK = Workload((64, 128), 1 << 20, (1 << 12, 1 << 16), (8, 32), 128)
 """Seconds, not a minute: for tests and smoke runs (the figures are rough)."""
 
 
@@ -68,7 +74,7 @@ def workload_for(platform: str, devices: int) -> Workload:
     share the host's memory, so its stream (64 MiB per operand, past the
     caches) is split among them, and its matmuls stop at 512³."""
     if platform == "cpu":
-        return Workload((128, 256, 512), (1 << 26) // devices)
+        return Workload((128, 256, 512), (1 << 26) // devices, SIZES, (16, 32, 64, 128, 256), 1024)
     return ACCELERATOR
 
 
@@ -125,16 +131,21 @@ def _on_every_device(jax_mesh: Any, body: Callable[..., Any], *locals_: Any) -> 
     return lambda: f(*arrays).block_until_ready()
 
 
-def _matmul(n: int, dtype: Any, precision: Any) -> Callable[[Any], Callable[[], Any]]:
-    """An n³ `dtype` matmul at `precision` (None: JAX's default, which on a
-    GPU runs f32 as TF32), every device running one."""
+def _matmul(
+    shape: tuple[int, int, int], dtype: Any, precision: Any
+) -> Callable[[Any], Callable[[], Any]]:
+    """An (m, k) x (k, n) `dtype` matmul at `precision` (None: JAX's default,
+    which on a GPU runs f32 as TF32), every device running one."""
     import jax.numpy as jnp
 
-    def build(jax_mesh: Any) -> Callable[[], Any]:
-        def matmul(a: Any) -> Any:
-            return jnp.matmul(a, a, precision=precision)
+    m, k, n = shape
 
-        return _on_every_device(jax_mesh, matmul, jnp.full((n, n), 0.5, dtype))
+    def build(jax_mesh: Any) -> Callable[[], Any]:
+        def matmul(a: Any, b: Any) -> Any:
+            return jnp.matmul(a, b, precision=precision)
+
+        a, b = jnp.full((m, k), 0.5, dtype), jnp.full((k, n), 0.5, dtype)
+        return _on_every_device(jax_mesh, matmul, a, b)
 
     return build
 
@@ -183,11 +194,13 @@ class Probe:
     label: str
     what: str
     build: Callable[[Any], Callable[[], Any]]
+    shape: tuple[int, ...] = ()
+    """A matmul's (m, k, n)."""
     key: str = ""
     """The element type of a matmul; the mesh axis of a collective."""
     size: int = 0
-    """A matmul's n, a stream's bytes per operand, a chain's length, a
-    collective's bytes per device (the larger of its input and output)."""
+    """A stream's bytes per operand, a chain's length, a collective's bytes
+    per device (the larger of its input and output)."""
     devices: int = 1
     """A collective's group size."""
 
@@ -201,9 +214,15 @@ def calibration_probes(
     if platform == "gpu":  # JAX's default runs f32 matmuls as TF32: the rate programs get
         types.append(("f32_highest", "float32", "highest"))
     probes = [
-        Probe(f"matmul {key} {n}³", "matmul", _matmul(n, dtype, precision), key, n)
+        Probe(f"matmul {key} {n}³", "matmul", _matmul((n, n, n), dtype, precision), (n, n, n), key)
         for key, dtype, precision in types
         for n in work.matmul_sizes
+    ]
+    w = work.matmul_width
+    probes += [
+        Probe(f"matmul f32 {w}x{d}x{w}", "matmul", _matmul((w, d, w), "float32", None),
+              (w, d, w), "f32")
+        for d in work.matmul_dims
     ]
     probes.append(Probe("memory bandwidth", "memory", _stream(work.stream_bytes),
                         size=work.stream_bytes))
@@ -215,7 +234,8 @@ def calibration_probes(
                 per_device = max(nbytes // 4 // n * n, n)
                 probes.append(Probe(
                     f"{kind} over {axis}, {nbytes >> 10} KiB", kind,
-                    _collective(kind, axis, per_device), axis, 4 * per_device, n,
+                    _collective(kind, axis, per_device), key=axis, size=4 * per_device,
+                    devices=n,
                 ))
     return probes
 
@@ -299,18 +319,29 @@ def fit_profile(
     platform = devices[0].platform
     peaks: dict[str, float] = {}
     notes = []
-    for key in dict.fromkeys(p.key for p, _ in timed if p.what == "matmul"):
-        rates = {p.size: 2 * p.size**3 / s for p, s in timed if p.what == "matmul" and p.key == key}
-        n = max(rates, key=rates.__getitem__)
-        peaks[key] = rates[n]
+    matmuls = [(p, 2 * math.prod(p.shape) / s) for p, s in timed if p.what == "matmul"]
+    for key in dict.fromkeys(p.key for p, _ in matmuls):
+        rates = {p.shape: rate for p, rate in matmuls if p.key == key}
+        best = max(rates, key=rates.__getitem__)
+        peaks[key] = rates[best]
         precision = "JAX's default precision"
         if key == "f32_highest":
             precision = "Precision.HIGHEST (IEEE f32)"
         if key == "f32" and platform == "gpu":
             precision += " (TF32 on tensor cores where the GPU has them)"
         notes.append(
-            f"matmul {key}: {peaks[key] / 1e12:.3f} TFLOP/s, best of n³ for n in "
-            f"{sorted(rates)} (at n={n}), {precision}, {how}"
+            f"matmul {key}: {peaks[key] / 1e12:.3f} TFLOP/s, best of "
+            f"{sorted('x'.join(map(str, shape)) for shape in rates)} (at "
+            f"{'x'.join(map(str, best))}), {precision}, {how}"
+        )
+    shaped = [(p, rate) for p, rate in matmuls if p.key == "f32" and len(set(p.shape)) > 1]
+    efficiency = tuple((min(p.shape), rate / peaks["f32"]) for p, rate in shaped)
+    if shaped:
+        notes.append(
+            "matmul efficiency by smallest dimension: "
+            + ", ".join(f"{d}: {f:.0%}" for d, f in sorted(efficiency))
+            + f" of the f32 peak (f32 matmuls {', '.join(p.label.split()[-1] for p, _ in shaped)})"
+            + f", {how}"
         )
     ((stream, stream_seconds),) = [(p, s) for p, s in timed if p.what == "memory"]
     bandwidth = 3 * 4 * max(stream.size // 4, 1) / stream_seconds
@@ -349,7 +380,7 @@ def fit_profile(
     capacity = _memory_capacity(devices[0])
     return Profile(
         name=name or default_label(devices),
-        device=Device(peaks, bandwidth, capacity, overhead),
+        device=Device(peaks, bandwidth, capacity, overhead, efficiency),
         levels=levels,
         sources=(
             f"partir.cost.calibrate on {platform} x{len(devices)} ({devices[0].device_kind}), "
