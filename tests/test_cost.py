@@ -120,6 +120,27 @@ def test_a_matmul_runs_at_the_published_peak():
     assert simulate(lambda a, b: a @ b, (a, a), {"x": 1}, [], "h100-8") == e  # by name
 
 
+def test_a_thin_matmul_runs_at_the_fraction_its_smallest_dimension_reaches(tmp_path):
+    """A matmul's rate falls with the smallest of its M, N and K (measured
+    by `calibrate` on thin matmuls): log-linear between measured points, in
+    proportion below the first, the last's past it; a profile keeps the
+    curve, its per-kind links and its platform through JSON."""
+    device = Device({"f32": 1e10}, 1e12, 1e9, 0.0, ((16, 0.25), (64, 0.5), (256, 1.0)))
+    assert device.efficiency(0) == 1.0  # not a matmul
+    assert device.efficiency(8) == pytest.approx(0.125)
+    assert device.efficiency(32) == pytest.approx(0.375)
+    assert device.efficiency(1024) == 1.0
+    link = Link("host", 8, 1e-5, 1e9, SHARED_MEMORY, {"all_gather": (2e-5, 5e8)})
+    profile = Profile("thin", device, (link,), ("made up",), "cpu")
+    assert Profile.load(profile.save(tmp_path / "thin.json")) == profile
+    thin = (jax.ShapeDtypeStruct((1024, 32), jnp.float32), jax.ShapeDtypeStruct((32, 1024), jnp.float32))
+    e = simulate(lambda a, b: a @ b, thin, {"x": 1}, [], profile)
+    assert e.compute_seconds == pytest.approx(2 * 1024 * 32 * 1024 / (1e10 * 0.375))
+    square = (jax.ShapeDtypeStruct((512, 512), jnp.float32),) * 2
+    e = simulate(lambda a, b: a @ b, square, {"x": 1}, [], profile)
+    assert e.compute_seconds == pytest.approx(2 * 512**3 / 1e10)
+
+
 def test_simulate_names_a_profile_it_does_not_know():
     a = jax.ShapeDtypeStruct((8, 8), jnp.float32)
     with pytest.raises(partir.PartirError, match="h100-8"):
