@@ -38,6 +38,7 @@ import random
 import resource
 import statistics
 import time
+from typing import Any
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -181,7 +182,7 @@ def main() -> None:
               f"{len(jax.live_arrays())} device arrays live")
         return
     start = time.perf_counter()
-    probes = []
+    probes: list[dict[str, Any]] = []
     if not opts.profile:  # calibrated in the same rounds as the strategies
         jax_mesh = devices_for(partir.Mesh(MESHES["4x2"]), None)
         platform = jax.devices()[0].platform
