@@ -1,11 +1,14 @@
-"""Does the cost model rank strategies as this machine does?
+"""Does the cost model predict this machine's step times?
 
-Calibrates this machine (`partir.calibrate`, about a minute), then for each
-program and strategy below (DP, TP, DP+TP, ZeRO-1/2/3 and combinations, on
-meshes 8, 4x2, 2x4 and 1x8): predicts a step (`Lowered.estimate`), measures
-it (median of paired rounds: every round runs every strategy once, in a
-shuffled order, inputs pre-sharded), and prints both with Spearman's ρ of
-the predicted and measured times, and the predicted peak memory beside
+For each program and strategy below (DP, TP, DP+TP, ZeRO-1/2/3 and
+combinations, on meshes 8, 4x2, 2x4 and 1x8): measures a step (median of
+paired rounds: every round runs every strategy once, in a shuffled order,
+inputs pre-sharded), calibrates this machine in the same rounds (each of
+`partir.calibrate`'s probes runs among the strategies, so the profile sees
+the load the strategies see: on a shared host the load moves the figures by
+2x within minutes), predicts each step on that profile (`Lowered.estimate`),
+and prints both with Spearman's ρ of the predicted and measured times and
+the median |predicted/measured - 1|, and the predicted peak memory beside
 XLA's `memory_analysis()` (arguments, outputs and temporaries, per device).
 
 Two columns say where a memory miss comes from, since XLA's allocation is
@@ -23,7 +26,7 @@ CPU caveat (shared/guides/jax.md): the 8 devices share this host's cores, so
 a step's time is the total work over the cores; the calibration measures
 compute and collectives under that same sharing.
 
-    python -m benchmarks.simulator [--rounds 10] [--small]
+    python -m benchmarks.simulator [--rounds 10] [--small] [--clock cpu]
     python -m benchmarks.simulator --scale 96   # only: simulating the 96-layer step on 16x8 H100s
 """
 
@@ -32,8 +35,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import statistics
 import time
+from typing import Any
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -46,6 +51,14 @@ import partir
 from benchmarks.hlo_stats import collective_ops
 from benchmarks.vs_jit import baseline
 from examples import block_train_step, mlp_train_step
+from partir.api import devices_for
+from partir.cost.calibrate import (
+    MIN_SECONDS,
+    batched,
+    calibration_probes,
+    fit_profile,
+    workload_for,
+)
 from partir.report import XlaMemory
 
 MESHES = {
@@ -91,16 +104,25 @@ def programs(small: bool) -> dict[str, tuple]:
     }
 
 
-def time_rounds(rows: list[dict], rounds: int) -> None:
+def process_seconds() -> float:
+    """This process's CPU time (user and system, every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_rounds(rows: list[dict], rounds: int, clock: str = "wall") -> None:
     """Paired rounds: warm every row up, then each round runs every row once
-    in a shuffled order, appending its seconds to `row["times"]`."""
+    in a shuffled order, appending its seconds to `row["times"]` (`clock`
+    "cpu": the process's CPU time, which other work on the host moves less
+    than the wall clock)."""
+    now = process_seconds if clock == "cpu" else time.perf_counter
     for row in rows:
         jax.block_until_ready(row["run"](*row["inputs"]))
     for _ in range(rounds):
         for row in random.sample(rows, len(rows)):
-            t0 = time.perf_counter()
+            t0 = now()
             jax.block_until_ready(row["run"](*row["inputs"]))
-            row["times"].append(time.perf_counter() - t0)
+            row["times"].append(now() - t0)
 
 
 def simulate_at_scale(layers: int = 96) -> tuple[partir.Estimate, float]:
@@ -146,6 +168,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--small", action="store_true", help="small shapes, for a quick check")
     parser.add_argument("--profile", help="a saved profile JSON instead of calibrating")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time steps and probes by the wall clock or by this process's CPU "
+                        "time (steadier on a host other work shares; predicts cores x wall)")
     parser.add_argument("--scale", type=int, metavar="LAYERS",
                         help="only time simulating the LAYERS-layer step on 16x8 H100s")
     opts = parser.parse_args()
@@ -157,12 +182,15 @@ def main() -> None:
               f"{len(jax.live_arrays())} device arrays live")
         return
     start = time.perf_counter()
-    if opts.profile:
-        profile = partir.Profile.load(opts.profile)
-    else:
-        profile = partir.calibrate(MESHES["4x2"], save=False, progress=None)
-    print(f"profile: {profile.device}, {profile.levels} "
-          f"({time.perf_counter() - start:.0f} s)")
+    probes: list[dict[str, Any]] = []
+    if not opts.profile:  # calibrated in the same rounds as the strategies
+        jax_mesh = devices_for(partir.Mesh(MESHES["4x2"]), None)
+        platform = jax.devices()[0].platform
+        work = workload_for(platform, jax_mesh.size)
+        for p in calibration_probes(MESHES["4x2"], platform, work):
+            run, per = batched(p.build(jax_mesh))  # each timing >= MIN_SECONDS, as calibrate's
+            probes.append({"name": p.label, "probe": p, "run": run, "per": per, "inputs": [],
+                           "times": []})
     rows = []
     for prog_name, (program, args) in programs(opts.small).items():
         for mesh_name, strat, tactics in STRATEGIES:
@@ -172,7 +200,6 @@ def main() -> None:
             except partir.TacticError as err:  # e.g. ZeRO-1 of a step with no optimizer state
                 print(f"skipped {prog_name} {mesh_name} {strat}: {err}")
                 continue
-            predicted = lowered.estimate(profile)
             compiled = lowered.compile()
             leaves = jax.tree_util.tree_leaves(args)
             inputs = [
@@ -186,7 +213,7 @@ def main() -> None:
                 "name": f"{prog_name} {mesh_name} {strat}",
                 "run": compiled.run,
                 "inputs": inputs,
-                "predicted": predicted,
+                "lowered": lowered,
                 "xla": XlaMemory.from_stats(xla.memory_analysis()),
                 "jit_bytes": XlaMemory.from_stats(jit_xla.memory_analysis()).total,
                 "combined_bytes": max(
@@ -195,7 +222,21 @@ def main() -> None:
                 ),
                 "times": [],
             })
-    time_rounds(rows, opts.rounds)
+    loads = [os.getloadavg()[0]]
+    time_rounds(rows + probes, opts.rounds, opts.clock)
+    loads.append(os.getloadavg()[0])
+    if opts.profile:
+        profile = partir.Profile.load(opts.profile)
+    else:
+        profile = fit_profile(
+            [(p["probe"], statistics.median(p["times"]) / p["per"]) for p in probes],
+            mesh=MESHES["4x2"], devices=jax.devices(),
+            how=f"median of {opts.rounds} rounds paired with the strategies, each timing "
+            f">= {MIN_SECONDS} s ({opts.clock} time)",
+        )
+    print(f"profile: {profile.device}, {profile.levels}")
+    for row in rows:
+        row["predicted"] = row["lowered"].estimate(profile)
     print("| program mesh strategy | predicted ms | measured ms | predicted/measured "
           "| peak MiB predicted | XLA MiB args/outputs/temp | XLA total MiB | mem ratio "
           "| jax.jit XLA total MiB | largest all-reduce MiB |")
@@ -216,7 +257,8 @@ def main() -> None:
     errors = [abs(p / m - 1) for p, m in zip(predicted_ms, measured_ms, strict=True)]
     print(f"\n{len(rows)} strategies; Spearman rho (predicted vs measured time): "
           f"{spearman(predicted_ms, measured_ms):.3f}; median |predicted/measured - 1|: "
-          f"{statistics.median(errors):.0%} (max {max(errors):.0%})")
+          f"{statistics.median(errors):.0%} (max {max(errors):.0%}); load average "
+          f"{loads[0]:.1f} before the rounds, {loads[1]:.1f} after")
     print(f"total {time.perf_counter() - start:.0f} s")
 
 

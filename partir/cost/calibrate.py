@@ -6,17 +6,26 @@ axis at several sizes, fitted to the α-β model the estimator uses
 Every figure is the median of a few timed runs after a warm-up (compiles
 are not timed), on work sized to the device (`Workload`): a GPU reaches its
 rate only on large matmuls (8192³) and streams (1 GiB), where a CPU host
-would take minutes. The devices JAX sees form one level (this host); the
-collectives' α and β are one least-squares fit over every kind, axis and
-size, each measurement normalised by the ring factors of its kind and group
-size, so the fit answers "what α and β make the model match this machine".
-On one device there is nothing to fit: the levels come from a named profile
-(`links=`), or there are none, and the estimate then costs no
-communication. The profile's `sources` say what was measured and how.
+would take minutes. The devices JAX sees form one level (this host), whose
+collectives run as rings (GPU, TPU) or through shared memory (CPU devices,
+`profile.SHARED_MEMORY`); each kind gets its own α and β, a least-squares
+fit over its axes and sizes, each measurement normalised by its kind's
+factors for its group size (`collective_costs.factors`), so the fit answers
+"what α and β make the model match this machine" per kind (the link's own
+α and β are the fit over every kind). On one device there is nothing to
+fit: the levels come from a named profile (`links=`), or there are none, and
+the estimate then costs no communication. The profile's `sources` say what
+was measured and how.
+
+What is timed is a list of `Probe`s (`calibration_probes`) and the profile
+their fit (`fit_profile`): `calibrate` times each alone, a benchmark may
+time them among its own programs so both see the same load
+(`benchmarks/simulator.py`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import sys
@@ -29,29 +38,34 @@ from typing import Any, TextIO
 import numpy as np
 
 from dialects.errors import PartirValueError
-from partir.cost.profile import Device, Link, Profile
+from partir.cost.collective_costs import KINDS, factors
+from partir.cost.profile import RING, SHARED_MEMORY, Device, Link, Profile
 
 SIZES = (1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)
 """Bytes per device for each collective measurement."""
-
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 
 
 @dataclass(frozen=True)
 class Workload:
     """How large the measurements are: the n of each n³ matmul (the fastest
-    counts), the bytes of each operand of the streaming add, per device, and
-    the bytes per device of each collective."""
+    counts), the smallest dimensions of the f32 matmuls that say how the rate
+    falls with it (each `matmul_width` x d x `matmul_width`), the bytes of
+    each operand of the streaming add, per device, and the bytes per device
+    of each collective."""
 
     matmul_sizes: tuple[int, ...]
     stream_bytes: int
     collective_bytes: tuple[int, ...] = SIZES
+    matmul_dims: tuple[int, ...] = ()
+    matmul_width: int = 0
 
 
-ACCELERATOR = Workload((2048, 4096, 8192), 1 << 30, (*SIZES, 1 << 24, 1 << 26))
+ACCELERATOR = Workload(
+    (2048, 4096, 8192), 1 << 30, (*SIZES, 1 << 24, 1 << 26), (64, 256, 1024), 8192
+)
 """A GPU or TPU: matmuls up to 8192³ and 1 GiB streams reach the chip's rate."""
 
-QUICK = Workload((64, 128), 1 << 20, (1 << 12, 1 << 16))
+QUICK = Workload((64, 128), 1 << 20, (1 << 12, 1 << 16), (8, 32), 128)
 """Seconds, not a minute: for tests and smoke runs (the figures are rough)."""
 
 
@@ -60,7 +74,7 @@ def workload_for(platform: str, devices: int) -> Workload:
     share the host's memory, so its stream (64 MiB per operand, past the
     caches) is split among them, and its matmuls stop at 512³."""
     if platform == "cpu":
-        return Workload((128, 256, 512), (1 << 26) // devices)
+        return Workload((128, 256, 512), (1 << 26) // devices, SIZES, (16, 32, 64, 128, 256), 1024)
     return ACCELERATOR
 
 
@@ -73,13 +87,40 @@ class Measurement:
     seconds: float
 
 
-def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
+MIN_SECONDS = 0.05
+"""How long one timing of a probe lasts at least: a probe faster than that
+runs back to back until it does (`batched`). On a host shared with other
+work, a burst of a few milliseconds gets the cores a step of hundreds does
+not; timed this long, probes and programs see the same share."""
+
+
+def batched(
+    run: Callable[[], Any], min_seconds: float = MIN_SECONDS
+) -> tuple[Callable[[], None], int]:
+    """`run` (compiled and warmed up here) repeated back to back k times, k
+    such that the whole lasts about `min_seconds`; and k (divide a timing
+    of the whole by it)."""
     run()  # compile and warm up
+    start = time.perf_counter()
+    run()
+    once = max(time.perf_counter() - start, 1e-7)
+    k = max(1, math.ceil(min_seconds / once))
+
+    def many() -> None:
+        for _ in range(k):
+            run()
+
+    return many, k
+
+
+def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
+    """The median over `repeats` timings of one run of `run` (`batched`)."""
+    many, k = batched(run)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
+        many()
+        times.append((time.perf_counter() - start) / k)
     return statistics.median(times)
 
 
@@ -117,161 +158,271 @@ def _on_every_device(jax_mesh: Any, body: Callable[..., Any], *locals_: Any) -> 
     return lambda: f(*arrays).block_until_ready()
 
 
-def _matmul_flops(jax_mesh: Any, sizes: tuple[int, ...], repeats: int, dtype: Any,
-                  precision: Any = None) -> tuple[float, int]:
-    """FLOP/s one device sustains on `dtype` matmuls while every device runs
-    one (the best over `sizes`), at `precision` (None: JAX's default, which
-    on a GPU runs f32 as TF32), and the n that gave it."""
+def _matmul(
+    shape: tuple[int, int, int], dtype: Any, precision: Any
+) -> Callable[[Any], Callable[[], Any]]:
+    """An (m, k) x (k, n) `dtype` matmul at `precision` (None: JAX's default,
+    which on a GPU runs f32 as TF32), every device running one."""
     import jax.numpy as jnp
 
-    best, best_n = 0.0, sizes[0]
-    for n in sizes:
-        a = jnp.full((n, n), 0.5, dtype)
+    m, k, n = shape
 
-        def matmul(a: Any) -> Any:
-            return jnp.matmul(a, a, precision=precision)
+    def build(jax_mesh: Any) -> Callable[[], Any]:
+        def matmul(a: Any, b: Any) -> Any:
+            return jnp.matmul(a, b, precision=precision)
 
-        seconds = _median_seconds(_on_every_device(jax_mesh, matmul, a), repeats)
-        if 2 * n**3 / seconds > best:
-            best, best_n = 2 * n**3 / seconds, n
-        del a
-    return best, best_n
+        a, b = jnp.full((m, k), 0.5, dtype), jnp.full((k, n), 0.5, dtype)
+        return _on_every_device(jax_mesh, matmul, a, b)
+
+    return build
 
 
-def _memory_bandwidth(jax_mesh: Any, stream_bytes: int, repeats: int) -> float:
-    """Bytes/s one device streams through an f32 add of two `stream_bytes`
-    operands into a third while every device runs one."""
+def _stream(stream_bytes: int) -> Callable[[Any], Callable[[], Any]]:
+    """An f32 add of two `stream_bytes` operands into a third, every device running one."""
     import jax.numpy as jnp
 
-    n = max(stream_bytes // 4, 1)
-    x = jnp.ones(n, jnp.float32)
-    seconds = _median_seconds(_on_every_device(jax_mesh, lambda x, y: x + y, x, x), repeats)
-    return 3 * 4 * n / seconds
+    def build(jax_mesh: Any) -> Callable[[], Any]:
+        x = jnp.ones(max(stream_bytes // 4, 1), jnp.float32)
+        return _on_every_device(jax_mesh, lambda x, y: x + y, x, x)
+
+    return build
 
 
-def _kernel_overhead(jax_mesh: Any, repeats: int) -> float:
-    """The slope of time over a chain of k tiny unfusable ops (8x8 matmuls)."""
+CHAIN = (8, 64)
+"""The lengths of the chains of tiny unfusable ops whose slope is the kernel overhead."""
+
+KERNELS_PER_LINK = 2
+"""Kernels per link of the chain as the estimator counts them: the 8x8
+matmul and the tanh, which feeds the next matmul and so is not fused."""
+
+
+def _chain(k: int) -> Callable[[Any], Callable[[], Any]]:
+    """k links of `tanh(a @ a)` on an 8x8 matrix, every device running one."""
     import jax.numpy as jnp
 
-    def chain(k: int) -> Callable[[Any], Any]:
+    def build(jax_mesh: Any) -> Callable[[], Any]:
         def run(a: Any) -> Any:
             for _ in range(k):
                 a = jnp.tanh(a @ a)
             return a
 
-        return run
+        return _on_every_device(jax_mesh, run, jnp.ones((8, 8), jnp.float32) * 0.01)
 
-    a = jnp.ones((8, 8), jnp.float32) * 0.01
-    counts = (8, 64)
-    times = [
-        _median_seconds(_on_every_device(jax_mesh, chain(k), a), repeats) for k in counts
+    return build
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One timed measurement of a calibration: a label, what it measures
+    (`what`: "matmul", "memory", "chain" or a collective kind) with the
+    figures its fit needs, and how to build its run on a JAX mesh (the run
+    blocks until its result is ready)."""
+
+    label: str
+    what: str
+    build: Callable[[Any], Callable[[], Any]]
+    shape: tuple[int, ...] = ()
+    """A matmul's (m, k, n)."""
+    key: str = ""
+    """The element type of a matmul; the mesh axis of a collective."""
+    size: int = 0
+    """A stream's bytes per operand, a chain's length, a collective's bytes
+    per device (the larger of its input and output)."""
+    devices: int = 1
+    """A collective's group size."""
+
+
+def calibration_probes(
+    mesh: Mapping[str, int], platform: str, work: Workload,
+    collective_bytes: tuple[int, ...] | None = None,
+) -> list[Probe]:
+    """What `calibrate` times on `mesh` of `platform` devices, sized by `work`."""
+    types: list[tuple[str, Any, Any]] = [("f32", "float32", None), ("bf16", "bfloat16", None)]
+    if platform == "gpu":  # JAX's default runs f32 matmuls as TF32: the rate programs get
+        types.append(("f32_highest", "float32", "highest"))
+    probes = [
+        Probe(f"matmul {key} {n}³", "matmul", _matmul((n, n, n), dtype, precision), (n, n, n), key)
+        for key, dtype, precision in types
+        for n in work.matmul_sizes
     ]
-    return max((times[1] - times[0]) / (counts[1] - counts[0]), 0.0)
+    w = work.matmul_width
+    probes += [
+        Probe(f"matmul f32 {w}x{d}x{w}", "matmul", _matmul((w, d, w), "float32", None),
+              (w, d, w), "f32")
+        for d in work.matmul_dims
+    ]
+    probes.append(Probe("memory bandwidth", "memory", _stream(work.stream_bytes),
+                        size=work.stream_bytes))
+    probes += [Probe(f"kernel chain of {k}", "chain", _chain(k), size=k) for k in CHAIN]
+    for axis in (a for a in mesh if mesh[a] > 1):
+        n = mesh[axis]
+        for kind in KINDS:
+            for nbytes in collective_bytes or work.collective_bytes:
+                per_device = max(nbytes // 4 // n * n, n)
+                probes.append(Probe(
+                    f"{kind} over {axis}, {nbytes >> 10} KiB", kind,
+                    _collective(kind, axis, per_device), key=axis, size=4 * per_device,
+                    devices=n,
+                ))
+    return probes
 
 
-def _collective(
-    kind: str, axis: str, jax_mesh: Any, nbytes: int
-) -> tuple[Callable[[], Any], int]:
-    """A run of `kind` over `axis` moving about `nbytes` per device, and the
-    bytes it moves exactly (the larger of its input and output)."""
+def _collective(kind: str, axis: str, per_device: int) -> Callable[[Any], Callable[[], Any]]:
+    """A run of `kind` over `axis` on `per_device` float32 elements (a
+    multiple of the axis's size) per device."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    n = jax_mesh.shape[axis]
-    per_device = max(nbytes // 4 // n * n, n)  # float32 elements, a multiple of n
-    spec = PartitionSpec(tuple(jax_mesh.axis_names))
-    devices = jax_mesh.size
-    x = jax.device_put(
-        jnp.ones((devices * per_device,), jnp.float32), NamedSharding(jax_mesh, spec)
-    )
-    perm = [(i, (i + 1) % n) for i in range(n)]
-    bodies: dict[str, Callable[[Any], Any]] = {
-        "all_reduce": lambda v: jax.lax.psum(v, axis),
-        "all_gather": lambda v: jax.lax.all_gather(v[: per_device // n], axis, tiled=True),
-        "reduce_scatter": lambda v: jax.lax.psum_scatter(v, axis, tiled=True),
-        "all_to_all": lambda v: jax.lax.all_to_all(v, axis, 0, 0, tiled=True),
-        "collective_permute": lambda v: jax.lax.ppermute(v, axis, perm),
-    }
-    body = bodies[kind]
-    f = jax.jit(jax.shard_map(body, mesh=jax_mesh, in_specs=spec, out_specs=spec))
-    return (lambda: f(x).block_until_ready()), 4 * per_device
+    def build(jax_mesh: Any) -> Callable[[], Any]:
+        n = jax_mesh.shape[axis]
+        spec = PartitionSpec(tuple(jax_mesh.axis_names))
+        x = jax.device_put(
+            jnp.ones((jax_mesh.size * per_device,), jnp.float32), NamedSharding(jax_mesh, spec)
+        )
+        perm = [(i, (i + 1) % n) for i in range(n)]
+        bodies: dict[str, Callable[[Any], Any]] = {
+            "all_reduce": lambda v: jax.lax.psum(v, axis),
+            "all_gather": lambda v: jax.lax.all_gather(v[: per_device // n], axis, tiled=True),
+            "reduce_scatter": lambda v: jax.lax.psum_scatter(v, axis, tiled=True),
+            "all_to_all": lambda v: jax.lax.all_to_all(v, axis, 0, 0, tiled=True),
+            "collective_permute": lambda v: jax.lax.ppermute(v, axis, perm),
+        }
+        f = jax.jit(jax.shard_map(bodies[kind], mesh=jax_mesh, in_specs=spec, out_specs=spec))
+        return lambda: f(x).block_until_ready()
+
+    return build
 
 
-def _ring_factors(kind: str, n: int) -> tuple[float, float]:
-    """(latency steps, bandwidth factor) of `kind` on one level of n devices
-    (`collective_costs.collective_seconds` with B = 1)."""
-    if kind == "all_reduce":
-        return 2 * (n - 1), 2 * (n - 1) / n
-    if kind == "collective_permute":
-        return 1, 1
-    return n - 1, (n - 1) / n
+def algorithm_for(platform: str) -> str:
+    """How `platform`'s devices run collectives: XLA's CPU devices are
+    threads of one process (`SHARED_MEMORY`), others rings over links."""
+    return SHARED_MEMORY if platform == "cpu" else RING
 
 
-def fit_link(measurements: list[Measurement], name: str, size: int) -> Link:
+def _fit_alpha_beta(measurements: list[Measurement], algorithm: str) -> tuple[float, float]:
     """α and β minimising the squared relative error of the model over the
     measurements (each weighted by 1/seconds, so small and large sizes count
     alike)."""
+    rows, targets = [], []
+    for m in measurements:
+        steps, factor = factors(m.kind, m.devices, algorithm)
+        rows.append([steps / m.seconds, factor * m.nbytes / m.seconds])
+        targets.append(1.0)
+    (alpha, inverse_beta), *_ = np.linalg.lstsq(np.array(rows), np.array(targets), rcond=None)
+    return max(float(alpha), 1e-9), 1 / max(float(inverse_beta), 1e-15)
+
+
+def fit_link(
+    measurements: list[Measurement], name: str, size: int, algorithm: str = RING
+) -> Link:
+    """The link level the measurements describe: α and β per kind (a kind
+    measured at two sizes or more) and over every kind (the link's own)."""
     if not measurements:
         raise PartirValueError(
             f"no collective measurements to fit the link {name!r}: a mesh axis of more "
             "than one device is needed (or take the links of a named profile)"
         )
-    rows, targets = [], []
-    for m in measurements:
-        steps, factor = _ring_factors(m.kind, m.devices)
-        rows.append([steps / m.seconds, factor * m.nbytes / m.seconds])
-        targets.append(1.0)
-    (alpha, inverse_beta), *_ = np.linalg.lstsq(np.array(rows), np.array(targets), rcond=None)
-    alpha = max(float(alpha), 1e-9)
-    beta = 1 / max(float(inverse_beta), 1e-15)
-    return Link(name, size, alpha, beta)
+    alpha, beta = _fit_alpha_beta(measurements, algorithm)
+    per_kind = {}
+    for kind in KINDS:
+        mine = [m for m in measurements if m.kind == kind]
+        if len({m.nbytes for m in mine}) >= 2:
+            per_kind[kind] = _fit_alpha_beta(mine, algorithm)
+    return Link(name, size, alpha, beta, algorithm, per_kind)
 
 
-@dataclass(frozen=True)
-class _DeviceFigures:
-    """What `_measure_device` found, and how, for the profile's `sources`."""
-
-    device: Device
-    notes: tuple[str, ...]
-
-
-def _measure_device(
-    jax_mesh: Any, work: Workload, repeats: int, platform: str, bar: _Progress
-) -> _DeviceFigures:
-    """Matmul FLOP/s per element type, memory bandwidth and kernel overhead."""
-    import jax
-    import jax.numpy as jnp
-
+def fit_profile(
+    timed: list[tuple[Probe, float]],
+    *,
+    mesh: Mapping[str, int],
+    devices: Any,
+    how: str,
+    links: str | Profile | None = None,
+    name: str | None = None,
+) -> Profile:
+    """The profile the `timed` probes (each with its seconds) describe, on
+    `mesh` of JAX `devices`; `how` says how each was timed (the sources)."""
+    platform = devices[0].platform
     peaks: dict[str, float] = {}
     notes = []
-    types: list[tuple[str, Any, Any]] = [("f32", jnp.float32, None), ("bf16", jnp.bfloat16, None)]
-    if platform == "gpu":  # JAX's default runs f32 matmuls as TF32: the rate programs get
-        types.append(("f32_highest", jnp.float32, jax.lax.Precision.HIGHEST))
-    for key, dtype, precision in types:
-        peaks[key], n = _matmul_flops(jax_mesh, work.matmul_sizes, repeats, dtype, precision)
-        how = "Precision.HIGHEST (IEEE f32)" if precision else "JAX's default precision"
+    chains = {p.size: s for p, s in timed if p.what == "chain"}
+    (short, long) = sorted(chains)
+    slope = max((chains[long] - chains[short]) / (long - short), 0.0)
+    overhead = slope / KERNELS_PER_LINK
+    call = max(chains[short] - short * slope, 0.0)
+    notes.append(
+        f"kernel overhead: {overhead * 1e6:.2f} µs, slope of time over chains of {short} and "
+        f"{long} links of an 8x8 matmul and a tanh ({KERNELS_PER_LINK} kernels a link); "
+        f"a call's own cost, the chains' intercept ({call * 1e6:.0f} µs), taken off every "
+        f"other probe's time (a program's op pays no call), {how}"
+    )
+    # what the op took: the probe's time less the call's (never below 1% of it)
+    timed = [(p, s if p.what == "chain" else max(s - call, s / 100)) for p, s in timed]
+    matmuls = [(p, 2 * math.prod(p.shape) / s) for p, s in timed if p.what == "matmul"]
+    for key in dict.fromkeys(p.key for p, _ in matmuls):
+        rates = {p.shape: rate for p, rate in matmuls if p.key == key}
+        best = max(rates, key=rates.__getitem__)
+        peaks[key] = rates[best]
+        precision = "JAX's default precision"
+        if key == "f32_highest":
+            precision = "Precision.HIGHEST (IEEE f32)"
         if key == "f32" and platform == "gpu":
-            how += " (TF32 on tensor cores where the GPU has them)"
+            precision += " (TF32 on tensor cores where the GPU has them)"
         notes.append(
-            f"matmul {key}: {peaks[key] / 1e12:.3f} TFLOP/s, best of n³ for n in "
-            f"{list(work.matmul_sizes)} (at n={n}), {how}, median of {repeats}"
+            f"matmul {key}: {peaks[key] / 1e12:.3f} TFLOP/s, best of "
+            f"{sorted('x'.join(map(str, shape)) for shape in rates)} (at "
+            f"{'x'.join(map(str, best))}), {precision}, {how}"
         )
-        bar.step(f"matmul {key}")
-    bandwidth = _memory_bandwidth(jax_mesh, work.stream_bytes, repeats)
+    shaped = [(p, rate) for p, rate in matmuls if p.key == "f32" and len(set(p.shape)) > 1]
+    efficiency = tuple((min(p.shape), rate / peaks["f32"]) for p, rate in shaped)
+    if shaped:
+        notes.append(
+            "matmul efficiency by smallest dimension: "
+            + ", ".join(f"{d}: {f:.0%}" for d, f in sorted(efficiency))
+            + f" of the f32 peak (f32 matmuls {', '.join(p.label.split()[-1] for p, _ in shaped)})"
+            + f", {how}"
+        )
+    ((stream, stream_seconds),) = [(p, s) for p, s in timed if p.what == "memory"]
+    bandwidth = 3 * 4 * max(stream.size // 4, 1) / stream_seconds
     notes.append(
-        f"memory: {bandwidth / 1e9:.2f} GB/s, f32 add of two {work.stream_bytes >> 20} MiB "
-        f"operands per device (3 streams), median of {repeats}"
+        f"memory: {bandwidth / 1e9:.2f} GB/s, f32 add of two {stream.size >> 20} MiB "
+        f"operands per device (3 streams), {how}"
     )
-    bar.step("memory bandwidth")
-    overhead = _kernel_overhead(jax_mesh, repeats)
-    notes.append(
-        f"kernel overhead: {overhead * 1e6:.2f} µs, slope of time over chains of 8 and 64 "
-        "unfusable 8x8 matmuls"
+    measured = [
+        Measurement(p.what, p.key, p.devices, p.size, s) for p, s in timed if p.what in KINDS
+    ]
+    count = math.prod(mesh.values())
+    if measured:
+        algorithm = algorithm_for(platform)
+        levels: tuple[Link, ...] = (fit_link(measured, f"{platform} devices", count, algorithm),)
+        axes = sorted({m.axis for m in measured})
+        link_note = (
+            f"links: one level of {count} ({algorithm}), α-β fitted per kind to "
+            f"{len(measured)} collective measurements ({', '.join(KINDS)}; "
+            f"{len({m.nbytes for m in measured})} sizes over {axes}), {how}"
+        )
+    else:
+        levels = _levels_of(links)
+        link_note = (
+            f"links: {len(levels)} level(s) taken from {getattr(links, 'name', links)!r}"
+            if links is not None
+            else "links: none (one device: no collective measured; estimates cost no "
+            "communication)"
+        )
+    capacity = _memory_capacity(devices[0])
+    return Profile(
+        name=name or default_label(devices),
+        device=Device(peaks, bandwidth, capacity, overhead, efficiency),
+        levels=levels,
+        sources=(
+            f"partir.cost.calibrate on {platform} x{len(devices)} ({devices[0].device_kind}), "
+            f"mesh {dict(mesh)}, {time.strftime('%Y-%m-%d %H:%M')}",
+            *notes,
+            link_note,
+        ),
+        platform=platform,
     )
-    bar.step("kernel overhead")
-    capacity = _memory_capacity(jax_mesh.devices.flat[0])
-    return _DeviceFigures(Device(peaks, bandwidth, capacity, overhead), tuple(notes))
 
 
 def _levels_of(links: str | Profile | None) -> tuple[Link, ...]:
@@ -311,49 +462,19 @@ def calibrate(
     jax_mesh = devices_for(Mesh(mesh), None)
     platform = devices[0].platform
     work = workload or workload_for(platform, jax_mesh.size)
-    collective_bytes = sizes or work.collective_bytes
-    axes = [a for a in mesh if mesh[a] > 1]
-    matmuls = 3 if platform == "gpu" else 2
-    bar = _Progress(matmuls + 2 + len(KINDS) * len(collective_bytes) * len(axes), progress)
-    figures = _measure_device(jax_mesh, work, repeats, platform, bar)
-    measured = []
-    for axis in axes:
-        for kind in KINDS:
-            for nbytes in collective_bytes:
-                run, moved = _collective(kind, axis, jax_mesh, nbytes)
-                seconds = _median_seconds(run, repeats)
-                measured.append(Measurement(kind, axis, mesh[axis], moved, seconds))
-                bar.step(f"{kind} over {axis}, {nbytes >> 10} KiB")
-    if measured:
-        levels: tuple[Link, ...] = (
-            fit_link(measured, f"{platform} devices", jax_mesh.size),
-        )
-        link_note = (
-            f"links: one level of {jax_mesh.size}, α-β fitted to {len(measured)} collective "
-            f"measurements ({', '.join(KINDS)}; {len(collective_bytes)} sizes per axis)"
-        )
-    else:
-        levels = _levels_of(links)
-        link_note = (
-            f"links: {len(levels)} level(s) taken from {getattr(links, 'name', links)!r}"
-            if links is not None
-            else "links: none (one device: no collective measured; estimates cost no "
-            "communication)"
-        )
-    label = name or default_label(devices)
-    profile = Profile(
-        name=label,
-        device=figures.device,
-        levels=levels,
-        sources=(
-            f"partir.cost.calibrate on {platform} x{len(devices)} ({devices[0].device_kind}), "
-            f"mesh {mesh}, {time.strftime('%Y-%m-%d %H:%M')}",
-            *figures.notes,
-            link_note,
-        ),
+    probes = calibration_probes(mesh, platform, work, sizes)
+    bar = _Progress(len(probes), progress)
+    timed = []
+    for probe in probes:  # one at a time: an accelerator's probes are large
+        timed.append((probe, _median_seconds(probe.build(jax_mesh), repeats)))
+        bar.step(probe.label)
+    profile = fit_profile(
+        timed, mesh=mesh, devices=devices,
+        how=f"median of {repeats} timings of at least {MIN_SECONDS} s each",
+        links=links, name=name,
     )
     if save:
-        profile.save(_default_path(label) if save is True else Path(save))
+        profile.save(_default_path(profile.name) if save is True else Path(save))
     return profile
 
 

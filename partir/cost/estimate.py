@@ -1,7 +1,8 @@
 """Predict one step of an SPMD program on a machine described by a `Profile`.
 
 Per op, a roofline over its local shapes (`op_costs`): the larger of its
-FLOPs at the device's peak for its element type and its bytes at the memory
+FLOPs at the device's peak for its element type (a matmul at the fraction
+of it its shape reaches, `Device.efficiency`) and its bytes at the memory
 bandwidth, plus the device's kernel overhead if it runs as a kernel of its
 own. Per collective, α-β over the links its group crosses
 (`collective_costs`), independent all-reduces combined into one as XLA
@@ -169,10 +170,8 @@ class _Walk:
             return
         cost = op_cost(op, self.fused)
         device = self.profile.device
-        seconds = max(
-            cost.flops / device.flops_per_second(cost.element_type),
-            cost.bytes / device.memory_bandwidth,
-        )
+        rate = device.flops_per_second(cost.element_type) * device.efficiency(cost.smallest_dim)
+        seconds = max(cost.flops / rate, cost.bytes / device.memory_bandwidth)
         if cost.kernel:
             seconds += device.kernel_overhead_s
             self.kernels += round(times)

@@ -113,6 +113,9 @@ class OpCost:
     bytes: float
     element_type: str
     kernel: bool
+    smallest_dim: int = 0
+    """A matmul's smallest of M, N and K (its rate depends on it:
+    `Device.efficiency`); 0 for other ops."""
 
 
 def kind_of(op: Operation) -> Kind:
@@ -183,8 +186,10 @@ def op_cost(op: Operation, is_fused: Callable[[Operation], bool] = fused) -> OpC
     op_fused = is_fused(op)
     written = 0 if op_fused else sum(value_bytes(r.type) for r in op.results)
     flops: float
+    smallest = 0
     if kind is Kind.MATMUL:
         flops = 2 * out * _contracted(op)
+        smallest = _smallest_dim(op)
     elif kind is Kind.ELEMENTWISE:
         flops = out
     elif kind is Kind.REDUCTION:
@@ -193,7 +198,29 @@ def op_cost(op: Operation, is_fused: Callable[[Operation], bool] = fused) -> OpC
         flops = inputs * max(1, math.ceil(math.log2(max(inputs, 2)))) if sort else inputs
     else:
         flops = 0
-    return OpCost(kind, flops, read + written, element_type_name(op), not op_fused)
+    return OpCost(kind, flops, read + written, element_type_name(op), not op_fused, smallest)
+
+
+def _smallest_dim(op: Operation) -> int:
+    """The smallest of a dot_general's M (the lhs's free elements), N (the
+    rhs's) and K (the contracted), batch dims aside; a convolution's of its
+    output features, its contracted elements per output and its output
+    positions (batch x spatial)."""
+    lhs, rhs, result = op.operands[0].type, op.operands[1].type, op.results[0].type
+    assert isinstance(lhs, TensorType) and isinstance(rhs, TensorType)
+    k = _contracted(op)
+    if op.name == "stablehlo.dot_general":
+        dims = op.properties["dot_dimension_numbers"]
+        batch = math.prod(
+            lhs.get_shape()[d.value.data] for d in dims.lhs_batching_dimensions  # type: ignore[attr-defined]
+        )
+        m = elements(lhs) // max(batch * k, 1)
+        n = elements(rhs) // max(batch * k, 1)
+        return max(min(m, n, k), 1)
+    numbers = op.properties["dimension_numbers"]
+    features = rhs.get_shape()[numbers.kernel_output_feature_dimension.data]  # type: ignore[attr-defined]
+    positions = elements(result) // max(features, 1)
+    return max(min(features, k, positions), 1)
 
 
 def _contracted(op: Operation) -> int:

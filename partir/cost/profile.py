@@ -12,6 +12,7 @@ nodes), as the ONNX multi-device proposal's topology section describes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping
@@ -22,31 +23,88 @@ from typing import Any
 
 from dialects.errors import PartirValueError
 
+RING = "ring"
+"""A level whose collectives are rings over its links (NCCL, TPU ICI): a
+group of n pays n - 1 latencies and (n - 1)/n of the bytes per pass."""
+SHARED_MEMORY = "shared_memory"
+"""A level of devices in one process (XLA's CPU devices): a collective is a
+rendezvous of the devices' threads, then each copies its bytes through the
+host's memory, whatever the group's size (`collective_costs`)."""
+ALGORITHMS = (RING, SHARED_MEMORY)
+
 
 @dataclass(frozen=True)
 class Link:
     """One level of the device hierarchy: `size` groups of the level below
     (devices, for the innermost) joined by links of this latency and
-    per-device, per-direction bandwidth."""
+    per-device, per-direction bandwidth, whose collectives run as
+    `algorithm` says. `per_kind` holds a collective kind's own latency and
+    bandwidth where it was measured apart ("all_gather": (α, β)); the
+    others take the link's."""
 
     name: str
     size: int
     latency_s: float
     bandwidth: float
     """Bytes per second one device sends (and receives) over this level."""
+    algorithm: str = RING
+    per_kind: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise PartirValueError(
+                f"link {self.name!r}: unknown collective algorithm {self.algorithm!r}; "
+                f"expected one of {list(ALGORITHMS)}"
+            )
+        # JSON gives lists: hold tuples, so a loaded profile equals the saved one
+        object.__setattr__(
+            self, "per_kind", {k: (float(a), float(b)) for k, (a, b) in self.per_kind.items()}
+        )
+
+    def alpha_beta(self, kind: str) -> tuple[float, float]:
+        """(latency in seconds, bytes per second) of collective `kind` here."""
+        return self.per_kind.get(kind, (self.latency_s, self.bandwidth))
 
 
 @dataclass(frozen=True)
 class Device:
     """One device's roofline: peak FLOP/s per element type, memory bandwidth
-    and capacity, and a fixed cost per kernel (launch, or XLA's per-fusion
-    overhead on CPU)."""
+    and capacity, a fixed cost per kernel (launch, or XLA's per-fusion
+    overhead on CPU), and how a matmul's rate falls with its smallest
+    dimension (a 512x32x2048 matmul runs at 40% of a 512³ one on the CPU
+    host: the kernel's blocks are mostly loads and stores)."""
 
     peak_flops: dict[str, float]
     """Per MLIR element type name ("f32", "bf16", "f16", "i8", ...)."""
     memory_bandwidth: float
     memory_bytes: float
     kernel_overhead_s: float = 0.0
+    matmul_efficiency: tuple[tuple[int, float], ...] = ()
+    """(smallest of M, N and K, fraction of the peak) measured, by dimension;
+    between two, log-linear; below the first, in proportion to the
+    dimension; past the last, the last's. Empty: every matmul at the peak."""
+
+    def __post_init__(self) -> None:
+        # JSON gives lists: hold sorted tuples, so a loaded profile equals the saved one
+        points = tuple(sorted((int(d), float(f)) for d, f in self.matmul_efficiency))
+        object.__setattr__(self, "matmul_efficiency", points)
+
+    def efficiency(self, smallest_dim: int) -> float:
+        """The fraction of the peak a matmul whose smallest dimension (of M,
+        N and K) is `smallest_dim` reaches (`matmul_efficiency`)."""
+        points = self.matmul_efficiency
+        if not points or smallest_dim <= 0:
+            return 1.0
+        first, last = points[0], points[-1]
+        if smallest_dim <= first[0]:
+            return first[1] * smallest_dim / first[0]
+        if smallest_dim >= last[0]:
+            return last[1]
+        for (d0, f0), (d1, f1) in itertools.pairwise(points):
+            if d0 <= smallest_dim <= d1:
+                t = math.log(smallest_dim / d0) / math.log(d1 / d0)
+                return f0 + t * (f1 - f0)
+        return last[1]  # unreachable: the points cover the range
 
     def flops_per_second(self, element_type: str) -> float:
         """The peak for `element_type`, else f32's (an integer or unlisted
@@ -69,6 +127,9 @@ class Profile:
     device: Device
     levels: tuple[Link, ...]
     sources: tuple[str, ...] = field(default=())
+    platform: str = ""
+    """JAX's platform name ("cpu", "gpu", "tpu") where known: partir's lowering
+    writes some collectives differently per platform (`collective_costs.RUN_AS`)."""
 
     @property
     def devices(self) -> int:
@@ -118,6 +179,7 @@ class Profile:
                 device=Device(**data["device"]),
                 levels=tuple(Link(**level) for level in data["levels"]),
                 sources=tuple(data.get("sources", ())),
+                platform=data.get("platform", ""),
             )
         except (KeyError, TypeError) as err:
             raise PartirValueError(f"not a partir device profile: {err}") from err
