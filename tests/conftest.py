@@ -5,8 +5,9 @@ tests compile hundreds of small programs once each and run them once, so
 compiling dominates (the scanned step's compile: 2.5 CPU-s instead of 5.4;
 partir's programs and `jax.jit`'s, which they are compared with, under the
 same flags). -O0 would compile in 0.9 s, but its float32 rounding moves the
-llama step of tests/test_partial_sums.py past its tolerance. A flag already in `XLA_FLAGS` is left as given, and the flags are
-left out where this jaxlib does not know them (XLA aborts on an unknown flag).
+llama step of tests/test_partial_sums.py past its tolerance. A flag already
+in `XLA_FLAGS` is left as given, and the flags are left out where this
+jaxlib does not know them (XLA aborts on an unknown flag).
 """
 
 import os
