@@ -434,32 +434,37 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
     axis = loop.axis.data
     here = set(ops)
 
+    def made_here(value: SSAValue) -> Operation | None:
+        owner = value.owner
+        return owner if isinstance(owner, Operation) and owner in here else None
+
     def reads(op: Operation) -> list[Operation]:
         o = ids.get(op)
+        found: list[Operation] = []
         if o is None:  # a slice, loop or yield: its operands in order
-            found = [v.owner for v in op.operands if v.owner in here]
+            found = [p for v in op.operands if (p := made_here(v)) is not None]
         else:  # an op of the program: each operand's slices by the axis order
             # in which the op was split (the engine slices per tiling), then
             # the operand's producer; the operand it arrived through first
             rank = {axis: k for k, axis in enumerate(decision.factors[o])}
             keyed: list[tuple[int, int, Operation]] = []
             for i, v in enumerate(op.operands):
-                owner = v.owner
-                while isinstance(owner, SliceOp) and owner in here:
+                owner = made_here(v)
+                while isinstance(owner, SliceOp):
                     keyed.append((rank.get(_axis_of(owner), len(rank)), i, owner))
-                    owner = owner.operands[0].owner
-                if owner in here:  # made in the loop: where the last tiling sliced it
-                    keyed.append((max(len(rank) - 1, 0), i, owner))  # type: ignore[arg-type]
+                    owner = made_here(owner.operands[0])
+                if owner is not None:  # made in the loop: where the last tiling sliced it
+                    keyed.append((max(len(rank) - 1, 0), i, owner))
             keyed.sort(key=lambda k: (k[0], k[1]))
             found = [k[2] for k in keyed]
             arrived = decision.arrival[o].get(axis)
             if arrived is not None and arrived < len(op.operands):
-                first = op.operands[arrived].owner
-                if first in here and first in ids:  # an op of the program, not a slice
-                    found.insert(0, first)  # type: ignore[arg-type]
+                first = made_here(op.operands[arrived])
+                if first is not None and first in ids:  # an op of the program, not a slice
+                    found.insert(0, first)
         for region in op.regions:
             for inner in region.walk():
-                found += [v.owner for v in inner.operands if v.owner in here]  # type: ignore[misc]
+                found += [p for v in inner.operands if (p := made_here(v)) is not None]
         return found
 
     order: list[Operation] = []
@@ -483,7 +488,8 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
 
 def _axis_of(s: SliceOp) -> str:
     """The axis of the loop whose index `s` reads."""
-    loop = s.operands[1].owner.parent_op()  # type: ignore[union-attr]
+    owner = s.operands[1].owner
+    loop = owner.parent_op() if isinstance(owner, Block) else None
     return loop.axis.data if isinstance(loop, LoopOp) else ""
 
 
