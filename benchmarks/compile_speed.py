@@ -10,6 +10,8 @@ so no N inherits another's caches or heap. Per N, in order:
   load (`compile` + `exec` of the source); trace: `build(mesh).trace(...)`
   of the emitted program (Python -> jaxpr); lower: that trace to StableHLO.
   µs/op is per core op up to partition, per SPMD op from to_spmd on.
+  "fixpoint" is propagation alone inside partition (the worklist of
+  `rewrites.factor_propagation`), the part Shardy's pass is compared with.
 - partir's total before XLA: the sum of those stages (without
   `partir.jit(...).lower()`'s own extras: stage texts, `eval_shape`).
 - XLA compile of that lowering, and the first run (inputs placed, results
@@ -21,6 +23,12 @@ so no N inherits another's caches or heap. Per N, in order:
   same input shardings, from XLA's per-pass timing log
   (`TF_CPP_VMODULE=hlo_pass_pipeline=1`) of `jax.jit(...).lower().compile()`
   in a fresh process; µs per core op, beside partir's partition.
+- Above `--compile-up-to` layers (24 by default) nothing is compiled: no XLA
+  stages, first call or Shardy. XLA's CPU compile of the unrolled step grows
+  faster than the step (48 layers: 628 s and a 12.3 GB resident set for
+  partir's program on this project's 2-core host; at 96 layers it ran the
+  24 GB host out of memory), while partir's stages stay linear: the row
+  still has every stage before XLA and both peak memories.
 - jax.jit: `jax.jit(fn, in_shardings=<partir's input shardings>).lower(...)`
   of the same function in the same process, after `jax.clear_caches()`.
 - peak memory: the resident-set high-water mark (`VmHWM`, reset through
@@ -108,6 +116,7 @@ def _partir_stages(fn: Callable[..., Any], args: Any, jax_mesh: Any, seconds: di
         name_results,
         result_paths,
     )
+    from rewrites import factor_propagation
 
     def import_() -> Any:
         module = import_lowered(jax_lowered.compiler_ir("stablehlo"))
@@ -121,6 +130,7 @@ def _partir_stages(fn: Callable[..., Any], args: Any, jax_mesh: Any, seconds: di
     core_ops = sum(1 for _ in module.walk())
     tactics = [BatchParallel("batch"), Megatron("model")]
     _timed(seconds, "partition", lambda: partition(module, _mesh(), tactics))
+    seconds["fixpoint"] = factor_propagation.LAST_FIXPOINT_SECONDS[0]
     _timed(seconds, "to_spmd", lambda: lower_to_spmd(module))
     spmd_ops = sum(1 for _ in module.walk())
     source = _timed(seconds, "emit", lambda: emit_jax(module, name="stack_train_step"))
@@ -161,8 +171,9 @@ def _flat(layers: int) -> tuple[Callable[..., Any], Any, list[Any]]:
     return flat, args, leaves
 
 
-def measure(layers: int) -> dict[str, Any]:
-    """One N's row, in this process (jax.jit's peak memory excepted)."""
+def measure(layers: int, compile_: bool = True) -> dict[str, Any]:
+    """One N's row, in this process (jax.jit's peak memory excepted); XLA's
+    stages only if `compile_`."""
     import jax
 
     from examples import stack_train_step
@@ -175,7 +186,8 @@ def measure(layers: int) -> dict[str, Any]:
         core_ops, spmd_ops, in_specs, xla_lowered = _partir_stages(
             stack_train_step.program, args, jax_mesh, seconds
         )
-    _xla_stages(xla_lowered, leaves, in_specs, jax_mesh, seconds)
+    if compile_:
+        _xla_stages(xla_lowered, leaves, in_specs, jax_mesh, seconds)
     jax.clear_caches()
     seconds["jax_jit"] = _jit_lower(flat, leaves, jax_mesh, in_specs)[0]
     return {
@@ -273,26 +285,27 @@ def _subprocess(*options: str) -> Any:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_in_subprocess(layers: int) -> dict[str, Any]:
+def run_in_subprocess(layers: int, compile_: bool = True) -> dict[str, Any]:
     from benchmarks.first_step import run_module
 
-    row = _subprocess("--one", str(layers))
+    row = _subprocess("--one" if compile_ else "--one-uncompiled", str(layers))
     specs = json.dumps(row["in_specs"])
     row["jit_mib"] = _subprocess("--jit-memory", str(layers), specs)
-    row["first_call"] = run_module("benchmarks.first_step", "--partir", str(layers))["seconds"]
-    row["shardy"] = shardy_seconds(layers, row["in_specs"])
+    if compile_:
+        row["first_call"] = run_module("benchmarks.first_step", "--partir", str(layers))["seconds"]
+        row["shardy"] = shardy_seconds(layers, row["in_specs"])
     return row
 
 
-def _cell(seconds: float, ops: int) -> str:
-    return f"{seconds:.2f} ({seconds / ops * 1e6:.0f})"
+def _cell(seconds: float | None, ops: int) -> str:
+    return "—" if seconds is None else f"{seconds:.2f} ({seconds / ops * 1e6:.0f})"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     header = (
         "| layers | core ops | SPMD ops | "
         + " | ".join(STAGES)
-        + " | Shardy (XLA) | partir total | jax.jit lower | ratio"
+        + " | fixpoint | Shardy (XLA) | partir total | jax.jit lower | ratio"
         + " | peak MiB partir | peak MiB jax.jit |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
@@ -306,7 +319,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['layers']} | {row['core_ops']} | {row['spmd_ops']} | "
             + " | ".join(cells)
-            + f" | {_cell(row['shardy'], row['core_ops'])}"
+            + f" | {_cell(s['fixpoint'], row['core_ops'])}"
+            + f" | {_cell(row.get('shardy'), row['core_ops'])}"
             + f" | {total:.1f} | {s['jax_jit']:.2f} | {total / s['jax_jit']:.1f}x"
             f" | {row['partir_mib']:.0f} | {row['jit_mib']:.0f} |"
         )
@@ -323,6 +337,8 @@ def first_call_table(rows: list[dict[str, Any]]) -> str:
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for row in rows:
         s = row["seconds"]
+        if "first_call" not in row:
+            continue  # not compiled (`--compile-up-to`)
         before = sum(s[stage] for stage in STAGES)
         stages = before + sum(s[stage] for stage in XLA_STAGES)
         lines.append(
@@ -336,12 +352,18 @@ def first_call_table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=list(LAYERS))
+    parser.add_argument("--compile-up-to", type=int, default=24,
+                        help="compile (XLA stages, first call, Shardy) only up to this many layers")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--one-uncompiled", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--jit-memory", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--shardy", nargs=2, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.one is not None:
         print(json.dumps(measure(options.one)))
+        return
+    if options.one_uncompiled is not None:
+        print(json.dumps(measure(options.one_uncompiled, compile_=False)))
         return
     if options.jit_memory is not None:
         layers, specs = options.jit_memory
@@ -354,7 +376,7 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     rows = []
     for layers in options.layers:
-        rows.append(run_in_subprocess(layers))
+        rows.append(run_in_subprocess(layers, compile_=layers <= options.compile_up_to))
         print(f"  {layers} layers done, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
     print("seconds (µs/op: per core op up to partition and for Shardy, per SPMD op after)")
     print(table(rows))
