@@ -29,13 +29,14 @@ from dialects.heap import paused_gc
 from dialects.locations import located_text
 from partir.annotations import holds_annotations, remove_annotations
 from partir.mesh import Mesh
+from partir.plan import Leaf
 from partir.tactics import Annotations, Automatic, Plan, ProgramView, Tactic, ZeRO
 from rewrites.conflicts import Conflict, recorded_conflicts
 
 if TYPE_CHECKING:
     from partir.search import SearchResult
     from rewrites.actions import TileAction
-    from rewrites.factor_propagation import Decision
+    from rewrites.factor_propagation import Decision, Seed
 
 
 @dataclass(frozen=True, eq=False)
@@ -252,11 +253,11 @@ def partition_decided(
         if (
             any(isinstance(t, Automatic) for t in tactics)  # it searches by rewriting
             or any(p.removes_annotations or p.whole for p in plans)
-            or any(isinstance(t, ZeRO) for t in tactics[1:])
         ):
             # What apply_plan does beyond tiling (taking JAX's constraints out,
-            # ZeRO-1's whole results, ZeRO planned again on the per-device
-            # shapes the tactics before left) is the rewrite engine's alone yet.
+            # ZeRO-1's whole results) is the rewrite engine's alone yet; so is
+            # ZeRO planned again on the per-device shapes the tactics before
+            # left (`_planned_again`, found once decided).
             return _rewrite(module, mesh, tactics, plans, keep_stages=keep_stages, verify=verify)
         declare_mesh(module, mesh)
         imported = Stage.snapshot("import", module) if keep_stages else None
@@ -295,6 +296,41 @@ def _decided_stages(
     return [*stages, Stage.snapshot(names[-1], module)]
 
 
+def _planned_again(
+    module: ModuleOp,
+    tactics: Sequence[Tactic],
+    plans: list[Plan],
+    seeds: list[list[Seed]],
+    decision: Decision,
+) -> None:
+    """Refuse (`UnsupportedError`: the rewrite engine takes over) where a
+    ZeRO after other tactics names a leaf those tactics split: the engine
+    plans it again on the per-device shape they leave (`ApplyPlanPass`).
+    A split an earlier tactic decided carries an action number below the
+    ZeRO's first (priorities are never overridden), so the decision of the
+    whole schedule tells, without deciding the tactics before again."""
+    from dialects.errors import UnsupportedError
+
+    entry = entry_function(module)
+    ret = entry.body.block.last_op
+    assert ret is not None
+    for k, (tactic, plan) in enumerate(zip(tactics, plans, strict=True)):
+        if k == 0 or not isinstance(tactic, ZeRO) or not seeds[k]:
+            continue
+        first = seeds[k][0].origin.action.data
+        named = [t.leaf for t in plan] + [p.leaf for p in plan.passed]
+        for leaf in named:
+            if not isinstance(leaf, Leaf):
+                continue
+            values = entry.body.block.args if leaf.kind == "argument" else ret.operands
+            v = decision.graph.ids.get(values[leaf.index])
+            if v is not None and any(p[0] < first for p in decision.priority[v].values()):
+                raise UnsupportedError(
+                    f"{tactic.name}: {leaf.name} is split by the tactics before; planned "
+                    "again on its per-device shape by the rewrite engine"
+                )
+
+
 def _decide_and_build(
     module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic], plans: list[Plan]
 ) -> Partitioned:
@@ -326,6 +362,7 @@ def _decide_and_build(
     for action in (a for planned in actions for a in planned):
         check_action(action, mesh_op)  # the engine's errors, before anything changes
     decision = decide(module, dict(mesh.axes), seeds)
+    _planned_again(module, tactics, plans, seeds, decision)
     for plan, planned in zip(plans, actions, strict=True):
         for action in planned:  # a dim the tactics before split too finely
             try:
