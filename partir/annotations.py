@@ -21,15 +21,23 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, ModuleOp, StringAttr
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DictionaryAttr,
+    IntAttr,
+    ModuleOp,
+    StringAttr,
+    UnitAttr,
+)
 from xdsl.ir import BlockArgument, Operation, OpResult, SSAValue
 
 from dialects.escaping import quoted
 from dialects.functions import NAME_ATTR
 from dialects.locations import source_location
 from dialects.manual_regions import manual_regions, mesh_of, normalize_manual_regions
-from dialects.partir import LoopOp, SliceOp
+from dialects.partir import LoopOp, OriginAttr, SliceOp
 from dialects.sdy import (
+    RESHARD,
     SHARDING,
     ManualComputationOp,
     MeshAttr,
@@ -71,6 +79,10 @@ class Annotation:
     """Per dim, the mesh axes it is split over, major first."""
     unreduced: tuple[str, ...] = ()
     position: int = 0
+    kept_whole: bool = False
+    """A constraint splitting nothing that `Annotations` honours: the
+    user's statement that the value stays whole (`states_replication`), or
+    a reshard to whole (`is_reshard`), whose result is a value of its own."""
 
     @property
     def describe(self) -> str:
@@ -137,62 +149,109 @@ def constraint_ops(entry: func.FuncOp) -> list[ShardingConstraintOp]:
     return [op for op in entry.walk() if isinstance(op, ShardingConstraintOp)]
 
 
-def constrained_value(op: ShardingConstraintOp) -> SSAValue:
-    """The value `op` constrains, through any constraints before it (explicit
-    mode chains them: `reshard` of a value whose type already has one): what
-    it is once `remove_annotations` has taken the constraints out."""
+def _earlier_sharding(op: ShardingConstraintOp) -> ShardingAttr | None:
+    """The sharding the program already states for `op`'s operand: the
+    constraint before it on the same value (explicit mode chains them: the
+    type JAX gives an op's result, then the user's `reshard`), or the entry
+    argument's `sdy.sharding`."""
     value = op.input
-    while isinstance(value.owner, ShardingConstraintOp):
+    if isinstance(value.owner, ShardingConstraintOp):
+        return value.owner.sharding
+    if isinstance(value, BlockArgument):
+        entry = value.owner.parent_op()
+        if isinstance(entry, func.FuncOp) and entry.arg_attrs is not None:
+            found = entry.arg_attrs.data[value.index].data.get(SHARDING)
+            return found if isinstance(found, ShardingAttr) else None
+    return None
+
+
+def is_reshard(op: ShardingConstraintOp) -> bool:
+    """Whether `op` changes the sharding its operand already has
+    (`_earlier_sharding`): `jax.sharding.reshard(x, P(None, None))` of an
+    argument typed `P("batch", None)`, a reshard moving a split to another
+    dim or axis, a second constraint on a value. The user said the value is
+    split one way up to there and another way after it; once the
+    constraints are gone both would be about one value, so `Annotations`
+    keeps such a constraint (`dialects.sdy.RESHARD`): its result is a value
+    of its own, split as it says, and the SPMD lowering redistributes
+    between the two as jax.jit does (a gather, an all-to-all)."""
+    if op.is_reshard:
+        return True
+    earlier = _earlier_sharding(op)
+    return earlier is not None and tuple(earlier.dims) != tuple(op.sharding.dims)
+
+
+def constrained_value(op: ShardingConstraintOp) -> SSAValue:
+    """The value `op` constrains: its own result if it is a reshard
+    (`is_reshard`), else its operand, through the constraints before it that
+    state the same sharding: what it is once `remove_annotations` has taken
+    the constraints out."""
+    if is_reshard(op):
+        return op.result
+    value = op.input
+    while isinstance(value.owner, ShardingConstraintOp) and not is_reshard(value.owner):
         value = value.owner.input
     return value
 
 
+USER_CALLS = {"sharding_constraint": "with_sharding_constraint", "reshard": "reshard"}
+"""The primitives whose lowering is the user's own call, by the name JAX
+gives them in a name stack, and what the report calls each."""
+
+UNLOCATED = "a sharding constraint with no location"
+"""What the report calls a constraint whose IR has no location (`_source`)."""
+
+UNLOCATED_HINT = (
+    " (the IR has no locations, so partir takes every constraint as stated and cannot tell "
+    "JAX's own from the user's: print it with debug info, `.as_text(debug_info=True)`)"
+)
+
+
 def _source(op: Operation) -> str:
-    """Which JAX call made a constraint, from its name stack's last part:
-    `with_sharding_constraint`, `reshard`, or (explicit mode: JAX
-    constrains each op's result to the sharding its type carries) the op's
-    typed sharding, e.g. "the sharding in dot_general's type"."""
-    stack = source_location(op.location).name_stack or ""
+    """Which JAX call made a constraint, from its name stack's last part,
+    which JAX makes `<name stack>/<primitive>` of the primitive whose
+    lowering wrote it: `with_sharding_constraint`, `reshard`, or (explicit
+    mode: `lower_with_sharding_in_types` constrains each op's result to the
+    sharding its type carries) the op's typed sharding, e.g. "the sharding
+    in dot_general's type". IR with no location says nothing of it
+    (`UNLOCATED`)."""
+    stack = source_location(op.location).name_stack
+    if stack is None:
+        return UNLOCATED
     last = stack.rsplit("/", 1)[-1]
-    if last == "sharding_constraint" or not last:
-        return "with_sharding_constraint"
-    if last == "reshard":
-        return "reshard"
+    if last in USER_CALLS or not last:
+        return USER_CALLS.get(last, "with_sharding_constraint")
     return f"the sharding in {last}'s type"
 
 
-def _resharded(op: ShardingConstraintOp) -> bool:
-    """Whether a constraint before `op` on the same value splits it (explicit
-    mode: `reshard` of a value typed split). Once the constraints are gone
-    both are about one value, which the earlier one splits; keeping it whole
-    too would make the user's two statements conflict with each other."""
-    value = op.input
-    while isinstance(value.owner, ShardingConstraintOp):
-        if any(value.owner.sharding.dims):
-            return True
-        value = value.owner.input
-    return False
-
-
 def states_replication(op: ShardingConstraintOp) -> bool:
-    """Whether a constraint that splits nothing is the user's own statement
-    that the value stays whole (`with_sharding_constraint(x, P(None, None))`
-    or a `reshard` to it), which `Annotations` honours like any other: its
-    name stack ends in the call, with no JAX helper's (a private nested jit,
-    `jit(_normal)`: the `random` internals) between it and the function
-    partir lowers. JAX's own trivial constraints (explicit
-    mode types every op's result, "the sharding in add's type"; a helper's
-    replicated key) say nothing the user wrote. A constraint with no location
-    (IR written by hand) is taken at its word."""
-    if not op.sharding.dims or _resharded(op):
+    """Whether a constraint that splits nothing is a statement that the
+    value stays whole (`with_sharding_constraint(x, P(None, None))` or a
+    `reshard` to it), which `Annotations` honours like any other; JAX's own
+    trivial constraints say nothing the user wrote. Decided by what JAX
+    emits, not by names the user picks (a nested `jax.jit` of the user's
+    `_step` is the user's):
+
+    - the name stack ends in the primitive whose lowering wrote the
+      constraint (`USER_CALLS`); explicit mode's typed constraints end in
+      the op they type ("add"), and are JAX's;
+    - JAX gives an op a file location only from a frame of the user's code
+      (`source_info_util.user_frame`); one JAX makes with none on the stack
+      (`jax.grad`'s reshard of its seed) has a name stack and no file.
+
+    IR with no location at all (StableHLO printed without debug info, or
+    written by hand, read by `partir-opt`) cannot tell JAX's trivial
+    constraints from the user's. The text is all there is, and it states
+    each of them (jax.jit honours them all), so each is taken at its word:
+    a tactic splitting such a value is a reported conflict naming it
+    `UNLOCATED`, whose detail says how to let partir tell them apart,
+    never a silent choice either way."""
+    if not op.sharding.dims:
         return False
-    stack = source_location(op.location).name_stack
-    if stack is None:
-        return True
-    parts = stack.split("/")
-    if parts[-1] not in ("sharding_constraint", "reshard"):
-        return False
-    return not any(part.startswith("jit(_") for part in parts[1:-1])  # [0]: the user's
+    found = source_location(op.location)
+    if found.name_stack is None:
+        return found.file is None  # no location at all: taken as stated
+    return found.name_stack.rsplit("/", 1)[-1] in USER_CALLS and found.file is not None
 
 
 def _where(op: Operation) -> str | None:
@@ -221,12 +280,15 @@ def read_annotations(
     meshes = _meshes(module) if isinstance(module, ModuleOp) else {}
     found: list[Annotation] = []
 
-    def add(kind: str, index: int, value: str, source: str, where: str | None, s: ShardingAttr):
+    def add(
+        kind: str, index: int, value: str, source: str, where: str | None, s: ShardingAttr,
+        kept_whole: bool = False,
+    ):
         found.append(
             Annotation(
                 kind, index, value, source, where, s.mesh_name.data,
                 meshes.get(s.mesh_name.data, ()), tuple(s.dims),
-                tuple(a.data for a in s.unreduced.data),
+                tuple(a.data for a in s.unreduced.data), kept_whole=kept_whole,
             )
         )
 
@@ -243,7 +305,8 @@ def read_annotations(
     refs = references(entry) if constraints or regions else {}
     for i, op in enumerate(constraints):
         name = _value_name(constrained_value(op), arguments, refs)
-        add(CONSTRAINT, i, name, _source(op), _where(op), op.sharding)
+        whole = not any(op.sharding.dims) and (is_reshard(op) or states_replication(op))
+        add(CONSTRAINT, i, name, _source(op), _where(op), op.sharding, whole)
     for i, region in enumerate(regions):
         mesh = tuple(mesh_of(region).axes.items())
         for kind, values, shardings, specs in (
@@ -265,7 +328,7 @@ def annotated_value(entry: func.FuncOp, kind: str, ordinal: int, position: int) 
     `ordinal`-th constraint's value, or operand (result) `position` of the
     `ordinal`-th manual region, as the program is before the annotations'
     tiles are taken."""
-    if kind == CONSTRAINT:
+    if kind == CONSTRAINT:  # a reshard's: its result (`is_reshard`)
         return constrained_value(constraint_ops(entry)[ordinal])
     region = manual_regions(entry)[ordinal]
     if kind == REGION_OPERAND:
@@ -305,17 +368,24 @@ def _without_sharding(attrs: ArrayAttr[DictionaryAttr] | None) -> ArrayAttr[Dict
 
 def remove_annotations(module: ModuleOp) -> None:
     """Take JAX's shardings out of the module once they are actions: each
-    constraint becomes its operand, and the `sdy.sharding` argument and
-    result attributes and the `sdy.mesh` declarations go (partir's mesh and
-    distributions state where values live from here on)."""
-    for op in list(module.walk()):
-        if isinstance(op, ShardingConstraintOp):
-            op.result.replace_all_uses_with(op.input)
-            op.detach()
-            op.erase()
-        elif isinstance(op, func.FuncOp):
-            op.arg_attrs = _without_sharding(op.arg_attrs)
-            op.res_attrs = _without_sharding(op.res_attrs)
+    constraint becomes its operand, except a reshard (`is_reshard`), kept
+    and marked `RESHARD` (its result is a value of its own); the
+    `sdy.sharding` argument and result attributes and the `sdy.mesh`
+    declarations go (partir's mesh and distributions state where values
+    live from here on)."""
+    constraints = [op for op in module.walk() if isinstance(op, ShardingConstraintOp)]
+    reshards = {op for op in constraints if is_reshard(op)}  # while the chains are whole
+    for constraint in constraints:
+        if constraint in reshards:
+            constraint.attributes[RESHARD] = UnitAttr()
+        else:
+            constraint.result.replace_all_uses_with(constraint.input)
+            constraint.detach()
+            constraint.erase()
+    for function in module.walk():
+        if isinstance(function, func.FuncOp):
+            function.arg_attrs = _without_sharding(function.arg_attrs)
+            function.res_attrs = _without_sharding(function.res_attrs)
     for op in list(module.body.block.ops):
         if isinstance(op, MeshOp):
             op.detach()
@@ -373,6 +443,8 @@ def mark_whole_dims(entry: func.FuncOp) -> None:
             entry.res_attrs = ArrayAttr(marked)
     refs: dict[Operation, str] | None = None
     for op in constraint_ops(entry):
+        if is_reshard(op):  # its own value, whole where it says (`reshard_conflicts`)
+            continue
         whole = _whole(op.sharding, states_replication(op))
         value = constrained_value(op)
         if not whole or not isinstance(value, OpResult):
@@ -406,7 +478,8 @@ def _conflict(
         winner=describe_origin(loop.origin if loop is not None else None),
         loser=describe,
         detail=f"{spec} keeps dim {dim} whole, but it is split over {quoted(axis)}; drop "
-        "the tactic's split of it, or say how the annotation may split that dim",
+        "the tactic's split of it, or say how the annotation may split that dim"
+        + (UNLOCATED_HINT if describe == UNLOCATED else ""),
     )
 
 
@@ -423,12 +496,70 @@ def _leaf_marks(
             yield i, label, [x.data for x in dims.data], describe.data, spec.data
 
 
+ANNOTATIONS = "Annotations"
+"""The tactic (`partir.tactics.Annotations`) whose actions are the program's
+own statements, as loop origins name it."""
+
+
+def reshard_conflicts(op: ShardingConstraintOp, refs: dict[Operation, str]) -> list[Conflict]:
+    """A conflict for each split another tactic gives a reshard's operand
+    that the reshard does not keep (it wins: the lowering gathers or moves
+    the split there), and each part of its result another tactic's loop
+    takes along an axis the reshard does not split that dim over (the
+    value stays whole, its users are split). The user's own statements
+    (`Annotations`' actions: an argument's type, the reshard's splits) are
+    no conflict: the reshard says how one becomes the other."""
+    found: list[Conflict] = []
+    target = op.sharding.dims
+    opened = {d.data for d in op.sharding.open_dims.data}
+    name = refs.get(op) or describe_value(op.result)
+    note = _note(_source(op), _where(op), op.sharding)
+
+    def stated(dim: int, axis: str) -> bool:
+        return dim in opened or (dim < len(target) and axis in target[dim])
+
+    def users(origin: OriginAttr | None) -> bool:
+        return origin is not None and origin.tactic.data == ANNOTATIONS
+
+    for t in tilings(op.input):
+        if stated(t.dim, t.axis) or users(t.origin):
+            continue
+        found.append(
+            Conflict(
+                op="annotation",
+                values=(name,),
+                axis=t.axis,
+                winner=note.describe,
+                loser=describe_origin(t.origin),
+                detail=f"{note.spec} does not split dim {t.dim} over {quoted(t.axis)}; the "
+                "tactic's split stops at the reshard, which redistributes the value",
+            )
+        )
+    for use in op.result.uses:
+        part = use.operation
+        if not isinstance(part, SliceOp) or stated(part.dim_index, range_axis(part.index) or ""):
+            continue
+        axis = range_axis(part.index)
+        loop = _enclosing_loop(part, axis) if axis is not None else None
+        if axis is None or users(loop.origin if loop is not None else None):
+            continue
+        found.append(_conflict(name, axis, loop, note.describe, note.spec, part.dim_index))
+    return found
+
+
 def split_whole_dims(entry: func.FuncOp) -> list[Conflict]:
     """A conflict for each dim an annotation keeps whole (`mark_whole_dims`)
     that a loop splits: a marked op's result that is a part along it, an
-    argument sliced along it, a result concatenated along it; naming the
-    annotation and the action whose loop split it."""
+    argument sliced along it, a result concatenated along it; and for each
+    split another tactic gives a reshard's operand or result that it does not
+    state (`reshard_conflicts`); naming the annotation and the action whose
+    loop split it."""
     found: list[Conflict] = []
+    reshards = [c for c in constraint_ops(entry) if c.is_reshard]
+    if reshards:
+        refs = references(entry)
+        for reshard in reshards:
+            found += reshard_conflicts(reshard, refs)
     for i, name, dims, describe, spec in _leaf_marks(entry.arg_attrs):
         for use in entry.body.block.args[i].uses:
             part = use.operation

@@ -875,7 +875,11 @@ class Annotations(Tactic):
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         tiles: list[PlannedTile] = []
+        kept: list[PassedLeaf] = []
         for note in program.annotations:
+            if note.kept_whole:  # no tile: the value stays whole, as stated
+                kept.append(PassedLeaf(AnnotatedValue(note.index, note.value, note.kind),
+                                       "annotated", note.describe))
             if not note.splits:
                 continue
             self._check_mesh(note, mesh)
@@ -893,7 +897,8 @@ class Annotations(Tactic):
                                            note.describe))
                     else:
                         tiles.append(PlannedTile(leaf, dim, axis, "annotated", note.describe))
-        return Plan(self.name, tuple(tiles), label=self.name, removes_annotations=True)
+        return Plan(self.name, tuple(tiles), tuple(kept), label=self.name,
+                    removes_annotations=True)
 
     def _check_mesh(self, note: Annotation, mesh: Mesh) -> None:
         """JAX's mesh axes that `note` names are partir's, with the same sizes."""
