@@ -202,9 +202,10 @@ UNLOCATED = "a sharding constraint with no location"
 """What the report calls a constraint whose IR has no location (`_source`)."""
 
 UNLOCATED_HINT = (
-    " (the IR has no locations, so partir takes every constraint as stated and cannot tell "
-    "JAX's own from the user's: print it with debug info, `.as_text(debug_info=True)`)"
+    " (the IR has no locations, so every constraint is taken as stated: JAX's own types "
+    "cannot be told from the user's; partir.jit, which reads JAX's locations, tells them apart)"
 )
+"""Appended to the detail of a conflict with an `UNLOCATED` constraint."""
 
 
 def _source(op: Operation) -> str:
@@ -239,13 +240,13 @@ def states_replication(op: ShardingConstraintOp) -> bool:
       (`source_info_util.user_frame`); one JAX makes with none on the stack
       (`jax.grad`'s reshard of its seed) has a name stack and no file.
 
-    IR with no location at all (StableHLO printed without debug info, or
-    written by hand, read by `partir-opt`) cannot tell JAX's trivial
+    IR with no location at all (`partir-opt` reading StableHLO printed
+    without debug info, or written by hand) cannot tell JAX's trivial
     constraints from the user's. The text is all there is, and it states
     each of them (jax.jit honours them all), so each is taken at its word:
     a tactic splitting such a value is a reported conflict naming it
-    `UNLOCATED`, whose detail says how to let partir tell them apart,
-    never a silent choice either way."""
+    `UNLOCATED`, whose detail says why (`UNLOCATED_HINT`), never a silent
+    choice either way."""
     if not op.sharding.dims:
         return False
     found = source_location(op.location)

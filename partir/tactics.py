@@ -869,7 +869,13 @@ class Annotations(Tactic):
     first when the program holds annotations, unless the schedule places it;
     a later tactic that disagrees is a reported conflict. JAX's mesh must be
     partir's (the same axes, the same sizes). Applying it takes the
-    constraints out of the program (each is its value)."""
+    constraints out of the program (each is its value), except a reshard
+    of a value already stated split otherwise, kept as a value of its own
+    (`partir.annotations.is_reshard`). IR with no locations (`partir-opt`
+    on text printed without debug info) cannot tell JAX's own replicated
+    constraints from the user's: each is taken as stated, and a tactic
+    splitting one is a reported conflict saying so
+    (`partir.annotations.states_replication`)."""
 
     CLI_NAME = "partir-annotations"
 
