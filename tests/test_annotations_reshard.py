@@ -129,3 +129,32 @@ def test_a_second_constraint_on_a_value_is_its_own_value_in_auto_mode():
     lowered = fn.lower(x)
     assert [(c.kind, c.axes) for c in lowered.collectives] == [("all_to_all", ("batch",))]
     assert lowered.conflicts == []
+
+
+def gathered_loss(w, x):
+    h = jnp.tanh(x @ w)  # typed P("batch", None), as x is
+    h = jax.sharding.reshard(h, P(None, None))
+    return jnp.sum(jnp.sin(h) ** 2)
+
+
+def sgd_step(w, x):
+    loss, grad = jax.value_and_grad(gathered_loss)(w, x)
+    return w - 0.1 * grad, loss
+
+
+def test_a_training_step_through_a_reshard_to_whole_moves_what_jax_jit_moves():
+    """The gradient flows back through the reshard (JAX's transpose is a
+    reshard back to the split type): one all-gather forward, one all-reduce
+    of the weight's gradient, as jax.jit's program has, and no conflict."""
+    with jax.set_mesh(EXPLICIT):
+        x = jax.device_put(rand(8, 6), P("batch", None))
+        w = jax.device_put(rand(6, 4), P(None, None))
+        want = jax.jit(sgd_step)(w, x)
+        lowered = partir.jit(sgd_step, mesh=MESH).lower(w, x)
+        got = lowered.compile()(w, x)
+        hlo = jax_collectives(sgd_step, w, x)
+    assert_leaves_close(got, want)
+    assert "all-gather(" in hlo and "all-reduce(" in hlo
+    kinds = sorted((c.kind, c.axes) for c in lowered.collectives)
+    assert kinds == [("all_gather", ("batch",)), ("all_reduce", ("batch",))]
+    assert lowered.conflicts == []
