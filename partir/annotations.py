@@ -17,25 +17,20 @@ and distributions replace.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
     DictionaryAttr,
-    IntAttr,
     ModuleOp,
-    StringAttr,
     UnitAttr,
 )
-from xdsl.ir import BlockArgument, Operation, OpResult, SSAValue
+from xdsl.ir import BlockArgument, Operation, SSAValue
 
-from dialects.escaping import quoted
-from dialects.functions import NAME_ATTR
 from dialects.locations import source_location
 from dialects.manual_regions import manual_regions, mesh_of, normalize_manual_regions
-from dialects.partir import LoopOp, OriginAttr, SliceOp
 from dialects.sdy import (
     RESHARD,
     SHARDING,
@@ -47,8 +42,6 @@ from dialects.sdy import (
 )
 from partir.values import references
 from rewrites.actions import describe_value
-from rewrites.conflicts import Conflict, describe_origin
-from rewrites.projection import LoopRelations, range_axis, tilings
 
 ARGUMENT, RESULT, CONSTRAINT = "argument", "result", "constraint"
 REGION_OPERAND, REGION_RESULT = "shard_map operand", "shard_map result"
@@ -70,7 +63,7 @@ class Annotation:
     the `@`-reference of the op computing it (`partir.values`)."""
     source: str
     """What stated it: "with_sharding_constraint", "reshard", "argument
-    sharding", "the sharding in dot_general's type" (`_source`)."""
+    sharding", "the sharding in dot_general's type" (`constraint_source`)."""
     where: str | None
     """The user's `file:line`, where JAX recorded it."""
     mesh_name: str
@@ -199,7 +192,7 @@ USER_CALLS = {"sharding_constraint": "with_sharding_constraint", "reshard": "res
 gives them in a name stack, and what the report calls each."""
 
 UNLOCATED = "a sharding constraint with no location"
-"""What the report calls a constraint whose IR has no location (`_source`)."""
+"""What the report calls a constraint whose IR has no location (`constraint_source`)."""
 
 UNLOCATED_HINT = (
     " (the IR has no locations, so every constraint is taken as stated: JAX's own types "
@@ -208,7 +201,7 @@ UNLOCATED_HINT = (
 """Appended to the detail of a conflict with an `UNLOCATED` constraint."""
 
 
-def _source(op: Operation) -> str:
+def constraint_source(op: Operation) -> str:
     """Which JAX call made a constraint, from its name stack's last part,
     which JAX makes `<name stack>/<primitive>` of the primitive whose
     lowering wrote it: `with_sharding_constraint`, `reshard`, or (explicit
@@ -255,14 +248,14 @@ def states_replication(op: ShardingConstraintOp) -> bool:
     return found.name_stack.rsplit("/", 1)[-1] in USER_CALLS and found.file is not None
 
 
-def _where(op: Operation) -> str | None:
+def user_line(op: Operation) -> str | None:
     found = source_location(op.location)
     if found.file is None:
         return None
     return f"{os.path.basename(found.file)}:{found.line}"
 
 
-def _value_name(value: SSAValue, arguments: Sequence[str], refs: dict[Operation, str]) -> str:
+def value_name(value: SSAValue, arguments: Sequence[str], refs: dict[Operation, str]) -> str:
     if isinstance(value, BlockArgument):
         return arguments[value.index] if value.index < len(arguments) else f"argument {value.index}"
     owner = value.owner
@@ -305,9 +298,9 @@ def read_annotations(
     regions = manual_regions(entry)
     refs = references(entry) if constraints or regions else {}
     for i, op in enumerate(constraints):
-        name = _value_name(constrained_value(op), arguments, refs)
+        name = value_name(constrained_value(op), arguments, refs)
         whole = not any(op.sharding.dims) and (is_reshard(op) or states_replication(op))
-        add(CONSTRAINT, i, name, _source(op), _where(op), op.sharding, whole)
+        add(CONSTRAINT, i, name, constraint_source(op), user_line(op), op.sharding, whole)
     for i, region in enumerate(regions):
         mesh = tuple(mesh_of(region).axes.items())
         for kind, values, shardings, specs in (
@@ -317,8 +310,8 @@ def read_annotations(
             for k, (value, s) in enumerate(zip(values, shardings.shardings.data, strict=True)):
                 found.append(
                     Annotation(
-                        kind, i, _value_name(value, arguments, refs), f"shard_map {specs}[{k}]",
-                        _where(region), s.mesh_name.data, mesh, tuple(s.dims), position=k,
+                        kind, i, value_name(value, arguments, refs), f"shard_map {specs}[{k}]",
+                        user_line(region), s.mesh_name.data, mesh, tuple(s.dims), position=k,
                     )
                 )
     return tuple(found)
@@ -392,203 +385,3 @@ def remove_annotations(module: ModuleOp) -> None:
             op.detach()
             op.erase()
     module.attributes.pop(JAX_MESHES, None)
-
-
-WHOLE_DIMS = "partir.whole_dims"
-"""The attribute marking what an annotation keeps whole on some dims
-(closed, with no axes: `None` in `P("batch", None)`): on an op, a list of
-`[result, [dims], annotation, spec, value]` for its results; on an entry
-argument or result, `[[dims], annotation, spec]`. The constraints go when
-`Annotations` applies, the marks stay (rewrites copy an op's to its parts),
-so `split_whole_dims` can check them after every later tactic."""
-
-
-def _whole(s: ShardingAttr, replication_stated: bool = False) -> list[int]:
-    """The dims `s` keeps whole: closed, with no axes (an open one, `?` or
-    JAX's `P.UNCONSTRAINED`, is partir's to split). None when `s` splits
-    nothing, unless the user stated that (`states_replication`): JAX's own
-    trivial shardings are as common as the user's."""
-    opened = {d.data for d in s.open_dims.data}
-    if not any(s.dims) and not replication_stated:
-        return []
-    return [d for d, axes in enumerate(s.dims) if not axes and d not in opened]
-
-
-def _dims(dims: Sequence[int]) -> ArrayAttr[IntAttr]:
-    return ArrayAttr([IntAttr(d) for d in dims])
-
-
-def _note(source: str, where: str | None, s: ShardingAttr) -> Annotation:
-    return Annotation(CONSTRAINT, 0, "", source, where, s.mesh_name.data, (), tuple(s.dims))
-
-
-def mark_whole_dims(entry: func.FuncOp) -> None:
-    """Mark what each annotation keeps whole (`WHOLE_DIMS`), before
-    `remove_annotations`: a constraint's value, an argument, a result."""
-    for kind, attrs in ((ARGUMENT, entry.arg_attrs), (RESULT, entry.res_attrs)):
-        if attrs is None:
-            continue
-        marked = []
-        for d in attrs.data:
-            entries = dict(d.data)
-            s = entries.get(SHARDING)
-            if isinstance(s, ShardingAttr) and (whole := _whole(s)):
-                note = _note(f"{kind} sharding", None, s)
-                entries[WHOLE_DIMS] = ArrayAttr(
-                    [_dims(whole), StringAttr(note.describe), StringAttr(note.spec)]
-                )
-            marked.append(DictionaryAttr(entries))
-        if kind == ARGUMENT:
-            entry.arg_attrs = ArrayAttr(marked)
-        else:
-            entry.res_attrs = ArrayAttr(marked)
-    refs: dict[Operation, str] | None = None
-    for op in constraint_ops(entry):
-        if is_reshard(op):  # its own value, whole where it says (`reshard_conflicts`)
-            continue
-        whole = _whole(op.sharding, states_replication(op))
-        value = constrained_value(op)
-        if not whole or not isinstance(value, OpResult):
-            continue
-        refs = refs if refs is not None else references(entry)
-        note = _note(_source(op), _where(op), op.sharding)
-        mark = ArrayAttr([
-            IntAttr(value.index), _dims(whole), StringAttr(note.describe),
-            StringAttr(note.spec), StringAttr(_value_name(value, (), refs)),
-        ])
-        owner = value.owner
-        old = owner.attributes.get(WHOLE_DIMS)
-        owner.attributes[WHOLE_DIMS] = ArrayAttr(
-            [*(old.data if isinstance(old, ArrayAttr) else ()), mark]
-        )
-
-
-def _enclosing_loop(op: Operation | None, axis: str) -> LoopOp | None:
-    while op is not None and not (isinstance(op, LoopOp) and op.axis_name == axis):
-        op = op.parent_op()
-    return op
-
-
-def _conflict(
-    name: str, axis: str, loop: LoopOp | None, describe: str, spec: str, dim: int
-) -> Conflict:
-    return Conflict(
-        op="annotation",
-        values=(name,),
-        axis=axis,
-        winner=describe_origin(loop.origin if loop is not None else None),
-        loser=describe,
-        detail=f"{spec} keeps dim {dim} whole, but it is split over {quoted(axis)}; drop "
-        "the tactic's split of it, or say how the annotation may split that dim"
-        + (UNLOCATED_HINT if describe == UNLOCATED else ""),
-    )
-
-
-def _leaf_marks(
-    attrs: ArrayAttr[DictionaryAttr] | None,
-) -> Iterator[tuple[int, str, list[int], str, str]]:
-    """(index, leaf name, [dims], annotation, spec) per marked argument or result."""
-    for i, d in enumerate(attrs.data if attrs is not None else ()):
-        mark = d.data.get(WHOLE_DIMS)
-        if isinstance(mark, ArrayAttr):
-            dims, describe, spec = mark.data
-            name = d.data.get(NAME_ATTR)
-            label = name.data if isinstance(name, StringAttr) else f"leaf {i}"
-            yield i, label, [x.data for x in dims.data], describe.data, spec.data
-
-
-ANNOTATIONS = "Annotations"
-"""The tactic (`partir.tactics.Annotations`) whose actions are the program's
-own statements, as loop origins name it."""
-
-
-def reshard_conflicts(op: ShardingConstraintOp, refs: dict[Operation, str]) -> list[Conflict]:
-    """A conflict for each split another tactic gives a reshard's operand
-    that the reshard does not keep (it wins: the lowering gathers or moves
-    the split there), and each part of its result another tactic's loop
-    takes along an axis the reshard does not split that dim over (the
-    value stays whole, its users are split). The user's own statements
-    (`Annotations`' actions: an argument's type, the reshard's splits) are
-    no conflict: the reshard says how one becomes the other."""
-    found: list[Conflict] = []
-    target = op.sharding.dims
-    opened = {d.data for d in op.sharding.open_dims.data}
-    name = refs.get(op) or describe_value(op.result)
-    note = _note(_source(op), _where(op), op.sharding)
-
-    def stated(dim: int, axis: str) -> bool:
-        return dim in opened or (dim < len(target) and axis in target[dim])
-
-    def users(origin: OriginAttr | None) -> bool:
-        return origin is not None and origin.tactic.data == ANNOTATIONS
-
-    for t in tilings(op.input):
-        if stated(t.dim, t.axis) or users(t.origin):
-            continue
-        found.append(
-            Conflict(
-                op="annotation",
-                values=(name,),
-                axis=t.axis,
-                winner=note.describe,
-                loser=describe_origin(t.origin),
-                detail=f"{note.spec} does not split dim {t.dim} over {quoted(t.axis)}; the "
-                "tactic's split stops at the reshard, which redistributes the value",
-            )
-        )
-    for use in op.result.uses:
-        part = use.operation
-        if not isinstance(part, SliceOp) or stated(part.dim_index, range_axis(part.index) or ""):
-            continue
-        axis = range_axis(part.index)
-        loop = _enclosing_loop(part, axis) if axis is not None else None
-        if axis is None or users(loop.origin if loop is not None else None):
-            continue
-        found.append(_conflict(name, axis, loop, note.describe, note.spec, part.dim_index))
-    return found
-
-
-def split_whole_dims(entry: func.FuncOp) -> list[Conflict]:
-    """A conflict for each dim an annotation keeps whole (`mark_whole_dims`)
-    that a loop splits: a marked op's result that is a part along it, an
-    argument sliced along it, a result concatenated along it; and for each
-    split another tactic gives a reshard's operand or result that it does not
-    state (`reshard_conflicts`); naming the annotation and the action whose
-    loop split it."""
-    found: list[Conflict] = []
-    reshards = [c for c in constraint_ops(entry) if c.is_reshard]
-    if reshards:
-        refs = references(entry)
-        for reshard in reshards:
-            found += reshard_conflicts(reshard, refs)
-    for i, name, dims, describe, spec in _leaf_marks(entry.arg_attrs):
-        for use in entry.body.block.args[i].uses:
-            part = use.operation
-            if isinstance(part, SliceOp) and part.dim_index in dims:
-                axis = range_axis(part.index)
-                if axis is not None:
-                    loop = _enclosing_loop(part, axis)
-                    found.append(_conflict(name, axis, loop, describe, spec, part.dim_index))
-    ret = entry.body.block.last_op
-    if isinstance(ret, func.ReturnOp):
-        for i, name, dims, describe, spec in _leaf_marks(entry.res_attrs):
-            for t in tilings(ret.arguments[i]):
-                if t.dim in dims:
-                    found.append(_conflict(name, t.axis, t.loop, describe, spec, t.dim))
-    marked = [op for op in entry.walk() if WHOLE_DIMS in op.attributes]
-    if not marked:
-        return found
-    relations = LoopRelations.of(entry.body.block)
-    for op in marked:
-        marks = op.attributes[WHOLE_DIMS]
-        assert isinstance(marks, ArrayAttr)
-        for mark in marks.data:
-            index, dims_, describe_, spec_, value = mark.data
-            dist = relations(op.results[index.data]).dist
-            for dim in (d.data for d in dims_.data):
-                for axis in dist.dims[dim] if dim < len(dist.dims) else ():
-                    loop = _enclosing_loop(op.parent_op(), axis)
-                    found.append(
-                        _conflict(value.data, axis, loop, describe_.data, spec_.data, dim)
-                    )
-    return found

@@ -30,7 +30,7 @@ def out_specs(lowered) -> str:
 
 def jax_collectives(fn, *args) -> str:
     """jax.jit's compiled HLO, for the collectives it chose."""
-    return jax.jit(fn).lower(*args).compile().as_text()
+    return jax.jit(fn).lower(*args).compile().as_text() or ""
 
 
 def gathered(x, w):
