@@ -10,8 +10,10 @@ split as they say, its results come out so). `read_annotations` lists them, each
 with the value it is about, its mesh, its dims' axes and the user's line;
 the `Annotations` tactic (`partir.tactics`) makes them tiling actions, and
 `remove_annotations` then takes the constraints out of the IR (each is its
-operand) with JAX's meshes and argument shardings, which partir's own mesh
-and distributions replace.
+operand, except a reshard of a value already stated split otherwise,
+`is_reshard`, which stays a value of its own) with JAX's meshes and argument
+shardings, which partir's own mesh and distributions replace. What they keep
+is checked after every tactic (`partir.annotation_conflicts`).
 """
 
 from __future__ import annotations
