@@ -331,6 +331,15 @@ class MeshOp(IRDLOperation):
             printer.print_op_attributes(self.attributes)
 
 
+RESHARD = "partir.reshard"
+"""The unit attribute on a constraint `Annotations` keeps rather than removes
+(`partir.annotations.is_reshard`): it changes the sharding its operand
+already has (`jax.sharding.reshard(x, P(None, None))` of an `x` typed
+`P("batch", None)`), so its result is a value of its own, split as it says
+whatever its operand is. Propagation stops at it (`rewrites.registry`) and
+the SPMD lowering redistributes between the two (`lowering.to_spmd`)."""
+
+
 @irdl_op_definition
 class ShardingConstraintOp(IRDLOperation):
     """`sdy.sharding_constraint %x <@mesh, [{"batch"}, {}]> : tensor<8x4xf32>`:
@@ -369,6 +378,11 @@ class ShardingConstraintOp(IRDLOperation):
             printer.print_op_attributes(self.attributes)
         printer.print_string(" : ")
         printer.print_attribute(self.result.type)
+
+    @property
+    def is_reshard(self) -> bool:
+        """Whether `Annotations` kept it as a reshard (`RESHARD`)."""
+        return RESHARD in self.attributes
 
     def verify_(self) -> None:
         if self.input.type != self.result.type:

@@ -126,83 +126,66 @@ class DeviceCollectiveOp(IRDLOperation):
             raise VerifyException(f"{self.name} needs an integer {key}")
         return found.value.data
 
-    def _same_count(self) -> None:
+
+class GroupCollectiveOp(DeviceCollectiveOp):
+    """Base (as xDSL's arith shares its binary ops' fields): a collective
+    over groups of devices (`replica_groups`), one result per operand."""
+
+    inputs = var_operand_def(AnyTensorType)
+    results_ = var_result_def(AnyTensorType)
+    replica_groups = prop_def(DenseIntOrFPElementsAttr)
+    channel_handle = opt_prop_def(ChannelHandleAttr)
+    traits = traits_def(NoMemoryEffect())
+
+    def verify_(self) -> None:
         if len(self.operands) != len(self.results):
             raise VerifyException(f"{self.name}: one result per operand")
 
 
+class GlobalIdsCollectiveOp(GroupCollectiveOp):
+    """Base: a group collective whose groups may name global device ids
+    (`use_global_device_ids`, as JAX writes them)."""
+
+    use_global_device_ids = opt_prop_def(UnitAttr)
+
+
 @irdl_op_definition
-class AllReduceOp(DeviceCollectiveOp):
+class AllReduceOp(GlobalIdsCollectiveOp):
     """`stablehlo.all_reduce`: each device gets its group's values combined
     by the reducer body (`psum`: add, `pmax`: maximum, `pmin`: minimum)."""
 
     name = "stablehlo.all_reduce"
-    inputs = var_operand_def(AnyTensorType)
-    results_ = var_result_def(AnyTensorType)
-    replica_groups = prop_def(DenseIntOrFPElementsAttr)
-    channel_handle = opt_prop_def(ChannelHandleAttr)
-    use_global_device_ids = opt_prop_def(UnitAttr)
     computation = region_def("single_block")
-    traits = traits_def(NoMemoryEffect())
-
-    def verify_(self) -> None:
-        self._same_count()
 
 
 @irdl_op_definition
-class ReduceScatterOp(DeviceCollectiveOp):
+class ReduceScatterOp(GlobalIdsCollectiveOp):
     """`stablehlo.reduce_scatter` (`psum_scatter`): the group's values
     combined, each device keeping its block of `scatter_dimension`."""
 
     name = "stablehlo.reduce_scatter"
-    inputs = var_operand_def(AnyTensorType)
-    results_ = var_result_def(AnyTensorType)
     scatter_dimension = prop_def(IntegerAttr)
-    replica_groups = prop_def(DenseIntOrFPElementsAttr)
-    channel_handle = opt_prop_def(ChannelHandleAttr)
-    use_global_device_ids = opt_prop_def(UnitAttr)
     computation = region_def("single_block")
-    traits = traits_def(NoMemoryEffect())
-
-    def verify_(self) -> None:
-        self._same_count()
 
 
 @irdl_op_definition
-class AllGatherOp(DeviceCollectiveOp):
+class AllGatherOp(GlobalIdsCollectiveOp):
     """`stablehlo.all_gather`: the group's values concatenated along `all_gather_dim`."""
 
     name = "stablehlo.all_gather"
-    inputs = var_operand_def(AnyTensorType)
-    results_ = var_result_def(AnyTensorType)
     all_gather_dim = prop_def(IntegerAttr)
-    replica_groups = prop_def(DenseIntOrFPElementsAttr)
-    channel_handle = opt_prop_def(ChannelHandleAttr)
-    use_global_device_ids = opt_prop_def(UnitAttr)
-    traits = traits_def(NoMemoryEffect())
-
-    def verify_(self) -> None:
-        self._same_count()
 
 
 @irdl_op_definition
-class AllToAllOp(DeviceCollectiveOp):
+class AllToAllOp(GroupCollectiveOp):
     """`stablehlo.all_to_all`: each device splits its value into `split_count`
     blocks along `split_dimension`, sends block i to the group's i-th device,
     and concatenates what it receives along `concat_dimension`."""
 
     name = "stablehlo.all_to_all"
-    inputs = var_operand_def(AnyTensorType)
-    results_ = var_result_def(AnyTensorType)
     split_dimension = prop_def(IntegerAttr)
     concat_dimension = prop_def(IntegerAttr)
     split_count = prop_def(IntegerAttr)
-    replica_groups = prop_def(DenseIntOrFPElementsAttr)
-    channel_handle = opt_prop_def(ChannelHandleAttr)
-    traits = traits_def(NoMemoryEffect())
-
-    def verify_(self) -> None:
-        self._same_count()
 
 
 @irdl_op_definition

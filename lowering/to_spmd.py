@@ -72,7 +72,7 @@ from dialects.partir import (
     YieldOp,
     find_mesh,
 )
-from dialects.sdy import ManualComputationOp
+from dialects.sdy import ManualComputationOp, ShardingConstraintOp
 from dialects.sdy import ReturnOp as SdyReturnOp
 from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
 from lowering.distributions import NEEDED_BY, Placed, Redistributor, Remake
@@ -426,6 +426,24 @@ class SpmdLowering:
         self.redistribute.cause = (f'{op.name} {op.dim_index} over "{axis}"', origins)
         return axis, source
 
+    def _lower_reshard(self, op: ShardingConstraintOp) -> None:
+        """A reshard the program states (`dialects.sdy.RESHARD`): its result
+        is its operand, which each use converts to the part it needs (a
+        whole use gathers it, a slice on another dim moves the split by an
+        all-to-all: the collective jax.jit emits for the reshard). Returned
+        from the entry, it leaves distributed as the reshard says."""
+        placed = self.env[op.input]
+        returned = isinstance(op.parent_op(), func.FuncOp) and any(
+            isinstance(use.operation, func.ReturnOp) for use in op.result.uses
+        )
+        if returned:
+            dims = tuple(
+                tuple(a for a in axes if self.mesh.distributes(a)) for axes in op.sharding.dims
+            )
+            self.redistribute.cause = (op_name(op), placed.origins)
+            placed = self.redistribute.convert(placed, Distribution(dims))
+        self.env[op.result] = placed
+
     def _lower_loop(self, op: LoopOp) -> None:
         for body_op in list(op.body.block.ops):  # compute ops move out as they lower
             self._lower_op(body_op)
@@ -661,6 +679,8 @@ def _lowerer_for(op: Operation) -> Lowerer:
         return SpmdLowering._lower_branching
     if isinstance(op, ManualComputationOp):
         return SpmdLowering._lower_manual
+    if isinstance(op, ShardingConstraintOp) and op.is_reshard:
+        return SpmdLowering._lower_reshard
     return SpmdLowering._lower_compute
 
 

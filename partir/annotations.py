@@ -10,26 +10,31 @@ split as they say, its results come out so). `read_annotations` lists them, each
 with the value it is about, its mesh, its dims' axes and the user's line;
 the `Annotations` tactic (`partir.tactics`) makes them tiling actions, and
 `remove_annotations` then takes the constraints out of the IR (each is its
-operand) with JAX's meshes and argument shardings, which partir's own mesh
-and distributions replace.
+operand, except a reshard of a value already stated split otherwise,
+`is_reshard`, which stays a value of its own) with JAX's meshes and argument
+shardings, which partir's own mesh and distributions replace. What they keep
+is checked after every tactic (`partir.annotation_conflicts`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, ModuleOp, StringAttr
-from xdsl.ir import BlockArgument, Operation, OpResult, SSAValue
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DictionaryAttr,
+    ModuleOp,
+    UnitAttr,
+)
+from xdsl.ir import BlockArgument, Operation, SSAValue
 
-from dialects.escaping import quoted
-from dialects.functions import NAME_ATTR
 from dialects.locations import source_location
 from dialects.manual_regions import manual_regions, mesh_of, normalize_manual_regions
-from dialects.partir import LoopOp, SliceOp
 from dialects.sdy import (
+    RESHARD,
     SHARDING,
     ManualComputationOp,
     MeshAttr,
@@ -39,8 +44,6 @@ from dialects.sdy import (
 )
 from partir.values import references
 from rewrites.actions import describe_value
-from rewrites.conflicts import Conflict, describe_origin
-from rewrites.projection import LoopRelations, range_axis, tilings
 
 ARGUMENT, RESULT, CONSTRAINT = "argument", "result", "constraint"
 REGION_OPERAND, REGION_RESULT = "shard_map operand", "shard_map result"
@@ -62,7 +65,7 @@ class Annotation:
     the `@`-reference of the op computing it (`partir.values`)."""
     source: str
     """What stated it: "with_sharding_constraint", "reshard", "argument
-    sharding", "the sharding in dot_general's type" (`_source`)."""
+    sharding", "the sharding in dot_general's type" (`constraint_source`)."""
     where: str | None
     """The user's `file:line`, where JAX recorded it."""
     mesh_name: str
@@ -71,6 +74,10 @@ class Annotation:
     """Per dim, the mesh axes it is split over, major first."""
     unreduced: tuple[str, ...] = ()
     position: int = 0
+    kept_whole: bool = False
+    """A constraint splitting nothing that `Annotations` honours: the
+    user's statement that the value stays whole (`states_replication`), or
+    a reshard to whole (`is_reshard`), whose result is a value of its own."""
 
     @property
     def describe(self) -> str:
@@ -137,72 +144,120 @@ def constraint_ops(entry: func.FuncOp) -> list[ShardingConstraintOp]:
     return [op for op in entry.walk() if isinstance(op, ShardingConstraintOp)]
 
 
-def constrained_value(op: ShardingConstraintOp) -> SSAValue:
-    """The value `op` constrains, through any constraints before it (explicit
-    mode chains them: `reshard` of a value whose type already has one): what
-    it is once `remove_annotations` has taken the constraints out."""
+def _earlier_sharding(op: ShardingConstraintOp) -> ShardingAttr | None:
+    """The sharding the program already states for `op`'s operand: the
+    constraint before it on the same value (explicit mode chains them: the
+    type JAX gives an op's result, then the user's `reshard`), or the entry
+    argument's `sdy.sharding`."""
     value = op.input
-    while isinstance(value.owner, ShardingConstraintOp):
+    if isinstance(value.owner, ShardingConstraintOp):
+        return value.owner.sharding
+    if isinstance(value, BlockArgument):
+        entry = value.owner.parent_op()
+        if isinstance(entry, func.FuncOp) and entry.arg_attrs is not None:
+            found = entry.arg_attrs.data[value.index].data.get(SHARDING)
+            return found if isinstance(found, ShardingAttr) else None
+    return None
+
+
+def is_reshard(op: ShardingConstraintOp) -> bool:
+    """Whether `op` changes the sharding its operand already has
+    (`_earlier_sharding`): `jax.sharding.reshard(x, P(None, None))` of an
+    argument typed `P("batch", None)`, a reshard moving a split to another
+    dim or axis, a second constraint on a value. The user said the value is
+    split one way up to there and another way after it; once the
+    constraints are gone both would be about one value, so `Annotations`
+    keeps such a constraint (`dialects.sdy.RESHARD`): its result is a value
+    of its own, split as it says, and the SPMD lowering redistributes
+    between the two as jax.jit does (a gather, an all-to-all)."""
+    if op.is_reshard:
+        return True
+    earlier = _earlier_sharding(op)
+    return earlier is not None and tuple(earlier.dims) != tuple(op.sharding.dims)
+
+
+def constrained_value(op: ShardingConstraintOp) -> SSAValue:
+    """The value `op` constrains: its own result if it is a reshard
+    (`is_reshard`), else its operand, through the constraints before it that
+    state the same sharding: what it is once `remove_annotations` has taken
+    the constraints out."""
+    if is_reshard(op):
+        return op.result
+    value = op.input
+    while isinstance(value.owner, ShardingConstraintOp) and not is_reshard(value.owner):
         value = value.owner.input
     return value
 
 
-def _source(op: Operation) -> str:
-    """Which JAX call made a constraint, from its name stack's last part:
-    `with_sharding_constraint`, `reshard`, or (explicit mode: JAX
-    constrains each op's result to the sharding its type carries) the op's
-    typed sharding, e.g. "the sharding in dot_general's type"."""
-    stack = source_location(op.location).name_stack or ""
+USER_CALLS = {"sharding_constraint": "with_sharding_constraint", "reshard": "reshard"}
+"""The primitives whose lowering is the user's own call, by the name JAX
+gives them in a name stack, and what the report calls each."""
+
+UNLOCATED = "a sharding constraint with no location"
+"""What the report calls a constraint whose IR has no location (`constraint_source`)."""
+
+UNLOCATED_HINT = (
+    " (the IR has no locations, so every constraint is taken as stated: JAX's own types "
+    "cannot be told from the user's; partir.jit, which reads JAX's locations, tells them apart)"
+)
+"""Appended to the detail of a conflict with an `UNLOCATED` constraint."""
+
+
+def constraint_source(op: Operation) -> str:
+    """Which JAX call made a constraint, from its name stack's last part,
+    which JAX makes `<name stack>/<primitive>` of the primitive whose
+    lowering wrote it: `with_sharding_constraint`, `reshard`, or (explicit
+    mode: `lower_with_sharding_in_types` constrains each op's result to the
+    sharding its type carries) the op's typed sharding, e.g. "the sharding
+    in dot_general's type". IR with no location says nothing of it
+    (`UNLOCATED`)."""
+    stack = source_location(op.location).name_stack
+    if stack is None:
+        return UNLOCATED
     last = stack.rsplit("/", 1)[-1]
-    if last == "sharding_constraint" or not last:
-        return "with_sharding_constraint"
-    if last == "reshard":
-        return "reshard"
+    if last in USER_CALLS or not last:
+        return USER_CALLS.get(last, "with_sharding_constraint")
     return f"the sharding in {last}'s type"
 
 
-def _resharded(op: ShardingConstraintOp) -> bool:
-    """Whether a constraint before `op` on the same value splits it (explicit
-    mode: `reshard` of a value typed split). Once the constraints are gone
-    both are about one value, which the earlier one splits; keeping it whole
-    too would make the user's two statements conflict with each other."""
-    value = op.input
-    while isinstance(value.owner, ShardingConstraintOp):
-        if any(value.owner.sharding.dims):
-            return True
-        value = value.owner.input
-    return False
-
-
 def states_replication(op: ShardingConstraintOp) -> bool:
-    """Whether a constraint that splits nothing is the user's own statement
-    that the value stays whole (`with_sharding_constraint(x, P(None, None))`
-    or a `reshard` to it), which `Annotations` honours like any other: its
-    name stack ends in the call, with no JAX helper's (a private nested jit,
-    `jit(_normal)`: the `random` internals) between it and the function
-    partir lowers. JAX's own trivial constraints (explicit
-    mode types every op's result, "the sharding in add's type"; a helper's
-    replicated key) say nothing the user wrote. A constraint with no location
-    (IR written by hand) is taken at its word."""
-    if not op.sharding.dims or _resharded(op):
+    """Whether a constraint that splits nothing is a statement that the
+    value stays whole (`with_sharding_constraint(x, P(None, None))` or a
+    `reshard` to it), which `Annotations` honours like any other; JAX's own
+    trivial constraints say nothing the user wrote. Decided by what JAX
+    emits, not by names the user picks (a nested `jax.jit` of the user's
+    `_step` is the user's):
+
+    - the name stack ends in the primitive whose lowering wrote the
+      constraint (`USER_CALLS`); explicit mode's typed constraints end in
+      the op they type ("add"), and are JAX's;
+    - JAX gives an op a file location only from a frame of the user's code
+      (`source_info_util.user_frame`); one JAX makes with none on the stack
+      (`jax.grad`'s reshard of its seed) has a name stack and no file.
+
+    IR with no location at all (`partir-opt` reading StableHLO printed
+    without debug info, or written by hand) cannot tell JAX's trivial
+    constraints from the user's. The text is all there is, and it states
+    each of them (jax.jit honours them all), so each is taken at its word:
+    a tactic splitting such a value is a reported conflict naming it
+    `UNLOCATED`, whose detail says why (`UNLOCATED_HINT`), never a silent
+    choice either way."""
+    if not op.sharding.dims:
         return False
-    stack = source_location(op.location).name_stack
-    if stack is None:
-        return True
-    parts = stack.split("/")
-    if parts[-1] not in ("sharding_constraint", "reshard"):
-        return False
-    return not any(part.startswith("jit(_") for part in parts[1:-1])  # [0]: the user's
+    found = source_location(op.location)
+    if found.name_stack is None:
+        return found.file is None  # no location at all: taken as stated
+    return found.name_stack.rsplit("/", 1)[-1] in USER_CALLS and found.file is not None
 
 
-def _where(op: Operation) -> str | None:
+def user_line(op: Operation) -> str | None:
     found = source_location(op.location)
     if found.file is None:
         return None
     return f"{os.path.basename(found.file)}:{found.line}"
 
 
-def _value_name(value: SSAValue, arguments: Sequence[str], refs: dict[Operation, str]) -> str:
+def value_name(value: SSAValue, arguments: Sequence[str], refs: dict[Operation, str]) -> str:
     if isinstance(value, BlockArgument):
         return arguments[value.index] if value.index < len(arguments) else f"argument {value.index}"
     owner = value.owner
@@ -221,12 +276,15 @@ def read_annotations(
     meshes = _meshes(module) if isinstance(module, ModuleOp) else {}
     found: list[Annotation] = []
 
-    def add(kind: str, index: int, value: str, source: str, where: str | None, s: ShardingAttr):
+    def add(
+        kind: str, index: int, value: str, source: str, where: str | None, s: ShardingAttr,
+        kept_whole: bool = False,
+    ):
         found.append(
             Annotation(
                 kind, index, value, source, where, s.mesh_name.data,
                 meshes.get(s.mesh_name.data, ()), tuple(s.dims),
-                tuple(a.data for a in s.unreduced.data),
+                tuple(a.data for a in s.unreduced.data), kept_whole=kept_whole,
             )
         )
 
@@ -242,8 +300,9 @@ def read_annotations(
     regions = manual_regions(entry)
     refs = references(entry) if constraints or regions else {}
     for i, op in enumerate(constraints):
-        name = _value_name(constrained_value(op), arguments, refs)
-        add(CONSTRAINT, i, name, _source(op), _where(op), op.sharding)
+        name = value_name(constrained_value(op), arguments, refs)
+        whole = not any(op.sharding.dims) and (is_reshard(op) or states_replication(op))
+        add(CONSTRAINT, i, name, constraint_source(op), user_line(op), op.sharding, whole)
     for i, region in enumerate(regions):
         mesh = tuple(mesh_of(region).axes.items())
         for kind, values, shardings, specs in (
@@ -253,8 +312,8 @@ def read_annotations(
             for k, (value, s) in enumerate(zip(values, shardings.shardings.data, strict=True)):
                 found.append(
                     Annotation(
-                        kind, i, _value_name(value, arguments, refs), f"shard_map {specs}[{k}]",
-                        _where(region), s.mesh_name.data, mesh, tuple(s.dims), position=k,
+                        kind, i, value_name(value, arguments, refs), f"shard_map {specs}[{k}]",
+                        user_line(region), s.mesh_name.data, mesh, tuple(s.dims), position=k,
                     )
                 )
     return tuple(found)
@@ -265,7 +324,7 @@ def annotated_value(entry: func.FuncOp, kind: str, ordinal: int, position: int) 
     `ordinal`-th constraint's value, or operand (result) `position` of the
     `ordinal`-th manual region, as the program is before the annotations'
     tiles are taken."""
-    if kind == CONSTRAINT:
+    if kind == CONSTRAINT:  # a reshard's: its result (`is_reshard`)
         return constrained_value(constraint_ops(entry)[ordinal])
     region = manual_regions(entry)[ordinal]
     if kind == REGION_OPERAND:
@@ -305,158 +364,26 @@ def _without_sharding(attrs: ArrayAttr[DictionaryAttr] | None) -> ArrayAttr[Dict
 
 def remove_annotations(module: ModuleOp) -> None:
     """Take JAX's shardings out of the module once they are actions: each
-    constraint becomes its operand, and the `sdy.sharding` argument and
-    result attributes and the `sdy.mesh` declarations go (partir's mesh and
-    distributions state where values live from here on)."""
-    for op in list(module.walk()):
-        if isinstance(op, ShardingConstraintOp):
-            op.result.replace_all_uses_with(op.input)
-            op.detach()
-            op.erase()
-        elif isinstance(op, func.FuncOp):
-            op.arg_attrs = _without_sharding(op.arg_attrs)
-            op.res_attrs = _without_sharding(op.res_attrs)
+    constraint becomes its operand, except a reshard (`is_reshard`), kept
+    and marked `RESHARD` (its result is a value of its own); the
+    `sdy.sharding` argument and result attributes and the `sdy.mesh`
+    declarations go (partir's mesh and distributions state where values
+    live from here on)."""
+    constraints = [op for op in module.walk() if isinstance(op, ShardingConstraintOp)]
+    reshards = {op for op in constraints if is_reshard(op)}  # while the chains are whole
+    for constraint in constraints:
+        if constraint in reshards:
+            constraint.attributes[RESHARD] = UnitAttr()
+        else:
+            constraint.result.replace_all_uses_with(constraint.input)
+            constraint.detach()
+            constraint.erase()
+    for function in module.walk():
+        if isinstance(function, func.FuncOp):
+            function.arg_attrs = _without_sharding(function.arg_attrs)
+            function.res_attrs = _without_sharding(function.res_attrs)
     for op in list(module.body.block.ops):
         if isinstance(op, MeshOp):
             op.detach()
             op.erase()
     module.attributes.pop(JAX_MESHES, None)
-
-
-WHOLE_DIMS = "partir.whole_dims"
-"""The attribute marking what an annotation keeps whole on some dims
-(closed, with no axes: `None` in `P("batch", None)`): on an op, a list of
-`[result, [dims], annotation, spec, value]` for its results; on an entry
-argument or result, `[[dims], annotation, spec]`. The constraints go when
-`Annotations` applies, the marks stay (rewrites copy an op's to its parts),
-so `split_whole_dims` can check them after every later tactic."""
-
-
-def _whole(s: ShardingAttr, replication_stated: bool = False) -> list[int]:
-    """The dims `s` keeps whole: closed, with no axes (an open one, `?` or
-    JAX's `P.UNCONSTRAINED`, is partir's to split). None when `s` splits
-    nothing, unless the user stated that (`states_replication`): JAX's own
-    trivial shardings are as common as the user's."""
-    opened = {d.data for d in s.open_dims.data}
-    if not any(s.dims) and not replication_stated:
-        return []
-    return [d for d, axes in enumerate(s.dims) if not axes and d not in opened]
-
-
-def _dims(dims: Sequence[int]) -> ArrayAttr[IntAttr]:
-    return ArrayAttr([IntAttr(d) for d in dims])
-
-
-def _note(source: str, where: str | None, s: ShardingAttr) -> Annotation:
-    return Annotation(CONSTRAINT, 0, "", source, where, s.mesh_name.data, (), tuple(s.dims))
-
-
-def mark_whole_dims(entry: func.FuncOp) -> None:
-    """Mark what each annotation keeps whole (`WHOLE_DIMS`), before
-    `remove_annotations`: a constraint's value, an argument, a result."""
-    for kind, attrs in ((ARGUMENT, entry.arg_attrs), (RESULT, entry.res_attrs)):
-        if attrs is None:
-            continue
-        marked = []
-        for d in attrs.data:
-            entries = dict(d.data)
-            s = entries.get(SHARDING)
-            if isinstance(s, ShardingAttr) and (whole := _whole(s)):
-                note = _note(f"{kind} sharding", None, s)
-                entries[WHOLE_DIMS] = ArrayAttr(
-                    [_dims(whole), StringAttr(note.describe), StringAttr(note.spec)]
-                )
-            marked.append(DictionaryAttr(entries))
-        if kind == ARGUMENT:
-            entry.arg_attrs = ArrayAttr(marked)
-        else:
-            entry.res_attrs = ArrayAttr(marked)
-    refs: dict[Operation, str] | None = None
-    for op in constraint_ops(entry):
-        whole = _whole(op.sharding, states_replication(op))
-        value = constrained_value(op)
-        if not whole or not isinstance(value, OpResult):
-            continue
-        refs = refs if refs is not None else references(entry)
-        note = _note(_source(op), _where(op), op.sharding)
-        mark = ArrayAttr([
-            IntAttr(value.index), _dims(whole), StringAttr(note.describe),
-            StringAttr(note.spec), StringAttr(_value_name(value, (), refs)),
-        ])
-        owner = value.owner
-        old = owner.attributes.get(WHOLE_DIMS)
-        owner.attributes[WHOLE_DIMS] = ArrayAttr(
-            [*(old.data if isinstance(old, ArrayAttr) else ()), mark]
-        )
-
-
-def _enclosing_loop(op: Operation | None, axis: str) -> LoopOp | None:
-    while op is not None and not (isinstance(op, LoopOp) and op.axis_name == axis):
-        op = op.parent_op()
-    return op
-
-
-def _conflict(
-    name: str, axis: str, loop: LoopOp | None, describe: str, spec: str, dim: int
-) -> Conflict:
-    return Conflict(
-        op="annotation",
-        values=(name,),
-        axis=axis,
-        winner=describe_origin(loop.origin if loop is not None else None),
-        loser=describe,
-        detail=f"{spec} keeps dim {dim} whole, but it is split over {quoted(axis)}; drop "
-        "the tactic's split of it, or say how the annotation may split that dim",
-    )
-
-
-def _leaf_marks(
-    attrs: ArrayAttr[DictionaryAttr] | None,
-) -> Iterator[tuple[int, str, list[int], str, str]]:
-    """(index, leaf name, [dims], annotation, spec) per marked argument or result."""
-    for i, d in enumerate(attrs.data if attrs is not None else ()):
-        mark = d.data.get(WHOLE_DIMS)
-        if isinstance(mark, ArrayAttr):
-            dims, describe, spec = mark.data
-            name = d.data.get(NAME_ATTR)
-            label = name.data if isinstance(name, StringAttr) else f"leaf {i}"
-            yield i, label, [x.data for x in dims.data], describe.data, spec.data
-
-
-def split_whole_dims(entry: func.FuncOp) -> list[Conflict]:
-    """A conflict for each dim an annotation keeps whole (`mark_whole_dims`)
-    that a loop splits: a marked op's result that is a part along it, an
-    argument sliced along it, a result concatenated along it; naming the
-    annotation and the action whose loop split it."""
-    found: list[Conflict] = []
-    for i, name, dims, describe, spec in _leaf_marks(entry.arg_attrs):
-        for use in entry.body.block.args[i].uses:
-            part = use.operation
-            if isinstance(part, SliceOp) and part.dim_index in dims:
-                axis = range_axis(part.index)
-                if axis is not None:
-                    loop = _enclosing_loop(part, axis)
-                    found.append(_conflict(name, axis, loop, describe, spec, part.dim_index))
-    ret = entry.body.block.last_op
-    if isinstance(ret, func.ReturnOp):
-        for i, name, dims, describe, spec in _leaf_marks(entry.res_attrs):
-            for t in tilings(ret.arguments[i]):
-                if t.dim in dims:
-                    found.append(_conflict(name, t.axis, t.loop, describe, spec, t.dim))
-    marked = [op for op in entry.walk() if WHOLE_DIMS in op.attributes]
-    if not marked:
-        return found
-    relations = LoopRelations.of(entry.body.block)
-    for op in marked:
-        marks = op.attributes[WHOLE_DIMS]
-        assert isinstance(marks, ArrayAttr)
-        for mark in marks.data:
-            index, dims_, describe_, spec_, value = mark.data
-            dist = relations(op.results[index.data]).dist
-            for dim in (d.data for d in dims_.data):
-                for axis in dist.dims[dim] if dim < len(dist.dims) else ():
-                    loop = _enclosing_loop(op.parent_op(), axis)
-                    found.append(
-                        _conflict(value.data, axis, loop, describe_.data, spec_.data, dim)
-                    )
-    return found

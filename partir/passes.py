@@ -32,13 +32,8 @@ from dialects.locations import in_scope
 from dialects.partir import LoopOp, MeshOp, OriginAttr, find_mesh
 from lowering.to_jax import emit_jax
 from lowering.to_spmd import LowerToSpmdPass
-from partir.annotations import (
-    annotated_value,
-    mark_whole_dims,
-    remove_annotations,
-    set_aside_jax_meshes,
-    split_whole_dims,
-)
+from partir.annotation_conflicts import mark_whole_dims, split_whole_dims
+from partir.annotations import annotated_value, remove_annotations, set_aside_jax_meshes
 from partir.mesh import Mesh
 from partir.plan import (
     AnnotatedValue,

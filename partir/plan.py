@@ -198,9 +198,9 @@ class PlannedTile:
 @dataclass(frozen=True)
 class PassedLeaf:
     """A leaf a tactic looked at and leaves as it is (BatchParallel's state,
-    ZeRO's scalars), with its role and why."""
+    ZeRO's scalars; a value an annotation keeps whole), with its role and why."""
 
-    leaf: Leaf
+    leaf: Leaf | AnnotatedValue
     role: str
     reason: str
 
@@ -249,9 +249,9 @@ class Plan:
             for t in self.tiles
             if isinstance(t.leaf, Leaf)
         ]
-        decided += [
-            (p.leaf, Selection(label, p.leaf.name, None, "", p.role, p.reason)) for p in self.passed
-        ]
+        passed = [(p.leaf, Selection(label, p.leaf.name, None, "", p.role, p.reason))
+                  for p in self.passed]
+        decided += [(leaf, s) for leaf, s in passed if isinstance(leaf, Leaf)]
         decided += [
             (w.leaf, Selection(label, w.leaf.name, None, w.axis, w.role, w.reason))
             for w in self.whole
@@ -261,7 +261,7 @@ class Plan:
             Selection(label, t.leaf.name, t.dim, t.axis, t.role, t.reason)
             for t in self.tiles
             if isinstance(t.leaf, ReferencedValue | AnnotatedValue)
-        ]
+        ] + [s for leaf, s in passed if isinstance(leaf, AnnotatedValue)]
         return [selection for _, selection in decided] + referenced
 
 

@@ -869,13 +869,23 @@ class Annotations(Tactic):
     first when the program holds annotations, unless the schedule places it;
     a later tactic that disagrees is a reported conflict. JAX's mesh must be
     partir's (the same axes, the same sizes). Applying it takes the
-    constraints out of the program (each is its value)."""
+    constraints out of the program (each is its value), except a reshard
+    of a value already stated split otherwise, kept as a value of its own
+    (`partir.annotations.is_reshard`). IR with no locations (`partir-opt`
+    on text printed without debug info) cannot tell JAX's own replicated
+    constraints from the user's: each is taken as stated, and a tactic
+    splitting one is a reported conflict saying so
+    (`partir.annotations.states_replication`)."""
 
     CLI_NAME = "partir-annotations"
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         tiles: list[PlannedTile] = []
+        kept: list[PassedLeaf] = []
         for note in program.annotations:
+            if note.kept_whole:  # no tile: the value stays whole, as stated
+                kept.append(PassedLeaf(AnnotatedValue(note.index, note.value, note.kind),
+                                       "annotated", note.describe))
             if not note.splits:
                 continue
             self._check_mesh(note, mesh)
@@ -893,7 +903,8 @@ class Annotations(Tactic):
                                            note.describe))
                     else:
                         tiles.append(PlannedTile(leaf, dim, axis, "annotated", note.describe))
-        return Plan(self.name, tuple(tiles), label=self.name, removes_annotations=True)
+        return Plan(self.name, tuple(tiles), tuple(kept), label=self.name,
+                    removes_annotations=True)
 
     def _check_mesh(self, note: Annotation, mesh: Mesh) -> None:
         """JAX's mesh axes that `note` names are partir's, with the same sizes."""

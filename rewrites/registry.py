@@ -43,6 +43,7 @@ from dialects.chlo import BINARY_CLASSES, UNARY_CLASSES, TopKOp
 from dialects.convolution import ConvolutionOp
 from dialects.names import op_name
 from dialects.regions import combiner_name
+from dialects.sdy import ShardingConstraintOp
 from dialects.stablehlo_ext import (
     CompareOp,
     DynamicUpdateSliceOp,
@@ -1053,6 +1054,8 @@ OPAQUE_REASONS: dict[str, str] = {
     "stablehlo.optimization_barrier": "a fence: each value passes through with the "
     "distribution it arrives with, whose tiling rewrites.control_flow carries through",
     "stablehlo.after_all": "a token op: no tensor to tile",
+    "sdy.sharding_constraint(reshard)": "a reshard the program states (Annotations): its "
+    "result is split as it says whatever its operand is; the SPMD lowering redistributes",
     "stablehlo.return": "a region terminator, not a computation",
     "stablehlo.reduce_window(multi-input)": "a loop has one result; this reduce_window has "
     "several",
@@ -1173,7 +1176,7 @@ def rule_for(op: Operation) -> OpRule | None:
     Memoised by signature (`_signature`): a stack of N layers has the same few
     hundred signatures whatever N, and every rewrite makes new ops."""
     builder = RULES.get(op.name)
-    if builder is None:
+    if builder is None or (type(op) is ShardingConstraintOp and op.is_reshard):
         return None
     if any(not isinstance(r.type, TensorType) for r in (*op.results, *op.operands)):
         return None
@@ -1212,6 +1215,8 @@ def opaque_reason(op: Operation) -> str:
         return OPAQUE_REASONS[name]
     if name == "stablehlo.constant":
         return OPAQUE_REASONS["stablehlo.constant(non-splat)"]
+    if isinstance(op, ShardingConstraintOp) and op.is_reshard:
+        return OPAQUE_REASONS["sdy.sharding_constraint(reshard)"]
     if name == "stablehlo.scatter":
         return OPAQUE_REASONS["stablehlo.scatter(multi-input)"]
     if name == "stablehlo.reduce_window":

@@ -384,6 +384,7 @@ def test_reshard_under_an_explicit_mesh():
     assert_leaves_close(got, want)
     spmd = lowered.stage("spmd")
     assert "tensor<2x4xf32>" in spmd and lowered.collectives == []
+    assert lowered.conflicts == []  # the type of x @ w, then the reshard: both the user's
     picks = {(s.leaf, s.dim, s.axis, s.reason.split(" at ")[0]) for s in annotated(lowered)}
     assert ("x", 0, "batch", "argument sharding") in picks
     assert ("result", 1, "model", "result sharding") in picks

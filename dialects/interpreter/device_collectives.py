@@ -11,14 +11,22 @@ value per device, row-major over the mesh, as JAX numbers them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 from xdsl.dialects.builtin import TensorType
 from xdsl.interpreter import Interpreter, InterpreterFunctions, PythonValues, impl, register_impls
 from xdsl.utils.exceptions import InterpretationError
 
 from dialects.dtypes import numpy_dtype
+from dialects.interpreter.group_parts import (
+    GroupPart,
+    Placement,
+    by_group,
+    combined,
+    exchanged,
+    gathered,
+    permuted,
+    scattered,
+)
 from dialects.stablehlo_collectives import (
     AllGatherOp,
     AllReduceOp,
@@ -29,95 +37,75 @@ from dialects.stablehlo_collectives import (
     ReduceScatterOp,
 )
 
-PerDevice = list[np.ndarray]
-Combine = Callable[[list[np.ndarray], int], np.ndarray]
-"""A device's result from its group's values (in group order) and its place in the group."""
 
-_REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum}
-
-
-def _combined(op: DeviceCollectiveOp, members: list[np.ndarray]) -> np.ndarray:
+def _reduction(op: DeviceCollectiveOp) -> str:
     kind = op.reduction()
     if kind is None:
         raise InterpretationError(
             f"{op.name}: the reference interpreter combines by add, maximum or minimum, "
             "not by this body"
         )
-    total = members[0]
-    for m in members[1:]:
-        total = _REDUCE[kind](total, m)
-    return np.asarray(total, dtype=members[0].dtype)
+    return kind
 
 
 @register_impls
 class DeviceCollectiveFunctions(InterpreterFunctions):
     """The ops of `dialects.stablehlo_collectives` on per-device values of
-    `devices` devices."""
+    `devices` devices (`dialects.interpreter.group_parts`)."""
 
     def __init__(self, devices: int):
         self.devices = devices
 
-    def _by_group(self, op: DeviceCollectiveOp, args: PythonValues, part: Combine) -> PythonValues:
+    def _placement(self, op: DeviceCollectiveOp) -> Placement:
+        """Each device's group of `replica_groups` and its place in it."""
         groups = op.device_groups(self.devices)
         place = {d: (g, i) for g in groups for i, d in enumerate(g)}
         missing = [d for d in range(self.devices) if d not in place]
         if missing:
             raise InterpretationError(f"{op.name}: devices {missing} are in no replica group")
-        results = []
-        for values in args:
-            results.append(
-                [part([values[m] for m in place[d][0]], place[d][1]) for d in range(self.devices)]
-            )
-        return tuple(results)
+        return [place[d] for d in range(self.devices)]
+
+    def _by_group(
+        self, op: DeviceCollectiveOp, args: PythonValues, part: GroupPart
+    ) -> PythonValues:
+        placement = self._placement(op)
+        return tuple(by_group(values, placement, part) for values in args)
 
     @impl(AllReduceOp)
     def run_all_reduce(
         self, interp: Interpreter, op: AllReduceOp, args: PythonValues
     ) -> PythonValues:
-        return self._by_group(op, args, lambda members, me: _combined(op, members))
+        return self._by_group(op, args, combined(_reduction(op)))
 
     @impl(ReduceScatterOp)
     def run_reduce_scatter(
         self, interp: Interpreter, op: ReduceScatterOp, args: PythonValues
     ) -> PythonValues:
         dim = op.int_property("scatter_dimension")
-
-        def part(members: list[np.ndarray], me: int) -> np.ndarray:
-            return np.split(_combined(op, members), len(members), axis=dim)[me]
-
-        return self._by_group(op, args, part)
+        return self._by_group(op, args, scattered(_reduction(op), dim))
 
     @impl(AllGatherOp)
     def run_all_gather(
         self, interp: Interpreter, op: AllGatherOp, args: PythonValues
     ) -> PythonValues:
-        dim = op.int_property("all_gather_dim")
-        return self._by_group(op, args, lambda members, me: np.concatenate(members, axis=dim))
+        return self._by_group(op, args, gathered(op.int_property("all_gather_dim")))
 
     @impl(AllToAllOp)
     def run_all_to_all(
         self, interp: Interpreter, op: AllToAllOp, args: PythonValues
     ) -> PythonValues:
         split, concat = op.int_property("split_dimension"), op.int_property("concat_dimension")
-
-        def part(members: list[np.ndarray], me: int) -> np.ndarray:
-            blocks = [np.split(m, len(members), axis=split)[me] for m in members]
-            return np.concatenate(blocks, axis=concat)
-
-        return self._by_group(op, args, part)
+        return self._by_group(op, args, exchanged(split, concat))
 
     @impl(CollectivePermuteOp)
     def run_collective_permute(
         self, interp: Interpreter, op: CollectivePermuteOp, args: PythonValues
     ) -> PythonValues:
-        source_of = {t: s for s, t in op.pairs()}
+        """Pairs of device ids: one group of every device, each in its own place."""
+        everyone = list(range(self.devices))
         (values,) = args
-        return (
-            [
-                values[source_of[d]] if d in source_of else np.zeros_like(values[d])
-                for d in range(self.devices)
-            ],
-        )
+        source_of = {t: s for s, t in op.pairs()}
+        return (by_group(values, [(everyone, d) for d in everyone], permuted(source_of)),)
 
     @impl(PartitionIdOp)
     def run_partition_id(

@@ -12,7 +12,7 @@ agree: a wrong replication claim is an error, never a silent answer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,17 @@ from dialects.functions import entry_function
 from dialects.interpreter import _as_argument, check_implemented, make_interpreter
 from dialects.interpreter.control_flow import picked_branch
 from dialects.interpreter.device_collectives import DeviceCollectiveFunctions
+from dialects.interpreter.group_parts import (
+    GroupPart,
+    PerDevice,
+    by_group,
+    combined,
+    exchanged,
+    gathered,
+    own_block,
+    permuted,
+    scattered,
+)
 from dialects.manual_regions import operand_distributions, result_distributions
 from dialects.mesh import Mesh
 from dialects.partir import MeshOp, find_mesh
@@ -49,12 +60,6 @@ from dialects.spmd import (
     ToLocalOp,
 )
 from dialects.stablehlo_collectives import DeviceCollectiveOp
-
-PerDevice = list[np.ndarray]
-"""One value on every device, indexed by device number (`Mesh.devices`)."""
-
-GroupPart = Callable[[list[np.ndarray], int], np.ndarray]
-"""What one device computes from its group's arrays (in group order) and its place in the group."""
 
 
 def device_part(array: np.ndarray, dist: Distribution, device: int, mesh: Mesh) -> np.ndarray:
@@ -89,22 +94,6 @@ def assemble(parts: PerDevice, dtensor: DTensorType, mesh: Mesh, what: str) -> n
     return out
 
 
-def _sum(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """Left to right, in the arrays' own dtype."""
-    total = arrays[0]
-    for a in arrays[1:]:
-        total = total + a
-    return np.asarray(total, dtype=arrays[0].dtype)
-
-
-def _maximum(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    return np.asarray(np.maximum.reduce(list(arrays)), dtype=arrays[0].dtype)
-
-
-def _minimum(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    return np.asarray(np.minimum.reduce(list(arrays)), dtype=arrays[0].dtype)
-
-
 @register_impls
 class SpmdFunctions(InterpreterFunctions):
     """The SPMD ops on per-device values (`PerDevice`) of `mesh`."""
@@ -115,11 +104,11 @@ class SpmdFunctions(InterpreterFunctions):
     def _by_group(self, op: CollectiveOp, inputs: PerDevice, part: GroupPart) -> PythonValues:
         """Each device's result: `part` of its group's inputs along the op's axes."""
         axes = op.axis_names
-        out = []
-        for device, coords in enumerate(self.mesh.devices):
-            members = [inputs[i] for i in self.mesh.group(device, axes)]
-            out.append(part(members, self.mesh.group_index(coords, axes)))
-        return (out,)
+        placement = [
+            (self.mesh.group(device, axes), self.mesh.group_index(coords, axes))
+            for device, coords in enumerate(self.mesh.devices)
+        ]
+        return (by_group(inputs, placement, part),)
 
     @impl(ToLocalOp)
     def run_to_local(self, interp: Interpreter, op: ToLocalOp, args: PythonValues) -> PythonValues:
@@ -136,8 +125,7 @@ class SpmdFunctions(InterpreterFunctions):
     def run_all_reduce(
         self, interp: Interpreter, op: AllReduceOp, args: PythonValues
     ) -> PythonValues:
-        combine = {"sum": _sum, "max": _maximum, "min": _minimum}[op.combines]
-        return self._by_group(op, args[0], lambda members, me: combine(members))
+        return self._by_group(op, args[0], combined(op.combines))
 
     @impl(AxisIndexOp)
     def run_axis_index(
@@ -152,41 +140,27 @@ class SpmdFunctions(InterpreterFunctions):
     def run_all_gather(
         self, interp: Interpreter, op: AllGatherOp, args: PythonValues
     ) -> PythonValues:
-        dim = op.dim.value.data
-        return self._by_group(op, args[0], lambda members, me: np.concatenate(members, axis=dim))
+        return self._by_group(op, args[0], gathered(op.dim.value.data))
 
     @impl(ReduceScatterOp)
     def run_reduce_scatter(
         self, interp: Interpreter, op: ReduceScatterOp, args: PythonValues
     ) -> PythonValues:
-        dim = op.dim.value.data
-
-        def part(members: list[np.ndarray], me: int) -> np.ndarray:
-            return np.split(_sum(members), len(members), axis=dim)[me]
-
-        return self._by_group(op, args[0], part)
+        return self._by_group(op, args[0], scattered("sum", op.dim.value.data))
 
     @impl(AllToAllOp)
     def run_all_to_all(
         self, interp: Interpreter, op: AllToAllOp, args: PythonValues
     ) -> PythonValues:
         split, concat = op.split_dim.value.data, op.concat_dim.value.data
-
-        def part(members: list[np.ndarray], me: int) -> np.ndarray:
-            chunks = [np.split(m, len(members), axis=split)[me] for m in members]
-            return np.concatenate(chunks, axis=concat)
-
-        return self._by_group(op, args[0], part)
+        return self._by_group(op, args[0], exchanged(split, concat))
 
     @impl(LocalSliceOp)
     def run_local_slice(
         self, interp: Interpreter, op: LocalSliceOp, args: PythonValues
     ) -> PythonValues:
         """The device's own part of its own copy (members[me] is its input)."""
-        dim = op.dim.value.data
-        return self._by_group(
-            op, args[0], lambda members, me: np.split(members[me], len(members), axis=dim)[me]
-        )
+        return self._by_group(op, args[0], own_block(op.dim.value.data))
 
     @impl(CollectivePermuteOp)
     def run_collective_permute(
@@ -194,13 +168,7 @@ class SpmdFunctions(InterpreterFunctions):
     ) -> PythonValues:
         """Each target gets its source's value; a device no pair targets, zeros."""
         source_of = {t: s for s, t in op.source_target_pairs}
-
-        def part(members: list[np.ndarray], me: int) -> np.ndarray:
-            if me in source_of:
-                return members[source_of[me]]
-            return np.zeros_like(members[me])
-
-        return self._by_group(op, args[0], part)
+        return self._by_group(op, args[0], permuted(source_of))
 
 
 def across_devices(module: ModuleOp, mesh: Mesh) -> Interpreter:

@@ -20,7 +20,7 @@ func.func @main(%x: tensor<8x16xf32> {partir.name = "x", sdy.sharding = #sdy.sha
 }
 
 // CHECK-NOT:   sdy.
-// CHECK:       partir.conflicts = [#partir.conflict<op = "annotation", axis = "batch", values = ["%a"], winner = "action 1 (Annotations of x)", loser = "with_sharding_constraint", detail = "P(None, 'model') keeps dim 0 whole
+// CHECK:       partir.conflicts = [#partir.conflict<op = "annotation", axis = "batch", values = ["%a"], winner = "action 1 (Annotations of x)", loser = "a sharding constraint with no location", detail = "P(None, 'model') keeps dim 0 whole
 // CHECK:       func.func @main(%x: tensor<8x16xf32> {partir.name = "x", partir.whole_dims = {{\[\[}}#builtin.int<1>], "argument sharding", "P('batch', None)"]}
 // CHECK-NEXT:    %a = partir.loop "model" [#partir.tile<1>]
 // CHECK-NEXT:      partir.loop "batch" [#partir.tile<0>]
