@@ -37,7 +37,7 @@ _LAZY = {
     "Profile": "partir.cost",
     "Estimate": "partir.cost",
     "named_profile": "partir.cost",
-    "simulate": "partir.cost",
+    "simulate": "partir.simulation",
     "calibrate": "partir.cost.calibrate",
 }
 
