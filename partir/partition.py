@@ -30,8 +30,8 @@ from dialects.heap import paused_gc
 from dialects.locations import located_text
 from partir.annotations import holds_annotations, remove_annotations
 from partir.mesh import Mesh
-from partir.passes import ApplyPlanPass, AutomaticPass
 from partir.plan import TacticError
+from partir.plan_passes import ApplyPlanPass, AutomaticPass
 from partir.search import SearchResult, decided
 from partir.selections import record_selections
 from partir.tactics import Annotations, Automatic, Plan, ProgramView, Tactic, ZeRO

@@ -298,7 +298,7 @@ class _State:
 class Searched:
     """A search's result and, when the pick is the state the search ended
     in, that state's core IR and actions: what applying the pick again to
-    the module would make (`partir.passes.AutomaticPass` adopts it rather
+    the module would make (`partir.plan_passes.AutomaticPass` adopts it rather
     than spend the time twice)."""
 
     result: SearchResult

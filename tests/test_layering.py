@@ -94,6 +94,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "partir.partition",
             "partir.passes",
+            "partir.plan_passes",
             "partir.search",
             "partir.simulation",
             "partir.validation",
