@@ -341,7 +341,7 @@ def test_imports_follow_the_layers() -> None:
                     f"{_where(i)} ({i.where}): layer {names[layer[i.importer]]!r} "
                     f"below {names[layer[target]]!r}"
                 )
-    assert wrong == [], "imports against LAYERS:\n" + "\n".join(wrong)
+    assert wrong == [], "imports against LAYERS:\n" + "\n".join(dict.fromkeys(wrong))
     assert used == set(TYPE_ONLY_UPWARD), "TYPE_ONLY_UPWARD names imports no module makes"
 
 
@@ -365,7 +365,7 @@ def test_imports_inside_functions_are_of_optional_dependencies() -> None:
             continue
         wrong.append(_where(i))
     assert wrong == [], "imports inside functions (move them to the module's top):\n" + "\n".join(
-        wrong
+        dict.fromkeys(wrong)
     )
 
 
