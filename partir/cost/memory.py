@@ -36,7 +36,8 @@ class MemoryEstimate:
     lifetimes do not overlap in its own schedule, and may alias outputs to
     inputs. So this is an upper-bound-style figure for comparing schedules
     and tactics against each other, not a prediction of XLA's allocation;
-    `XlaMemory` holds XLA's own figures when a compiled program is at hand.
+    `partir.report.XlaMemory` holds XLA's own figures when a compiled program
+    is at hand.
     """
 
     arguments: int
