@@ -68,7 +68,7 @@ def scaling(budget: float, layers: tuple[int, ...] = (1, 4, 12, 24, 96)) -> None
     search's own seconds, and the Automatic tactic's (the search, then its
     pick made on the module)."""
     from examples import stack_train_step
-    from partir.cost.simulate import abstract
+    from partir.simulation import abstract
 
     print("| layers | ops | candidates | s per candidate | search s | Automatic s | ended by "
           "| pick |")

@@ -3,6 +3,10 @@
 The JAX-facing names (`jit`, `import_jax`, `Lowered`, ...) are imported on
 first use, so the compiler tools (`partir-opt`, `partir-inspect`) start
 without importing JAX.
+
+Inside partir, modules import one way, layer by layer: front end, planning,
+cost, driver, report, api, interop (`LAYERS` in tests/test_layering.py,
+which checks it).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ _LAZY = {
     "Profile": "partir.cost",
     "Estimate": "partir.cost",
     "named_profile": "partir.cost",
-    "simulate": "partir.cost",
+    "simulate": "partir.simulation",
     "calibrate": "partir.cost.calibrate",
 }
 

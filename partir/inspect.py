@@ -22,11 +22,17 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
+from rich.console import Console
+from rich.table import Table as RichTable
+from rich.text import Text
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
+from dialects.errors import PartirValueError
 from partir.cli_errors import one_line, parse_error_line
+from partir.cost.plot import plot_estimates
 from partir.cost.profile import Profile
-from partir.report import Diff, Report, Table, build_report, diff, dumps, parse_module
+from partir.pipeline.schedule import make_schedule
+from partir.report import Diff, Report, Table, build_report, diff, dumps, parse_module, render_plain
 
 
 class InspectError(Exception):
@@ -128,13 +134,8 @@ def print_tables(
     """Rich tables on a terminal (as wide as it, unless `width`), plain
     aligned columns otherwise."""
     if not rich:
-        from partir.report import render_plain
-
         out.write(render_plain(tables))
         return
-    from rich.console import Console
-    from rich.table import Table as RichTable
-    from rich.text import Text
 
     console = Console(file=out, force_terminal=True, width=width)
     for t in tables:
@@ -157,8 +158,6 @@ def _render(result: Report | Diff, fmt: str, out: TextIO) -> None:
 
 
 def _profile(name: str) -> Profile:
-    from dialects.errors import PartirValueError
-
     try:
         return Profile.load(name)
     except (PartirValueError, OSError, ValueError) as err:
@@ -166,9 +165,6 @@ def _profile(name: str) -> Profile:
 
 
 def _schedule(spec: str) -> str:
-    from dialects.errors import PartirValueError
-    from partir.pipeline.schedule import make_schedule
-
     name, _, shape = spec.partition(":")
     stages, _, microbatches = shape.partition("x")
     if not stages.isdigit() or not microbatches.isdigit() or int(stages) < 1:
@@ -197,8 +193,6 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if len(reports) == 1:
         _render(reports[0], args.format, out)
         if args.plot:
-            from partir.cost.plot import plot_estimates
-
             estimate = reports[0].estimate
             assert estimate is not None
             plot_estimates({args.files[0]: estimate}, args.plot)

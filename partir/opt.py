@@ -24,14 +24,18 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, fields
-from typing import IO, NoReturn
+from typing import IO, NoReturn, get_type_hints
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 from xdsl.targets.mlir import MLIRTarget
 from xdsl.universe import Universe
-from xdsl.utils.arg_spec import ParameterListType, parse_pipeline
+from xdsl.utils.arg_spec import (  # _convert_arg_to_type: xDSL's own conversion
+    ParameterListType,
+    _convert_arg_to_type,
+    parse_pipeline,
+)
 from xdsl.utils.exceptions import (
     ArgSpecParseError,
     DiagnosticException,
@@ -48,6 +52,7 @@ from lowering.emittable import refusing_unemittable
 from lowering.to_jax import emit_jax
 from partir.cli_errors import one_line
 from partir.passes import PASSES, EmitJaxPass
+from partir.validation import checking_numerics
 
 DESCRIPTION = "partir-opt: partition StableHLO programs over a device mesh (xdsl-opt driver)"
 
@@ -190,8 +195,6 @@ class PartirOptMain(xDSLOptMain):
 
             self.pipeline = type(self.pipeline)(passes, dump)
         if self.args.check_numerics:
-            from partir.validation import checking_numerics
-
             self.pipeline = checking_numerics(self.pipeline)
         if any(isinstance(p, EmitJaxPass) for p in passes):
             self.pipeline = refusing_unemittable(self.pipeline)
@@ -238,10 +241,6 @@ def _option_problem(
     pass_class: type[ModulePass], option: str, value: ParameterListType
 ) -> str | None:
     """Why `value` cannot be option `option` of `pass_class` (None if it can)."""
-    from typing import get_type_hints
-
-    from xdsl.utils.arg_spec import _convert_arg_to_type  # xDSL's own conversion
-
     try:
         _convert_arg_to_type(value, get_type_hints(pass_class)[option])
     except (ValueError, KeyError):

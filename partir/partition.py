@@ -17,26 +17,35 @@ and prints it only when its text is read.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
 
+from dialects.context import make_context
+from dialects.errors import PartirValueError, UnsupportedError
 from dialects.functions import entry_function
 from dialects.heap import paused_gc
 from dialects.locations import located_text
 from partir.annotations import holds_annotations, remove_annotations
 from partir.mesh import Mesh
-from partir.plan import Leaf
+from partir.plan import Leaf, TacticError
+from partir.plan_passes import ApplyPlanPass, AutomaticPass
+from partir.search import SearchResult, decided
+from partir.selections import record_selections
 from partir.tactics import Annotations, Automatic, Plan, ProgramView, Tactic, ZeRO
-from rewrites.conflicts import Conflict, recorded_conflicts
-
-if TYPE_CHECKING:
-    from partir.search import SearchResult
-    from rewrites.actions import TileAction
-    from rewrites.factor_propagation import Decision, Seed
+from partir.tiling import declare_mesh, plan_seeds
+from rewrites.actions import (
+    ActionError,
+    TileAction,
+    check_action,
+    check_size,
+    take_action_numbers,
+)
+from rewrites.build_core import build_core
+from rewrites.conflicts import Conflict, record_conflicts, recorded_conflicts
+from rewrites.factor_propagation import Decision, Seed, decide
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,8 +159,6 @@ def partition(
     if engine == "decided":
         return partition_decided(module, mesh, tactics, keep_stages=keep_stages, verify=verify)
     if engine != "rewrite":
-        from dialects.errors import PartirValueError
-
         raise PartirValueError(f"partition: engine={engine!r}; use 'rewrite' or 'decided'")
     tactics = with_annotations(module, tactics)
     plans = plan_schedule(module, mesh, tactics)
@@ -169,14 +176,6 @@ def _rewrite(
 ) -> Partitioned:
     """The rewrite engine: each planned tactic as a pass, each tile followed
     by propagation (`tactics` with their annotations, planned as `plans`)."""
-    from dialects.context import make_context
-    from partir.passes import (  # on use: `import partir` stays light
-        ApplyPlanPass,
-        AutomaticPass,
-        declare_mesh,
-    )
-    from partir.search import decided
-
     declare_mesh(module, mesh)
     result = Partitioned(module, plans)
     passes: list[ModulePass] = [
@@ -215,10 +214,6 @@ def decide_partition(module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic]) ->
     (`rewrites.factor_propagation`); `module` is not rewritten (its mesh is
     declared). Not with `Automatic`, whose search partitions candidates by
     rewriting: decide its schedule with `partition` first (`Partitioned.decided`)."""
-    from dialects.errors import PartirValueError
-    from partir.passes import declare_mesh, plan_seeds
-    from rewrites.factor_propagation import decide
-
     if any(isinstance(t, Automatic) for t in tactics):
         raise PartirValueError(
             "decide_partition: Automatic searches by rewriting; pass the schedule it chose "
@@ -244,9 +239,6 @@ def partition_decided(
     tactic k). What the builder does not build yet (a while or case, a dim
     padded for divisibility), an `Automatic` (it searches by rewriting) and
     what only `apply_plan` does go to the rewrite engine, with the same result."""
-    from dialects.errors import UnsupportedError
-    from partir.passes import declare_mesh
-
     tactics = with_annotations(module, tactics)
     with paused_gc():
         plans = plan_schedule(module, mesh, tactics)
@@ -277,8 +269,6 @@ def _decided_stages(
 ) -> list[Stage]:
     """"import" and, per tactic, the first k tactics' decision built on a copy
     of the import (`module` is the last)."""
-    from dialects.errors import UnsupportedError
-
     names = stage_names(tactics)
     stages = [imported]
     if not names:
@@ -309,7 +299,6 @@ def _planned_again(
     A split an earlier tactic decided carries an action number below the
     ZeRO's first (priorities are never overridden), so the decision of the
     whole schedule tells, without deciding the tactics before again."""
-    from dialects.errors import UnsupportedError
 
     entry = entry_function(module)
     ret = entry.body.block.last_op
@@ -337,22 +326,6 @@ def _decide_and_build(
     """Decide `plans`' seeds on `module` (its mesh declared) and build its
     core IR once, recording the actions' numbers, selections and conflicts
     as the rewrite engine's passes do."""
-    from dataclasses import replace
-
-    from partir.passes import declare_mesh, plan_seeds
-    from partir.plan import TacticError
-    from partir.selections import record_selections
-    from rewrites.actions import (
-        ActionError,
-        TileAction,
-        check_action,
-        check_size,
-        take_action_numbers,
-    )
-    from rewrites.build_core import build_core
-    from rewrites.conflicts import record_conflicts
-    from rewrites.factor_propagation import decide
-
     mesh_op = declare_mesh(module, mesh)  # declared already: the module's own
     seeds = plan_seeds(module, plans)
     actions = [

@@ -96,9 +96,9 @@ from dialects.functions import entry_function
 from dialects.spmd import DTensorType
 from lowering.to_spmd import lower_to_spmd
 from partir.cost.estimate import Estimate, estimate
+from partir.cost.machine import SHIPPED_FALLBACK, machine_profile
 from partir.cost.profile import Profile
 from partir.mesh import Mesh
-from partir.passes import apply_plan
 from partir.plan import Leaf, Plan, ProgramView, TacticError
 from partir.roles import Roles
 from partir.selections import recorded_selections
@@ -111,6 +111,7 @@ from partir.tactics import (
     Tactic,
     ZeRO,
 )
+from partir.tiling import apply_plan
 from partir.values import is_reference, references
 from rewrites.actions import TileAction
 from rewrites.registry import rule_for
@@ -245,15 +246,13 @@ def _tactic_source(tactic: Tactic) -> str:
 
 CALIBRATED = "calibrated"
 """The `profile=` that asks for this machine's measured profile
-(`partir.cost.calibrate.machine_profile`)."""
+(`partir.cost.machine.machine_profile`)."""
 
 
 def resolve_profile(profile: str | Profile | None) -> tuple[Profile, str]:
     """The profile to search on, and a note saying which it is: the one
     given, else the shipped default; this machine's calibrated one only when
     asked (`CALIBRATED`), so a file another process writes never changes a pick."""
-    from partir.cost.calibrate import SHIPPED_FALLBACK, machine_profile
-
     if isinstance(profile, Profile):
         return profile, f"profile {readable(profile.name)} (given)"
     if profile == CALIBRATED:
@@ -299,7 +298,7 @@ class _State:
 class Searched:
     """A search's result and, when the pick is the state the search ended
     in, that state's core IR and actions: what applying the pick again to
-    the module would make (`partir.passes.AutomaticPass` adopts it rather
+    the module would make (`partir.plan_passes.AutomaticPass` adopts it rather
     than spend the time twice)."""
 
     result: SearchResult

@@ -43,7 +43,10 @@ from dialects.interpreter.spmd import run_spmd
 from dialects.partir import find_mesh
 from dialects.spmd import DTensorType
 from dialects.stablehlo_ext import DynamicUpdateSliceOp, SliceOp
-from partir.report.build import is_spmd
+from lowering.loader import load_source
+from lowering.to_jax import emit_jax
+from partir.devices import devices_for
+from partir.spmd_form import is_spmd
 from partir.tactics import ProgramView
 
 # --------------------------------------------------------------------------
@@ -525,10 +528,6 @@ def emitted_program(module: ModuleOp) -> Callable[..., Sequence[Any]]:
     """The SPMD `module` emitted as a `jax.shard_map` program on the first
     devices JAX has (the module's mesh needs that many); it takes and returns
     flat global arrays."""
-    from lowering.loader import load_source
-    from lowering.to_jax import emit_jax
-    from partir.api import devices_for
-
     mesh_op = find_mesh(module)
     assert mesh_op is not None  # partir-emit-jax has checked that
     try:

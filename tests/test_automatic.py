@@ -250,7 +250,7 @@ def test_the_search_weighs_values_after_a_blocked_op():
 
 def test_the_default_profile_is_this_machines_calibrated_one_else_the_shipped(
         tmp_path, monkeypatch):
-    from partir.cost.calibrate import SHIPPED_FALLBACK, default_label, machine_profile
+    from partir.cost.machine import SHIPPED_FALLBACK, default_label, machine_profile
 
     monkeypatch.setenv("PARTIR_CACHE_DIR", str(tmp_path))
     profile, note = machine_profile()
@@ -266,7 +266,7 @@ def test_the_default_profile_is_this_machines_calibrated_one_else_the_shipped(
 def test_the_calibrated_profile_is_read_only_when_asked(tmp_path, monkeypatch):
     """A profile `calibrate()` saves (here: by another process) changes no
     default search; `profile="calibrated"` asks for it."""
-    from partir.cost.calibrate import SHIPPED_FALLBACK, default_label
+    from partir.cost.machine import SHIPPED_FALLBACK, default_label
     from partir.search import resolve_profile
 
     monkeypatch.setenv("PARTIR_CACHE_DIR", str(tmp_path))

@@ -21,7 +21,8 @@ import partir
 from dialects.spmd import CollectiveOp
 from examples import block_train_step, stack_train_step
 from lowering.jax_ops import EMITTERS
-from partir.cost import Device, Link, Profile, named_profile, named_profiles, simulate
+from partir import simulate
+from partir.cost import Device, Link, Profile, named_profile, named_profiles
 from partir.cost.collective_costs import collective_seconds
 from partir.cost.op_costs import KINDS
 from partir.cost.profile import RING, SHARED_MEMORY

@@ -6,13 +6,15 @@ by `calibrate`), from the SPMD program alone.
 - `op_costs`: FLOPs and bytes per op (the roofline's inputs);
 - `collective_costs`: α-β per collective over the links its group crosses;
 - `estimate`: the step, walking the SPMD program;
-- `simulate`: the same from a function and abstract shapes, on any mesh;
-- `calibrate`: this machine's profile, measured.
+- `memory`: the peak per device, by liveness;
+- `calibrate`: this machine's profile, measured; `machine`: the one saved.
+
+`partir.simulate` (`partir.simulation`) runs the model on a function and
+abstract shapes, on any mesh: it partitions, so it sits above this package.
 """
 
 from partir.cost.estimate import CollectiveEstimate, Estimate, estimate
 from partir.cost.profile import Device, Link, Profile, named_profile, named_profiles
-from partir.cost.simulate import simulate
 
 __all__ = [
     "CollectiveEstimate",
@@ -23,5 +25,4 @@ __all__ = [
     "estimate",
     "named_profile",
     "named_profiles",
-    "simulate",
 ]

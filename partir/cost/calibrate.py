@@ -35,11 +35,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from dialects.errors import PartirValueError
 from partir.cost.collective_costs import KINDS, factors
+from partir.cost.machine import default_label, default_path
 from partir.cost.profile import RING, SHARED_MEMORY, Device, Link, Profile
+from partir.devices import devices_for
+from partir.mesh import Mesh
 
 SIZES = (1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)
 """Bytes per device for each collective measurement."""
@@ -144,10 +150,6 @@ class _Progress:
 def _on_every_device(jax_mesh: Any, body: Callable[..., Any], *locals_: Any) -> Callable[[], Any]:
     """`body` run by every device at once on its own copy of `locals_` (as an
     SPMD program runs: the devices share the host's cores and memory)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
-
     spec = PartitionSpec(tuple(jax_mesh.axis_names))
     count = jax_mesh.size
     arrays = [
@@ -163,8 +165,6 @@ def _matmul(
 ) -> Callable[[Any], Callable[[], Any]]:
     """An (m, k) x (k, n) `dtype` matmul at `precision` (None: JAX's default,
     which on a GPU runs f32 as TF32), every device running one."""
-    import jax.numpy as jnp
-
     m, k, n = shape
 
     def build(jax_mesh: Any) -> Callable[[], Any]:
@@ -179,7 +179,6 @@ def _matmul(
 
 def _stream(stream_bytes: int) -> Callable[[Any], Callable[[], Any]]:
     """An f32 add of two `stream_bytes` operands into a third, every device running one."""
-    import jax.numpy as jnp
 
     def build(jax_mesh: Any) -> Callable[[], Any]:
         x = jnp.ones(max(stream_bytes // 4, 1), jnp.float32)
@@ -198,7 +197,6 @@ matmul and the tanh, which feeds the next matmul and so is not fused."""
 
 def _chain(k: int) -> Callable[[Any], Callable[[], Any]]:
     """k links of `tanh(a @ a)` on an 8x8 matrix, every device running one."""
-    import jax.numpy as jnp
 
     def build(jax_mesh: Any) -> Callable[[], Any]:
         def run(a: Any) -> Any:
@@ -270,9 +268,6 @@ def calibration_probes(
 def _collective(kind: str, axis: str, per_device: int) -> Callable[[Any], Callable[[], Any]]:
     """A run of `kind` over `axis` on `per_device` float32 elements (a
     multiple of the axis's size) per device."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
 
     def build(jax_mesh: Any) -> Callable[[], Any]:
         n = jax_mesh.shape[axis]
@@ -452,11 +447,6 @@ def calibrate(
     smoke run), `sizes` overrides its collective bytes. Saved as JSON (0600)
     in partir's private cache directory, or at `save` if it is a path; takes
     about a minute on the CPU host."""
-    import jax
-
-    from partir.api import devices_for
-    from partir.mesh import Mesh
-
     devices = jax.devices()
     mesh = dict(mesh) if mesh is not None else {"devices": len(devices)}
     jax_mesh = devices_for(Mesh(mesh), None)
@@ -474,7 +464,7 @@ def calibrate(
         links=links, name=name,
     )
     if save:
-        profile.save(_default_path(profile.name) if save is True else Path(save))
+        profile.save(default_path(profile.name) if save is True else Path(save))
     return profile
 
 
@@ -486,47 +476,3 @@ def _memory_capacity(device: Any) -> float:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError):
         return float("inf")
-
-
-def _default_path(label: str) -> Path:
-    from partir.generated_files import cache_directory, private_directory
-
-    folder = private_directory(cache_directory() / "profiles")
-    if folder is None:
-        raise OSError(f"cannot make a private profiles directory under {cache_directory()}")
-    return folder / _file_name(label)
-
-
-def default_label(devices: Any) -> str:
-    """The name `calibrate` gives this machine's profile ("calibrated-cpu-8")."""
-    return f"calibrated-{devices[0].platform}-{len(devices)}"
-
-
-def _file_name(label: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in label) + ".json"
-
-
-SHIPPED_FALLBACK = "cpu-host-8"
-"""The shipped profile `machine_profile` falls back to: this project's 2-core
-host with 8 virtual CPU devices, measured by `calibrate`."""
-
-
-def machine_profile() -> tuple[Profile, str]:
-    """This machine's profile as `calibrate()` saved it (mesh default, in the
-    private cache), and a note saying which profile it is; where none is
-    saved, the shipped `SHIPPED_FALLBACK`, and a note saying how to measure
-    this machine instead (calibrating takes about a minute, so it is never
-    done behind the caller's back)."""
-    import jax
-
-    from partir.generated_files import cache_directory
-
-    path = cache_directory() / "profiles" / _file_name(default_label(jax.devices()))
-    if path.is_file() and not path.is_symlink() and path.stat().st_uid == os.getuid():
-        return Profile.load(path), f"this machine's calibrated profile ({path})"
-    note = (
-        f"no calibrated profile of this machine in {path.parent}; using the shipped "
-        f"{SHIPPED_FALLBACK!r} (run partir.calibrate() once, about a minute, to measure "
-        "this one)"
-    )
-    return Profile.load(SHIPPED_FALLBACK), note

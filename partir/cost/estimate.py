@@ -35,8 +35,10 @@ from dialects.heap import paused_gc
 from dialects.partir import find_mesh
 from dialects.spmd import CollectiveOp
 from partir.cost.collective_costs import combined_seconds, op_seconds
+from partir.cost.memory import fused_peak_bytes
 from partir.cost.op_costs import Kind, fused, kind_of, op_cost
 from partir.cost.profile import Profile
+from partir.spmd_form import spmd_form
 
 
 @dataclass(frozen=True)
@@ -268,13 +270,8 @@ def _constant(value: Any) -> int | None:
 @paused_gc()
 def estimate(module: ModuleOp, profile: Profile) -> Estimate:
     """The predicted step of the SPMD `module` on `profile` (a core-stage
-    `module` is lowered first, by its report)."""
-    from partir.report.build import build_report, fused_peak_bytes, is_spmd
-
-    if not is_spmd(entry_function(module)):
-        found = build_report(module, profile=profile).estimate
-        assert found is not None
-        return found
+    `module` is lowered first: `spmd_form`)."""
+    module = spmd_form(module)
     is_fused = functools.cache(fused)  # one memo for the time and the memory walks
     peak_bytes = fused_peak_bytes(module, is_fused)  # the report's liveness, fused ops holding none
     mesh_op = find_mesh(module)

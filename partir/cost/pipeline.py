@@ -24,10 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import jax
+from jax.extend.core import jaxpr_as_fun
+
 from partir.cost.collective_costs import collective_seconds
 from partir.cost.profile import Profile
-from partir.cost.simulate import simulate
 from partir.mesh import Mesh
+from partir.pipeline.equations import eqn_function
+from partir.pipeline.structure import avals_bytes
+from partir.simulation import simulate
+from partir.tactics import ManualPartition
 
 if TYPE_CHECKING:
     from partir.pipeline.megatron import Segment, StageSegments
@@ -114,11 +120,6 @@ def _loop_seconds(
 ) -> float:
     """The estimate of one `scan` equation alone: on one device, or split over
     the model axis as `segment` is (its collectives included)."""
-    import jax
-
-    from partir.pipeline.equations import eqn_function
-    from partir.tactics import ManualPartition
-
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
     fn = eqn_function(eqn)
     if segments is None or segment is None:
@@ -147,11 +148,6 @@ def estimate_pipeline(
     `segments` (Megatron), a time step lasts the loop split over the model
     axis as partir splits it, its all-reduces included, and a stage holds
     its model shard of the leaves Megatron splits."""
-    import jax
-    from jax.extend.core import jaxpr_as_fun
-
-    from partir.pipeline.structure import avals_bytes
-
     micro = structure.micro
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in micro.jaxpr.invars]
     whole = simulate(jaxpr_as_fun(micro), avals, ONE_DEVICE, [], profile).compute_seconds

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from partir.cost.estimate import Estimate
+from partir.generated_files import write_private
 
 
 def plot_estimates(estimates: Mapping[str, Estimate], path: str | Path) -> Path:
@@ -23,7 +24,6 @@ def plot_estimates(estimates: Mapping[str, Estimate], path: str | Path) -> Path:
         raise ImportError(
             "plotting an estimate needs matplotlib: pip install 'partir[plot]'"
         ) from err
-    from partir.generated_files import write_private
 
     parts: dict[str, dict[str, float]] = {}
     for label, e in estimates.items():

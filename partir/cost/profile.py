@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dialects.errors import PartirValueError
+from partir.generated_files import write_private
 
 RING = "ring"
 """A level whose collectives are rings over its links (NCCL, TPU ICI): a
@@ -186,8 +187,6 @@ class Profile:
 
     def save(self, path: str | Path) -> Path:
         """Write the profile as JSON, readable only by the user."""
-        from partir.generated_files import write_private
-
         return write_private(Path(path), json.dumps(self.to_json(), indent=2) + "\n")
 
     @staticmethod

@@ -21,7 +21,9 @@ from pathlib import Path
 from xdsl.dialects.builtin import ModuleOp
 
 from dialects.errors import PartirValueError
+from partir.cli_errors import one_line
 from partir.generated_files import write_private
+from partir.opt import PartirOptMain
 
 DESCRIPTION = (
     "partir-export-onnx: partition StableHLO with partir-opt's passes, write annotated ONNX"
@@ -31,7 +33,6 @@ REFUSED = ("partir-lower-spmd", "partir-emit-jax")
 
 def export_file(input_file: str, passes: str, output_file: str) -> Path:
     from partir.onnx_interop.export import export_module
-    from partir.opt import PartirOptMain
 
     driver = PartirOptMain(description=DESCRIPTION, args=[input_file, "-p", passes])
     names = [p.name for p in driver.pipeline.passes]
@@ -69,7 +70,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # one line, as partir-opt prints errors
         if args.traceback:
             raise
-        from partir.cli_errors import one_line
 
         print(one_line(err, args.input_file), file=sys.stderr)
         return 1

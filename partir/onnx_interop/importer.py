@@ -36,6 +36,7 @@ from onnx import helper, numpy_helper
 from dialects.distribution import Distribution
 from dialects.escaping import quoted, readable
 from dialects.mesh import Mesh
+from partir.api import jit
 from partir.onnx_interop.from_onnx_ops import OPS, OnnxImportError, Value
 from partir.onnx_interop.sharding import OnnxShardingError, distribution_of, meshes_of
 from partir.plan import (
@@ -172,8 +173,6 @@ class OnnxProgram:
 
     def jit(self, *, mesh: Mesh | None = None, tactics: Sequence[Tactic] = ()) -> Any:
         """`partir.jit` of `function` with the annotations' tactics first, then `tactics`."""
-        from partir.api import jit
-
         chosen = mesh or self.mesh
         if chosen is None:
             raise OnnxShardingError(

@@ -1,7 +1,7 @@
 """A pipelined step, lowered: its structure, schedule, program and report.
 
 What `partir.jit(...).lower(*args)` returns when the tactics hold a
-`Pipeline`: the same questions as `partir.api.Lowered` (compile it, report
+`Pipeline`: the same questions as `partir.lowered.Lowered` (compile it, report
 it, estimate it), answered for a program built from the step's jaxpr.
 """
 

@@ -25,8 +25,10 @@ from dialects.errors import UnsupportedError
 from dialects.escaping import quoted
 from dialects.mesh import Mesh
 from lowering.loader import load_source
+from partir.lowered import lower
 from partir.pipeline.equations import eqn_function, inputs_of, read_atoms, run_eqns
 from partir.pipeline.structure import StepStructure
+from partir.tactics import ManualPartition
 
 
 def _model_dims(specs: Sequence[Any], axis: str) -> tuple[int | None, ...]:
@@ -64,9 +66,6 @@ def partition_segment(
 ) -> Segment:
     """`fn` on operands shaped `avals`, operand k split on `dims[k]` over `axis`,
     through partir; the operands keep the splits asked for."""
-    from partir.api import lower
-    from partir.tactics import ManualPartition
-
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
     spec = {f"args/{k}": {d: axis} for k, d in dims.items()}
     tactics = [ManualPartition(spec)] if spec else []

@@ -21,9 +21,10 @@ lowering. Sizes are bytes per device. `Report.to_json()` is the stable,
 machine-readable form; `Report.tables()` the human one (`partir-inspect`).
 """
 
+from partir.cost.memory import MemoryEstimate
 from partir.report.build import build_report, parse_module, report_text
 from partir.report.diff import Diff, ShardingChange, diff
-from partir.report.memory import MemoryEstimate, XlaMemory
+from partir.report.memory import XlaMemory
 from partir.report.model import Report
 from partir.report.render import dumps, render_plain
 from partir.report.rows import CollectiveInfo, ReplicatedOp, Table, ValueInfo

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, TensorType
@@ -19,25 +16,22 @@ from dialects.locations import source_location
 from dialects.mesh import Mesh
 from dialects.names import op_name
 from dialects.parser import PartirParser
-from dialects.partir import ORIGIN, LoopOp, MeshOp, OriginAttr, find_mesh
-from dialects.spmd import SPMD, DTensorType, result_dtensors
+from dialects.partir import ORIGIN, LoopOp, OriginAttr, find_mesh
+from dialects.spmd import DTensorType, result_dtensors
 from dialects.stablehlo_ext import PadOp
 from lowering.collectives import collectives
 from lowering.distributions import NEEDED_BY
-from lowering.to_spmd import lower_to_spmd
-from partir.report.memory import estimate_memory
+from partir.cost.estimate import estimate
+from partir.cost.memory import estimate_memory, local_type
+from partir.cost.profile import Profile
 from partir.report.model import Report
 from partir.report.names import _partir_name, ssa_names
 from partir.report.replicated import replicated_ops
 from partir.report.rows import CollectiveInfo, PaddedValue, ValueInfo
 from partir.selections import recorded_selections
+from partir.spmd_form import spmd_form
 from rewrites.conflicts import recorded_conflicts
 from rewrites.padding import PADDED
-
-if TYPE_CHECKING:
-    from partir.cost.profile import Profile
-
-_SPMD_OPS = {op.name for op in SPMD.operations}
 
 
 def parse_module(text: str, filename: str = "<string>") -> ModuleOp:
@@ -56,19 +50,14 @@ def build_report(
     core-stage `module` is its own. With `profile`, the predicted step on it
     (`partir.cost.estimate`)."""
     entry = entry_function(module)
-    if is_spmd(entry):
-        stage, spmd = "spmd", module
+    spmd = spmd_form(module)
+    if spmd is module:
+        stage = "spmd"
     else:
         has_loops = any(isinstance(op, LoopOp) for op in entry.body.block.ops)
         stage = "core" if has_loops else "stablehlo"
         if find_mesh(entry) is not None:
             core = module
-        spmd = module.clone()
-        if find_mesh(entry_function(spmd)) is None:
-            first = spmd.body.block.first_op
-            assert first is not None  # the module holds its entry function
-            spmd.body.block.insert_op_before(MeshOp({}), first)
-        lower_to_spmd(spmd)
     mesh_op = find_mesh(entry_function(spmd))
     mesh = mesh_op.mesh if mesh_op is not None else Mesh.single_device()
     conflicts = recorded_conflicts(module)
@@ -77,11 +66,7 @@ def build_report(
     values = _values(spmd_entry, names, mesh)
     sizes = {value: info.bytes_per_device for value, info in values.items()}
     memory = estimate_memory(spmd_entry, sizes, names)
-    predicted = None
-    if profile is not None:
-        from partir.cost.estimate import estimate
-
-        predicted = estimate(spmd, profile)
+    predicted = None if profile is None else estimate(spmd, profile)
     return Report(
         stage=stage,
         mesh=mesh,
@@ -98,45 +83,8 @@ def build_report(
     )
 
 
-def fused_peak_bytes(module: ModuleOp, is_fused: Callable[[Operation], bool]) -> int:
-    """The cost model's liveness peak of the SPMD `module`: with XLA's fusion
-    as the cost model sees it, an op `is_fused` accepts holds no buffer
-    (`partir.cost.op_costs.fused`, memoised by the caller). The values go
-    unnamed: printing the module for its names costs more than the rest of
-    an estimate (`partir.search` estimates many candidates)."""
-    entry = entry_function(module)
-    mesh_op = find_mesh(entry)
-    mesh = mesh_op.mesh if mesh_op is not None else Mesh.single_device()
-    return estimate_memory(entry, _sizes(entry, mesh), {}, lambda op: not is_fused(op)).peak
-
-
-def _sizes(entry: func.FuncOp, mesh: Mesh) -> dict[SSAValue, int]:
-    """Bytes per device of what `_values` describes (the arguments and the
-    top-level results that are tensors), without describing them: one local
-    type per distinct type."""
-
-    @functools.cache
-    def size(ty: Attribute) -> int | None:
-        local = _local_type(ty, mesh)
-        return tensor_bytes(local) if isinstance(local, TensorType) else None
-
-    values = (*entry.body.block.args, *(r for op in entry.body.block.ops for r in op.results))
-    return {v: n for v in values if (n := size(v.type)) is not None}
-
-
-def _local_type(ty: Attribute, mesh: Mesh) -> Attribute:
-    """What one device holds of a value of type `ty`."""
-    return ty.local_type(mesh) if isinstance(ty, DTensorType) else ty
-
-
 def report_text(text: str, filename: str = "<string>") -> Report:
     return build_report(parse_module(text, filename))
-
-
-def is_spmd(entry: func.FuncOp) -> bool:
-    return any(isinstance(a.type, DTensorType) for a in entry.body.block.args) or any(
-        op.name in _SPMD_OPS for op in entry.body.block.ops
-    )
 
 
 def _value_info(
@@ -148,7 +96,7 @@ def _value_info(
     mesh: Mesh,
 ) -> ValueInfo | None:
     if isinstance(local, DTensorType):
-        dist, local = local, _local_type(local, mesh)
+        dist, local = local, local_type(local, mesh)
     if not isinstance(local, TensorType):
         return None
     info = ValueInfo(

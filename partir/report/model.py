@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from dialects.escaping import readable
 from dialects.mesh import Mesh
-from partir.report.memory import MemoryEstimate, XlaMemory
+from partir.cost.memory import MemoryEstimate
+from partir.report.memory import XlaMemory
 from partir.report.render import _conflict_json, _counts, _type_text, render_plain
 from partir.report.rows import CollectiveInfo, PaddedValue, ReplicatedOp, Table, ValueInfo
 from partir.selections import Selection, tactic_summaries
