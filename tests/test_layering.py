@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "front end",  # names, values, the mesh, the import from JAX (and the pipeline's jaxprs)
         (
             "partir.annotations",
+            "partir.annotation_conflicts",
             "partir.cli_errors",
             "partir.devices",
             "partir.generated_files",
