@@ -466,7 +466,10 @@ class _Propagation:
                 )
             return
         priority: Priority = (seed.origin.action.data, seed.origin)
-        if self.g.shapes[v][seed.dim] % self.mesh[seed.axis]:
+        size = self.g.shapes[v][seed.dim]  # the part the axes before on the dim leave
+        for earlier in d.nesting[v].get(seed.dim, ()):
+            size = -(-size // self.mesh[earlier])
+        if size % self.mesh[seed.axis]:
             d.padded.add((v, seed.dim))
         self.seeded.setdefault(v, {})[seed.axis] = (seed.dim, priority)
         self.split_value(v, seed.axis, seed.dim, priority)

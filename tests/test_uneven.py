@@ -172,6 +172,25 @@ def test_a_mean_and_a_softmax_over_a_padded_batch_see_only_true_rows():
     run_and_check(program, args, [partir.BatchParallel("batch")], MESH)
 
 
+def test_a_second_axis_that_does_not_divide_the_part_the_first_leaves_pads_it():
+    """6 over "c" leaves 3 per device, which "a" does not divide though it
+    divides 6: the second split pads (found by the fuzzer: the decided path
+    split the part of 3 in 1s, so a max lost elements and a sum mixed shapes)."""
+    x = jnp.asarray(np.random.default_rng(0).standard_normal(6), jnp.float32) - 3.0
+    mesh = partir.Mesh({"a": 2, "b": 2, "c": 2})
+    tactics = [partir.ManualPartition({"x": {0: "c"}}), partir.BatchParallel("a")]
+    run_and_check(lambda x: jnp.max(x, axis=0), (x,), tactics, mesh)
+
+    def difference(a0, a1, a2):
+        return a0 - a1, a0 + a2
+
+    args = tuple(jnp.arange(12, dtype=jnp.float32) * k for k in (1, 2, 3))
+    mesh = partir.Mesh({"a": 2, "b": 4})
+    tactics = [partir.BatchParallel("a", inputs="a0"), partir.BatchParallel("b", inputs="a0")]
+    lowered = run_and_check(difference, args, tactics, mesh)
+    assert "partir.padded = 4" in lowered.stage("BatchParallel#2")  # 6 to 8 over "b"
+
+
 def test_megatron_with_a_hidden_size_the_axis_does_not_divide():
     args = mlp_train_step.make_args(batch=8, hidden=50)
     mesh = partir.Mesh({"batch": 2, "model": 4})
