@@ -236,15 +236,32 @@ def partition_decided(
     (`rewrites.factor_propagation`, `rewrites.build_core`). With
     `keep_stages`, tactic k's stage is the first k tactics' decision built on
     a copy of the imported module (what the rewrite engine's IR is after
-    tactic k). What the builder does not build yet (a while or case, a dim
-    padded for divisibility), an `Automatic` (it searches by rewriting) and
-    what only `apply_plan` does go to the rewrite engine, with the same result."""
+    tactic k). An `Automatic` searches by rewriting (on a copy); the schedule
+    it chose is then built here as its pasted schedule would be, so pasting
+    it gives the same program. What the builder does not build yet (a dim
+    padded for divisibility, a halo) and what only `apply_plan` does go to
+    the rewrite engine, with the same result."""
     tactics = with_annotations(module, tactics)
     with paused_gc():
         plans = plan_schedule(module, mesh, tactics)
+        searching = any(isinstance(t, Automatic) and t.chosen is None for t in tactics)
+        if searching and not keep_stages:
+            # The search partitions its candidates by rewriting (on a copy);
+            # what it chose is then built as a pasted schedule would be.
+            searched = _rewrite(module.clone(), mesh, tactics, plans, keep_stages=False,
+                                verify=False)
+            result = partition_decided(module, mesh, searched.decided, verify=verify)
+            result.searches = searched.searches
+            return result
+        chosen = _with_choices(tactics)
+        if chosen != tactics:
+            plans_built = plan_schedule(module, mesh, chosen)
+        else:
+            plans_built = plans
         if (
-            any(isinstance(t, Automatic) for t in tactics)  # it searches by rewriting
-            or any(p.removes_annotations or p.whole for p in plans)
+            (keep_stages and chosen != tactics)  # an Automatic's stage is its own
+            or searching
+            or any(p.removes_annotations or p.whole for p in plans_built)
         ):
             # What apply_plan does beyond tiling (taking JAX's constraints out,
             # ZeRO-1's whole results) is the rewrite engine's alone yet; so is
@@ -254,14 +271,31 @@ def partition_decided(
         declare_mesh(module, mesh)
         imported = Stage.snapshot("import", module) if keep_stages else None
         try:
-            result = _decide_and_build(module, mesh, tactics, plans)
+            result = _decide_and_build(module, mesh, chosen, plans_built)
         except UnsupportedError:
-            return _rewrite(module, mesh, tactics, plans, keep_stages=keep_stages, verify=verify)
+            result = _rewrite(module, mesh, chosen, plans_built, keep_stages=keep_stages,
+                              verify=verify)
+            if chosen != tactics:  # stages are kept only without an Automatic
+                result.decided = list(tactics)
+            return result
+        result.decided = list(tactics)  # an Automatic as it chose, for replays
         if verify:
             module.verify()
         if imported is not None:
             result.stages = _decided_stages(imported, module, mesh, tactics, plans)
     return result
+
+
+def _with_choices(tactics: list[Tactic]) -> list[Tactic]:
+    """The schedule with each `Automatic` that has chosen replaced by the
+    tactics it chose (what pasting its schedule gives)."""
+    out: list[Tactic] = []
+    for tactic in tactics:
+        if isinstance(tactic, Automatic) and tactic.chosen is not None:
+            out += tactic.chosen
+        else:
+            out.append(tactic)
+    return out
 
 
 def _decided_stages(

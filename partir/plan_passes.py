@@ -77,8 +77,8 @@ class AutomaticPass(ModulePass):
                 self.actions.extend(searched.actions)
                 return
             chosen = searched.result.chosen.schedule
-        view = ProgramView.of(entry_function(op))
-        for tactic in chosen:
+        for tactic in chosen:  # each planned on what the ones before left, as pasted
+            view = ProgramView.of(entry_function(op))
             self.actions.extend(apply_plan(op, tactic.plan(view, mesh)))
 
 
