@@ -95,6 +95,30 @@ Priority = tuple[int, OriginAttr | None]
 _LAST = 1 << 30
 
 
+class _Unsplit(dict):  # type: ignore[type-arg]
+    """The one empty table every value or op shares until something is
+    decided for it (most never are): a fresh dict per entry was a third of
+    a decision's memory. Writing to it is a bug; `_own` makes the entry's
+    own dict first."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        raise TypeError("write through factor_propagation._own")
+
+    setdefault = update = pop = popitem = clear = __setitem__  # type: ignore[assignment]
+
+
+_UNSPLIT: dict = _Unsplit()
+_NO_LOOPS: frozenset[str] = frozenset()
+
+
+def _own(table: list[dict], i: int) -> dict:
+    """Entry `i` of a decision table, made its own dict on its first write."""
+    found = table[i]
+    if found is _UNSPLIT:
+        found = table[i] = {}
+    return found
+
+
 class _Candidate(NamedTuple):
     """A split an op could take: over `axis`, of `factor`, because operand
     `operand` is split on `dim` (forward) or, with `operand` one past the
@@ -382,14 +406,14 @@ class _Propagation:
         self.d = Decision(
             graph=graph,
             mesh=mesh,
-            split=[{} for _ in range(n)],
-            nesting=[{} for _ in range(n)],
-            priority=[{} for _ in range(n)],
-            factors=[{} for _ in range(m)],
-            factor_axes=[{} for _ in range(m)],
-            op_priority=[{} for _ in range(m)],
-            arrival=[{} for _ in range(m)],
-            inside=[frozenset() for _ in range(m)],
+            split=[_UNSPLIT] * n,
+            nesting=[_UNSPLIT] * n,
+            priority=[_UNSPLIT] * n,
+            factors=[_UNSPLIT] * m,
+            factor_axes=[_UNSPLIT] * m,
+            op_priority=[_UNSPLIT] * m,
+            arrival=[_UNSPLIT] * m,
+            inside=[_NO_LOOPS] * m,
             carried={},
             carried_priority={},
             padded=set(),
@@ -489,9 +513,9 @@ class _Propagation:
         d = self.d
         if axis in d.split[v]:
             return
-        d.split[v][axis] = dim
-        d.nesting[v][dim] = (*d.nesting[v].get(dim, ()), axis)
-        d.priority[v][axis] = priority
+        _own(d.split, v)[axis] = dim
+        _own(d.nesting, v)[dim] = (*d.nesting[v].get(dim, ()), axis)
+        _own(d.priority, v)[axis] = priority
         for o, _ in self.g.uses[v]:
             self.push(o)
         self._wake_producer(v)
@@ -517,9 +541,9 @@ class _Propagation:
         d, g = self.d, self.g
         rule = g.rules[o]
         assert rule is not None
-        d.factors[o][axis] = factor
-        d.factor_axes[o][factor] = (*d.factor_axes[o].get(factor, ()), axis)
-        d.op_priority[o][axis] = priority
+        _own(d.factors, o)[axis] = factor
+        _own(d.factor_axes, o)[factor] = (*d.factor_axes[o].get(factor, ()), axis)
+        _own(d.op_priority, o)[axis] = priority
         padded = padded or any(
             (g.operands[o][i], dim) in d.padded
             for i, dim in enumerate(rule.operand_dims(factor))
@@ -620,7 +644,7 @@ class _Propagation:
             chosen[c.axis] = c
             if c.operand == backward:  # it runs in its users' loops
                 self._inherit(o)
-            d.arrival[o][c.axis] = c.operand
+            _own(d.arrival, o)[c.axis] = c.operand
             self.assign(o, c.axis, c.factor, c.priority, c.padded)
 
     def _exchanges(
