@@ -115,6 +115,7 @@ def _partir_stages(fn: Callable[..., Any], args: Any, jax_mesh: Any, seconds: di
         name_arguments,
         name_results,
         result_paths,
+        uncached,
     )
     from rewrites import factor_propagation
 
@@ -125,7 +126,9 @@ def _partir_stages(fn: Callable[..., Any], args: Any, jax_mesh: Any, seconds: di
         name_results(entry, result_paths(jax_lowered.out_info))
         return module
 
-    jax_lowered = _timed(seconds, "jax_lower", lambda: jax.jit(fn, keep_unused=True).lower(*args))
+    jax_lowered = _timed(
+        seconds, "jax_lower", lambda: jax.jit(uncached(fn), keep_unused=True).lower(*args)
+    )
     module = _timed(seconds, "import", import_)
     core_ops = sum(1 for _ in module.walk())
     tactics = [BatchParallel("batch"), Megatron("model")]

@@ -26,7 +26,7 @@ from lowering.to_spmd import LowerToSpmdPass
 from partir.cost import Estimate, Profile, estimate
 from partir.devices import devices_for
 from partir.generated_files import write_private, write_source
-from partir.importer import import_program
+from partir.importer import ImportSource, import_program
 from partir.keys import KeyBoundary
 from partir.mesh import Mesh
 from partir.partition import Stage, find_stage, partition
@@ -70,8 +70,9 @@ class Lowered:
     a copy of the import when first read. The partition is deterministic, so
     the replay's stages are the ones the emitted program came from."""
 
-    imported: ModuleOp
-    """The program as imported, before any tactic (a private copy)."""
+    import_source: ImportSource
+    """What imports the program again, as it was before any tactic
+    (`imported`, on first read)."""
     tactics: Sequence[Tactic]
     """The schedule, each `Automatic` holding what its search chose."""
     module: ModuleOp
@@ -89,6 +90,15 @@ class Lowered:
     `Automatic` in `tactics` holds its choice, so `stages` replays it."""
     _source_path: Path | None = field(default=None, repr=False)
     _stages: list[Stage] | None = field(default=None, repr=False)
+    _imported: ModuleOp | None = field(default=None, repr=False)
+
+    @property
+    def imported(self) -> ModuleOp:
+        """The program as imported, before any tactic: imported again from
+        JAX's module on first read (`ImportSource`), not copied while lowering."""
+        if self._imported is None:
+            self._imported = self.import_source.module()
+        return self._imported
 
     @property
     def stages(self) -> list[Stage]:
@@ -183,14 +193,13 @@ def lower(
     fn, args = keys.raw_function(fn), keys.raw(tuple(args))
     imported = import_program(fn, *args, supported_only=True)
     module = imported.module
-    original = Stage.snapshot("import", module).module
     partitioned = partition(module, mesh, tactics)
     label = name or getattr(fn, "__name__", None) or "program"
     label = "".join(c if c.isalnum() else "_" for c in label) or "program"
     emit = EmitJaxPass(program=label)
     PassPipeline((LowerToSpmdPass(), emit)).apply(_CONTEXT, module)
     return Lowered(
-        original,
+        imported.source,
         tuple(partitioned.decided),
         module,
         emit.source,

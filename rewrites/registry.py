@@ -1173,7 +1173,7 @@ _register_elementwise()
 def rule_for(op: Operation) -> OpRule | None:
     """The op's factor rule, or None if it is opaque (see `opaque_reason`).
 
-    Memoised by signature (`_signature`): a stack of N layers has the same few
+    Memoised by signature (`_RULES_BY_SIGNATURE`): a stack of N layers has the same few
     hundred signatures whatever N, and every rewrite makes new ops."""
     builder = RULES.get(op.name)
     if builder is None or (type(op) is ShardingConstraintOp and op.is_reshard):
@@ -1182,28 +1182,31 @@ def rule_for(op: Operation) -> OpRule | None:
         return None
     if op.regions or op.name == "stablehlo.constant":
         return builder(op)  # the rule reads a body, an init or a value
-    key = _signature(op)
-    rule = _RULES_BY_SIGNATURE.get(key, _UNKNOWN)
-    if rule is _UNKNOWN:
+    operand_types = [v.type for v in op.operands]
+    result_types = [r.type for r in op.results]
+    properties = tuple(op.properties.items())
+    key = (
+        op.name,
+        len(operand_types),
+        *map(id, operand_types),
+        *map(id, result_types),
+        *[(name, id(value)) for name, value in properties],
+    )
+    found = _RULES_BY_SIGNATURE.get(key)
+    if found is None:
         if len(_RULES_BY_SIGNATURE) >= _MAX_SIGNATURES:  # a long-lived process: stay bounded
             _RULES_BY_SIGNATURE.clear()
-        rule = _RULES_BY_SIGNATURE[key] = builder(op)
-    return rule  # type: ignore[return-value]
+        # the entry holds the types and properties it names by identity, so
+        # that no other object takes their ids while it is kept
+        found = _RULES_BY_SIGNATURE[key] = (builder(op), operand_types, result_types, properties)
+    return found[0]
 
 
-def _signature(op: Operation) -> tuple[object, ...]:
-    """What a region-free op's rule is a function of: its name, its operand
-    and result types and its properties (no builder reads anything else)."""
-    return (
-        op.name,
-        tuple(v.type for v in op.operands),
-        tuple(r.type for r in op.results),
-        tuple(op.properties.items()),
-    )
-
-
-_UNKNOWN = object()
-_RULES_BY_SIGNATURE: dict[tuple[object, ...], OpRule | None] = {}
+_RULES_BY_SIGNATURE: dict[tuple[object, ...], tuple[OpRule | None, object, object, object]] = {}
+"""A region-free op's rule by its signature: its name, its operand and
+result types and its properties (no builder reads anything else), each by
+identity. The importer and `part_type` share equal types, so identity finds
+them (hashing the types' structure cost a third of reading the graph)."""
 _MAX_SIGNATURES = 1 << 14
 """Far more than one program's distinct signatures (the 6-layer step has 114)."""
 
