@@ -10,9 +10,8 @@ its pytree path, e.g. `params['w1']` or `result[1]['w1']`, kept in the
 from __future__ import annotations
 
 import functools
-import io
-
 import inspect
+import io
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -92,6 +91,7 @@ def import_program(fn: Callable[..., Any], *args: Any, supported_only: bool = Fa
     check_arguments(fn, args)
     lowered = jax.jit(uncached(fn), keep_unused=True).lower(*args)
     mlir_module = lowered.compiler_ir("stablehlo")
+    assert mlir_module is not None  # JAX lowers to StableHLO
     bytecode = io.BytesIO()
     mlir_module.operation.write_bytecode(bytecode)
     source = ImportSource(

@@ -482,7 +482,7 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
         order.append(op)
     rest = [op for op in ops if op not in placed]  # read by nothing the yield needs
     wanted = [*order[:-1], *rest, terminator]
-    first = next((k for k, (a, b) in enumerate(zip(ops, wanted)) if a is not b), None)
+    first = next((k for k, (a, b) in enumerate(zip(ops, wanted, strict=True)) if a is not b), None)
     if first is None:
         return  # built in the engine's order already (about half the bodies)
     for op in wanted[first:]:

@@ -95,7 +95,7 @@ Priority = tuple[int, OriginAttr | None]
 _LAST = 1 << 30
 
 
-class _Unsplit(dict):  # type: ignore[type-arg]
+class _Unsplit(dict):
     """The one empty table every value or op shares until something is
     decided for it (most never are): a fresh dict per entry was a third of
     a decision's memory. Writing to it is a bug; `_own` makes the entry's
