@@ -385,14 +385,8 @@ def _wanted(decision: Decision, o: int, index: int) -> dict[str, int]:
     if kind == _COMPUTE:
         rule = graph.rules[o]
         assert rule is not None
-        dims = rule.operands[index]
-        found = {}
-        for axis, f in decision.factors[o].items():
-            for d, fs in enumerate(dims):
-                if fs and fs[0] == f:
-                    found[axis] = d
-                    break
-        return found
+        majors = rule.operand_majors[index]
+        return {axis: majors[f] for axis, f in decision.factors[o].items() if f in majors}
     if kind in (_WHILE, _BARRIER):
         return decision.carried.get((o, index), {})
     return {}

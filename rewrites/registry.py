@@ -32,6 +32,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 
 from xdsl.dialects.builtin import I64, DenseIntOrFPElementsAttr, IntegerAttr, TensorType, i64
 from xdsl.ir import Attribute, Operation, SSAValue
@@ -157,20 +158,33 @@ class OpRule:
         """The dimension of result `result` that runs over `factor` (an op with
         several results, a sort or an argmax, runs them all over the same
         factors: each result gets a loop of its own, `tiling.tile_op`)."""
-        for d, factors in enumerate(self.results[result]):
-            if factors and factors[0] == factor:
-                return d
-        return None
+        return self.result_majors[result].get(factor)
 
     def operand_dims(self, factor: int) -> list[int | None]:
         """Per operand, the dimension that runs over `factor` (None: used whole)."""
-        out: list[int | None] = []
-        for dims in self.operands:
-            out.append(next((d for d, fs in enumerate(dims) if fs and fs[0] == factor), None))
-        return out
+        return [majors.get(factor) for majors in self.operand_majors]
+
+    @cached_property
+    def operand_majors(self) -> tuple[dict[int, int], ...]:
+        """Per operand, factor -> the first dim it is the major factor of
+        (propagation asks this for every operand it looks at)."""
+        return tuple(_majors(dims) for dims in self.operands)
+
+    @cached_property
+    def result_majors(self) -> tuple[dict[int, int], ...]:
+        """Per result, factor -> the first dim it is the major factor of."""
+        return tuple(_majors(dims) for dims in self.results)
 
     def tileable_factors(self, parts: int) -> list[int]:
         return [f for f in range(len(self.factors)) if self.why_not_tileable(f, parts) is None]
+
+
+def _majors(dims: Dims) -> dict[int, int]:
+    found: dict[int, int] = {}
+    for d, factors in enumerate(dims):
+        if factors:
+            found.setdefault(factors[0], d)
+    return found
 
 
 class _Builder:
