@@ -125,11 +125,13 @@ def set_aside_jax_meshes(module: ModuleOp) -> None:
     JAX's mesh has, and a module defines a symbol once. The shardings still
     name JAX's mesh, which `read_annotations` finds there. Manual regions
     are read first, while JAX's meshes are declarations
-    (`dialects.manual_regions`; `partir-opt` reads JAX's text this way)."""
-    normalize_manual_regions(module)
+    (`dialects.manual_regions`; `partir-opt` reads JAX's text this way).
+    A module without them has had its regions read (or names no mesh they
+    could read, which `mesh_of` says)."""
     meshes = [op for op in module.body.block.ops if isinstance(op, MeshOp)]
     if not meshes:
         return
+    normalize_manual_regions(module)
     kept = module.attributes.get(JAX_MESHES)
     table = dict(kept.data) if isinstance(kept, DictionaryAttr) else {}
     for op in meshes:
@@ -296,8 +298,9 @@ def read_annotations(
             sharding = d.data.get(SHARDING)
             if isinstance(sharding, ShardingAttr):
                 add(kind, i, names[i], f"{kind} sharding", None, sharding)
-    constraints = constraint_ops(entry)
-    regions = manual_regions(entry)
+    stated = annotation_ops(entry)
+    constraints = [op for op in stated if isinstance(op, ShardingConstraintOp)]
+    regions = [op for op in stated if isinstance(op, ManualComputationOp)]  # one walk for both
     refs = references(entry) if constraints or regions else {}
     for i, op in enumerate(constraints):
         name = value_name(constrained_value(op), arguments, refs)
@@ -332,19 +335,29 @@ def annotated_value(entry: func.FuncOp, kind: str, ordinal: int, position: int) 
     return region.results[position]
 
 
-def holds_annotations(module: ModuleOp) -> bool:
+def annotation_ops(module: Operation) -> list[Operation]:
+    """The sharding constraints and manual regions in `module` (or a
+    function), in program order, nested ones too: one walk, which
+    `holds_annotations` and `remove_annotations` share."""
+    kinds = (ShardingConstraintOp, ManualComputationOp)
+    return [op for op in module.walk() if isinstance(op, kinds)]
+
+
+def holds_annotations(module: ModuleOp, found: Sequence[Operation] | None = None) -> bool:
     """Whether the module states a sharding that splits something (a
     constraint, an argument or result sharding, a manual region) or a user's
     constraint keeping a value whole (`states_replication`): what
     `Annotations` makes actions of. (JAX's trivial ones, a scalar's
-    `@empty_mesh, []` or explicit mode's replicated types, state nothing.)"""
-    for op in module.walk():
+    `@empty_mesh, []` or explicit mode's replicated types, state nothing.)
+    `found`: the module's `annotation_ops`, if known."""
+    for op in annotation_ops(module) if found is None else found:
         if isinstance(op, ShardingConstraintOp) and (
             any(op.sharding.dims) or states_replication(op)
         ):
             return True
         if isinstance(op, ManualComputationOp):
             return True
+    for op in module.body.block.ops:  # functions are the module's own ops
         if isinstance(op, func.FuncOp):
             for attrs in (op.arg_attrs, op.res_attrs):
                 for d in attrs.data if attrs is not None else ():
@@ -362,14 +375,15 @@ def _without_sharding(attrs: ArrayAttr[DictionaryAttr] | None) -> ArrayAttr[Dict
     )
 
 
-def remove_annotations(module: ModuleOp) -> None:
+def remove_annotations(module: ModuleOp, found: Sequence[Operation] | None = None) -> None:
     """Take JAX's shardings out of the module once they are actions: each
     constraint becomes its operand, except a reshard (`is_reshard`), kept
     and marked `RESHARD` (its result is a value of its own); the
     `sdy.sharding` argument and result attributes and the `sdy.mesh`
     declarations go (partir's mesh and distributions state where values
-    live from here on)."""
-    constraints = [op for op in module.walk() if isinstance(op, ShardingConstraintOp)]
+    live from here on). `found`: the module's `annotation_ops`, if known."""
+    ops = annotation_ops(module) if found is None else found
+    constraints = [op for op in ops if isinstance(op, ShardingConstraintOp)]
     reshards = {op for op in constraints if is_reshard(op)}  # while the chains are whole
     for constraint in constraints:
         if constraint in reshards:
@@ -378,7 +392,7 @@ def remove_annotations(module: ModuleOp) -> None:
             constraint.result.replace_all_uses_with(constraint.input)
             constraint.detach()
             constraint.erase()
-    for function in module.walk():
+    for function in module.body.block.ops:
         if isinstance(function, func.FuncOp):
             function.arg_attrs = _without_sharding(function.arg_attrs)
             function.res_attrs = _without_sharding(function.res_attrs)

@@ -28,7 +28,7 @@ from dialects.errors import PartirValueError, UnsupportedError
 from dialects.functions import entry_function
 from dialects.heap import paused_gc
 from dialects.locations import located_text
-from partir.annotations import holds_annotations, remove_annotations
+from partir.annotations import annotation_ops, holds_annotations, remove_annotations
 from partir.mesh import Mesh
 from partir.plan import Leaf, TacticError
 from partir.plan_passes import ApplyPlanPass, AutomaticPass
@@ -122,9 +122,10 @@ def with_annotations(module: ModuleOp, tactics: Sequence[Tactic]) -> list[Tactic
     here, so no later stage sees them."""
     if any(isinstance(t, Annotations) for t in tactics):
         return list(tactics)
-    if holds_annotations(module):
+    found = annotation_ops(module)
+    if holds_annotations(module, found):
         return [Annotations(), *tactics]
-    remove_annotations(module)
+    remove_annotations(module, found)
     return list(tactics)
 
 
