@@ -333,7 +333,14 @@ class _Builder:
         place = self.places[o]
         assert place is not None
         rule = self.g.rules[o]
-        operands = [self._operand(o, i, place, self.slices) for i in range(len(op.operands))]
+        decided = list(self.d.factors[o])  # the order the op took its axes: the engine's
+        order = sorted(  # slices, each of the one before, in that order
+            range(len(place.frames)),
+            key=lambda k: (decided.index(place.frames[k].axis), k)
+            if place.frames[k].axis in decided
+            else (len(decided), k),
+        ) if len(place.frames) > 1 else list(range(len(place.frames)))
+        operands = [self._operand(o, i, place, order) for i in range(len(op.operands))]
         op.detach()  # moved, not copied: the op keeps its identity, regions and name
         if self.g.kinds[o] != _RETURN:
             _localize(op, rule, self.d, o)
@@ -363,9 +370,10 @@ class _Builder:
             inner.name_hint = built.results[0].name_hint  # the name is the whole value's
             built.results[0].name_hint = None
 
-    def _operand(
-        self, o: int, i: int, place: _Place, made: dict[tuple[SSAValue, int, SSAValue], SSAValue]
-    ) -> SSAValue:
+    def _operand(self, o: int, i: int, place: _Place, order: list[int]) -> SSAValue:
+        """Operand `i` of op `o` as its part reads it: sliced on the index of
+        each of its loops (`order`: the frames in the order the op took
+        their axes) whose axis it reads the operand split over."""
         v = self.g.operands[o][i]
         value = self.reps.get(v)
         if value is None:
@@ -391,13 +399,7 @@ class _Builder:
         if kind in _CARRIERS:
             return self._carried(o, i, v, value)
         want = self.d.wanted(o, i)
-        decided = list(self.d.factors[o])  # the order the op took its axes: the engine's
-        order = sorted(  # slices, each of the one before, in that order
-            range(len(place.frames)),
-            key=lambda k: (decided.index(place.frames[k].axis), k)
-            if place.frames[k].axis in decided
-            else (len(decided), k),
-        )
+        made = self.slices
         for k in order:
             loop = place.frames[k]
             dim = want.get(loop.axis)
@@ -432,11 +434,11 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
     if len(ops) < 3 or terminator is None:
         return
     axis = loop.axis.data
-    here = set(ops)
+    here = {id(op) for op in ops}
 
     def made_here(value: SSAValue) -> Operation | None:
         owner = value.owner
-        return owner if isinstance(owner, Operation) and owner in here else None
+        return owner if id(owner) in here else None  # type: ignore[return-value]
 
     def reads(op: Operation) -> list[Operation]:
         o = ids.get(op)
@@ -468,19 +470,19 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
         return found
 
     order: list[Operation] = []
-    placed: set[Operation] = {terminator}
+    placed = {id(terminator)}  # by identity: an op's own hash is a Python call
     stack: list[tuple[Operation, list[Operation]]] = [(terminator, reads(terminator)[::-1])]
     while stack:
         op, pending = stack[-1]
         if pending:
             nxt = pending.pop()
-            if nxt not in placed:
-                placed.add(nxt)
+            if id(nxt) not in placed:
+                placed.add(id(nxt))
                 stack.append((nxt, reads(nxt)[::-1]))
             continue
         stack.pop()
         order.append(op)
-    rest = [op for op in ops if op not in placed]  # read by nothing the yield needs
+    rest = [op for op in ops if id(op) not in placed]  # read by nothing the yield needs
     wanted = [*order[:-1], *rest, terminator]
     first = next((k for k, (a, b) in enumerate(zip(ops, wanted, strict=True)) if a is not b), None)
     if first is None:

@@ -225,19 +225,13 @@ class _Graph:
         return
 
     def _kind(self, op: Operation) -> tuple[int, OpRule | None]:
-        if isinstance(op, shlo.WhileOp):
-            return _WHILE, None
-        if isinstance(op, BRANCHING_OPS):
-            return _BRANCH, None
-        if isinstance(op, shlo.OptimizationBarrierOp):
-            return _BARRIER, None
-        if isinstance(op, shlo.ReturnOp):
-            carrier = enclosing_carrier(op)
-            if carrier is not None:
-                return _RETURN, None
-            return _OTHER, None
-        if isinstance(op, func.ReturnOp) or not op.results:
-            return _OTHER, None
+        kind = _CLASS_KINDS.get(type(op))
+        if kind is None:
+            kind = _CLASS_KINDS[type(op)] = _class_kind(type(op))
+        if kind == _RETURN:
+            return (_RETURN if enclosing_carrier(op) is not None else _OTHER), None
+        if kind != _COMPUTE or not op.results:
+            return (_OTHER if kind == _COMPUTE else kind), None
         rule = rule_for(op)
         return (_COMPUTE, rule) if rule is not None else (_OTHER, None)
 
@@ -257,6 +251,28 @@ class _Graph:
             assert returned is not None
             found.append(self.ids[returned.operands[k]])
         return found
+
+
+def _class_kind(cls: type[Operation]) -> int:
+    """What ops of class `cls` are to the graph (`_RETURN`: a region's
+    return, which ends a carrier's body or nothing; `_COMPUTE`: one with
+    results, which a rule may split)."""
+    if issubclass(cls, shlo.WhileOp):
+        return _WHILE
+    if issubclass(cls, BRANCHING_OPS):
+        return _BRANCH
+    if issubclass(cls, shlo.OptimizationBarrierOp):
+        return _BARRIER
+    if issubclass(cls, shlo.ReturnOp):
+        return _RETURN
+    if issubclass(cls, func.ReturnOp):
+        return _OTHER
+    return _COMPUTE
+
+
+_CLASS_KINDS: dict[type[Operation], int] = {}
+"""`_class_kind` per op class met so far (isinstance against xDSL's ABC
+classes cost more than the rest of reading an op)."""
 
 
 @dataclass
