@@ -422,6 +422,26 @@ def test_simulating_a_mesh_larger_than_this_machine_allocates_nothing():
     assert e.fits and e.peak_bytes > 0
 
 
+def test_a_matmul_the_call_dominates_gives_no_peak():
+    """On a loaded host a small matmul's timing can come out barely above
+    the call's own cost; less the call, it would look many times faster
+    than the machine. The peak comes from the matmuls that take at least
+    twice the call."""
+    from partir.cost.calibrate import KERNELS_PER_LINK, QUICK, calibration_probes, fit_profile
+
+    call, flops = 2e-4, 5e9
+    timed = []
+    for probe in calibration_probes({"x": 8}, "cpu", QUICK):
+        seconds = {"matmul": 2 * math.prod(probe.shape) / flops, "memory": 1e-3,
+                   "transposed": 1e-3, "chain": probe.size * KERNELS_PER_LINK * 1e-6}
+        if probe.what == "matmul" and probe.shape == (64, 64, 64):
+            timed.append((probe, call * 1.01))  # the noise: 1% over the call
+        else:
+            timed.append((probe, call + seconds.get(probe.what, 1e-4 + probe.size / 1e9)))
+    profile = fit_profile(timed, mesh={"x": 8}, devices=jax.devices(), how="made up")
+    assert profile.device.peak_flops["f32"] == pytest.approx(flops)
+
+
 def test_calibration_measures_this_machine(tmp_path):
     path = tmp_path / "cpu.json"
     profile = partir.calibrate(

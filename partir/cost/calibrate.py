@@ -383,11 +383,17 @@ def fit_profile(
         f"a call's own cost, the chains' intercept ({call * 1e6:.0f} µs), taken off every "
         f"other probe's time (a program's op pays no call), {how}"
     )
+    # a matmul the call's cost dominates (half its time or more) gives no peak: the
+    # difference of two close timings on a loaded host can make it look arbitrarily fast
+    slow = {id(p) for p, s in timed if s >= 2 * call}
     # what the op took: the probe's time less the call's (never below 1% of it)
     timed = [(p, s if p.what == "chain" else max(s - call, s / 100)) for p, s in timed]
     matmuls = [(p, 2 * math.prod(p.shape) / s) for p, s in timed if p.what == "matmul"]
+    long_matmuls = [(p, rate) for p, rate in matmuls if id(p) in slow]
     for key in dict.fromkeys(p.key for p, _ in matmuls):
-        rates = {p.shape: rate for p, rate in matmuls if p.key == key}
+        rates = {p.shape: rate for p, rate in long_matmuls if p.key == key} or {
+            p.shape: rate for p, rate in matmuls if p.key == key
+        }
         best = max(rates, key=rates.__getitem__)
         peaks[key] = rates[best]
         precision = "JAX's default precision"
