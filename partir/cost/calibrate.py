@@ -239,9 +239,9 @@ def _chain(k: int) -> Callable[[Any], Callable[[], Any]]:
 @dataclass(frozen=True)
 class Probe:
     """One timed measurement of a calibration: a label, what it measures
-    (`what`: "matmul", "memory", "transposed", "chain" or a collective kind) with the
-    figures its fit needs, and how to build its run on a JAX mesh (the run
-    blocks until its result is ready)."""
+    (`what`: "matmul", "memory", "transposed", "chain" or a collective
+    kind) with the figures its fit needs, and how to build its run on a JAX
+    mesh (the run blocks until its result is ready)."""
 
     label: str
     what: str

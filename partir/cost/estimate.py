@@ -4,8 +4,8 @@ Per op, a roofline over its local shapes (`op_costs`): the larger of its
 FLOPs at the device's peak for its element type (a matmul at the fraction
 of it its shape reaches, `Device.efficiency`) and its bytes at the memory
 bandwidth (an operand a fused transpose reads in the other order at
-`Device.transposed_rate`), plus the device's kernel overhead if it runs as a kernel of its
-own. Per collective, α-β over the links its group crosses
+`Device.transposed_rate`), plus the device's kernel overhead if it runs as
+a kernel of its own. Per collective, α-β over the links its group crosses
 (`collective_costs`), independent all-reduces combined into one as XLA
 does. A `while` costs its trip count times its body (the count read
 from JAX's `scan`/`fori_loop` form: a counter from a constant, compared
