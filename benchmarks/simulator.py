@@ -235,6 +235,7 @@ def main() -> None:
             f">= {MIN_SECONDS} s ({opts.clock} time)",
         )
     print(f"profile: {profile.device}, {profile.levels}")
+    print("\n".join(f"  {source}" for source in profile.sources))
     for row in rows:
         row["predicted"] = row["lowered"].estimate(profile)
     print("| program mesh strategy | predicted ms | measured ms | predicted/measured "

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import stat
+from dataclasses import replace
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
@@ -142,6 +143,54 @@ def test_a_thin_matmul_runs_at_the_fraction_its_smallest_dimension_reaches(tmp_p
     assert e.compute_seconds == pytest.approx(2 * 512**3 / 1e10)
 
 
+def _adam_moments(p, m, v, g):
+    """Adam's update of a parameter whose gradient the backward pass made
+    transposed (`x.T @ dy`): both moments read it in the parameter's layout."""
+    g = g.T
+    m = 0.9 * m + 0.1 * g
+    v = 0.999 * v + 0.001 * g * g
+    return p - 0.01 * m / (jnp.sqrt(v) + 1e-8), m, v
+
+
+def test_a_transposed_operand_is_read_strided_by_every_kernel_it_is_fused_into(tmp_path):
+    """XLA fuses a transpose into each elementwise kernel that reads it (a
+    loop fusion per Adam moment, each reading the gradient in the other
+    order: counted in the compiled HLO here); the model does the same, each
+    such read at the rate `calibrate` measured for a transposed read of its
+    size, which on this host is below the streaming bandwidth. The rest of
+    the update streams at the memory bandwidth."""
+    from partir.cost.calibrate import QUICK
+
+    rows, cols = 96, 160  # not the probe's power-of-two sides
+    p = jax.ShapeDtypeStruct((rows, cols), jnp.float32)
+    g = jax.ShapeDtypeStruct((cols, rows), jnp.float32)
+    hlo = jax.jit(_adam_moments).lower(p, p, p, g).compile().as_text()
+    fusions = hlo.split("\n\n")  # XLA prints each fused computation as a paragraph
+    assert sum("transpose(" in f and "fused_computation" in f for f in fusions) == 2
+
+    profile = partir.calibrate(
+        {"batch": 8}, repeats=1, save=tmp_path / "cpu.json", progress=None, workload=QUICK,
+        sizes=(1 << 14, 1 << 16),
+    )
+    device = profile.device
+    assert len(device.transposed_bandwidth) == 3
+    assert all(0 < rate <= device.memory_bandwidth for _, rate in device.transposed_bandwidth)
+    # its memory alone (no FLOP or kernel costs), as calibrated
+    memory = replace(device, peak_flops={"f32": 1e30}, kernel_overhead_s=0.0)
+    e = simulate(_adam_moments, (p, p, p, g), {"x": 1}, [], replace(profile, device=memory))
+    nbytes = 4 * rows * cols
+    assert e.by_kind["movement"] == pytest.approx(2 * nbytes / device.transposed_rate(nbytes))
+    # the kernels stream the rest: p, m and v in (arguments are read too), p, m
+    # and v out, and the new m and v read again by the parameter's kernel
+    assert e.kernels == 3
+    assert e.by_kind["elementwise"] == pytest.approx(8 * nbytes / device.memory_bandwidth)
+    unmeasured = Device(device.peak_flops, device.memory_bandwidth, device.memory_bytes)
+    assert unmeasured.transposed_rate(nbytes) == device.memory_bandwidth  # shipped profiles
+    points = Device({"f32": 1e10}, 1e10, 1e9, 0.0, (), ((1 << 10, 4e9), (1 << 20, 1e9)))
+    assert points.transposed_rate(1 << 5) == 4e9 and points.transposed_rate(1 << 30) == 1e9
+    assert points.transposed_rate(1 << 15) == pytest.approx(2e9)  # log-linear between
+
+
 def test_simulate_names_a_profile_it_does_not_know():
     a = jax.ShapeDtypeStruct((8, 8), jnp.float32)
     with pytest.raises(partir.PartirError, match="h100-8"):
@@ -240,6 +289,9 @@ def test_a_calibration_fits_its_probes_timings():
             seconds = 2 * math.prod(probe.shape) / flops * (4 if thin else 1)
         elif probe.what == "memory":
             seconds = 3 * probe.size / bandwidth
+        elif probe.what == "transposed":  # its write streams, its read at a tenth (past 64 KiB)
+            strided = bandwidth / (10 if probe.size > 1 << 16 else 2)
+            seconds = probe.size / bandwidth + probe.size / strided
         elif probe.what == "chain":
             seconds = probe.size * KERNELS_PER_LINK * overhead
         elif probe.what in host.per_kind:
@@ -252,6 +304,10 @@ def test_a_calibration_fits_its_probes_timings():
     assert profile.device.peak_flops == pytest.approx({"f32": flops, "bf16": flops})
     assert profile.device.memory_bandwidth == pytest.approx(bandwidth)
     assert profile.device.kernel_overhead_s == pytest.approx(overhead)
+    sizes, rates = zip(*profile.device.transposed_bandwidth, strict=True)
+    assert sizes == tuple(4 * math.prod(p.shape) for p in calibration_probes(mesh, "cpu", QUICK)
+                          if p.what == "transposed")
+    assert rates == pytest.approx([bandwidth / (10 if b > 1 << 16 else 2) for b in sizes])
     dims, fractions = zip(*profile.device.matmul_efficiency, strict=True)
     assert dims == (8, 32) and fractions == pytest.approx((0.25, 0.25))
     (link,) = profile.levels
@@ -364,6 +420,26 @@ def test_simulating_a_mesh_larger_than_this_machine_allocates_nothing():
     }
     assert per_byte[("data",)] > per_byte[("model",)]
     assert e.fits and e.peak_bytes > 0
+
+
+def test_a_matmul_the_call_dominates_gives_no_peak():
+    """On a loaded host a small matmul's timing can come out barely above
+    the call's own cost; less the call, it would look many times faster
+    than the machine. The peak comes from the matmuls that take at least
+    twice the call."""
+    from partir.cost.calibrate import KERNELS_PER_LINK, QUICK, calibration_probes, fit_profile
+
+    call, flops = 2e-4, 5e9
+    timed = []
+    for probe in calibration_probes({"x": 8}, "cpu", QUICK):
+        seconds = {"matmul": 2 * math.prod(probe.shape) / flops, "memory": 1e-3,
+                   "transposed": 1e-3, "chain": probe.size * KERNELS_PER_LINK * 1e-6}
+        if probe.what == "matmul" and probe.shape == (64, 64, 64):
+            timed.append((probe, call * 1.01))  # the noise: 1% over the call
+        else:
+            timed.append((probe, call + seconds.get(probe.what, 1e-4 + probe.size / 1e9)))
+    profile = fit_profile(timed, mesh={"x": 8}, devices=jax.devices(), how="made up")
+    assert profile.device.peak_flops["f32"] == pytest.approx(flops)
 
 
 def test_calibration_measures_this_machine(tmp_path):

@@ -3,8 +3,9 @@
 Per op, a roofline over its local shapes (`op_costs`): the larger of its
 FLOPs at the device's peak for its element type (a matmul at the fraction
 of it its shape reaches, `Device.efficiency`) and its bytes at the memory
-bandwidth, plus the device's kernel overhead if it runs as a kernel of its
-own. Per collective, α-β over the links its group crosses
+bandwidth (an operand a fused transpose reads in the other order at
+`Device.transposed_rate`), plus the device's kernel overhead if it runs as
+a kernel of its own. Per collective, α-β over the links its group crosses
 (`collective_costs`), independent all-reduces combined into one as XLA
 does. A `while` costs its trip count times its body (the count read
 from JAX's `scan`/`fori_loop` form: a counter from a constant, compared
@@ -173,14 +174,17 @@ class _Walk:
         cost = op_cost(op, self.fused)
         device = self.profile.device
         rate = device.flops_per_second(cost.element_type) * device.efficiency(cost.smallest_dim)
-        seconds = max(cost.flops / rate, cost.bytes / device.memory_bandwidth)
+        memory = cost.bytes / device.memory_bandwidth
+        if cost.strided_bytes:
+            memory += cost.strided_bytes / device.transposed_rate(cost.strided_operand)
+        seconds = max(cost.flops / rate, memory)
         if cost.kernel:
             seconds += device.kernel_overhead_s
             self.kernels += round(times)
         self.compute += seconds * times
         self.by_kind[kind.value] += seconds * times
         self.flops += cost.flops * times
-        self.traffic += cost.bytes * times
+        self.traffic += (cost.bytes + cost.strided_bytes) * times
 
     def control(self, op: Operation, times: float) -> None:
         if op.name == "stablehlo.while":

@@ -11,7 +11,12 @@ the emitter's op table against it, so a new op cannot go uncosted):
   launches no kernel of its own;
 - `REDUCTION`: one FLOP per input element (reduce, reduce_window, sort's
   comparisons n log n);
-- `MOVEMENT`: no FLOPs, its bytes in and out (transpose, slice, gather, ...);
+- `MOVEMENT`: no FLOPs, its bytes in and out (transpose, slice, gather, ...).
+  A transpose whose every user is elementwise is fused into them too, as
+  XLA's loop fusion takes it: it writes nothing, and each kernel it is
+  fused into reads its operand in the other order (`OpCost.strided_bytes`,
+  at `Device.transposed_rate`: on a CPU a strided read that misses the
+  caches, several times slower than a stream);
 - `FREE`: a view or a boundary (reshape, to_local, a splat constant): nothing;
 - `CONTROL`: while, if, case: the cost of their regions (`partir.cost.estimate`);
 - `COLLECTIVE`: the SPMD collectives, costed by `partir.cost.collective_costs`.
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from xdsl.dialects.builtin import TensorType
-from xdsl.ir import Attribute, Operation
+from xdsl.ir import Attribute, Operation, SSAValue
 
 from dialects.dtypes import dense_to_numpy, tensor_bytes
 
@@ -116,6 +121,11 @@ class OpCost:
     smallest_dim: int = 0
     """A matmul's smallest of M, N and K (its rate depends on it:
     `Device.efficiency`); 0 for other ops."""
+    strided_bytes: float = 0
+    """Bytes a fused transpose's kernels read in the other order (its
+    operand's, once per kernel it is fused into), not in `bytes`."""
+    strided_operand: float = 0
+    """The bytes of that operand (the transposed read's rate depends on it)."""
 
 
 def kind_of(op: Operation) -> Kind:
@@ -154,16 +164,59 @@ def _type_name(element_type: Attribute) -> str:
 def fused(op: Operation) -> bool:
     """Whether XLA would fuse `op` into its users: it is fusible, and so is
     every user (its result then stays in registers), none of which needs it
-    in memory (`_MATERIALISING`: a program's result, a barrier)."""
-    if KINDS.get(op.name) not in _FUSIBLE or not op.results:
+    in memory (`_MATERIALISING`: a program's result, a barrier). A transpose
+    is fused into users that are all elementwise (a reshape or a dot after
+    it reads it from memory)."""
+    fusible = _FUSIBLE
+    if op.name == "stablehlo.transpose":
+        fusible = frozenset({Kind.ELEMENTWISE})
+    elif KINDS.get(op.name) not in _FUSIBLE:
+        return False
+    if not op.results:
         return False
     return all(
-        KINDS.get(use.operation.name) in _FUSIBLE
+        KINDS.get(use.operation.name) in fusible
         and use.operation.name not in _MATERIALISING
         and use.operation.parent is op.parent
         for result in op.results
         for use in result.uses
     )
+
+
+def fused_into(op: Operation, is_fused: Callable[[Operation], bool] = fused) -> int:
+    """How many kernels a fused `op` is computed in: XLA copies a fused
+    producer into every fusion that uses it (the unfused ops its users'
+    chains end at; a transposed gradient Adam's two moments read, twice)."""
+    kernels: set[Operation] = set()
+    seen: set[Operation] = set()
+    todo = [use.operation for result in op.results for use in result.uses]
+    while todo:
+        user = todo.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if is_fused(user):
+            todo.extend(use.operation for result in user.results for use in result.uses)
+        else:
+            kernels.add(user)
+    return max(len(kernels), 1)
+
+
+def in_registers(value: SSAValue, is_fused: Callable[[Operation], bool] = fused) -> bool:
+    """Whether a kernel gets `value` computed in registers by a fused
+    producer rather than reading it from memory. A fused view (a reshape,
+    the SPMD boundary `spmd.to_local` of an argument) computes nothing: the
+    kernel reads what it views."""
+    owner = value.owner
+    while (
+        isinstance(owner, Operation)
+        and KINDS.get(owner.name) is Kind.FREE
+        and owner.name != "stablehlo.constant"  # a splat is made in the kernel
+        and owner.operands
+        and is_fused(owner)
+    ):
+        owner = owner.operands[0].owner
+    return isinstance(owner, Operation) and is_fused(owner)
 
 
 def op_cost(op: Operation, is_fused: Callable[[Operation], bool] = fused) -> OpCost:
@@ -178,13 +231,12 @@ def op_cost(op: Operation, is_fused: Callable[[Operation], bool] = fused) -> OpC
         written = sum(value_bytes(r.type) for r in op.results) if constant else 0
         return OpCost(kind, 0, written, element_type_name(op), False)
     # inputs a fused producer computed in registers are not read from memory
-    read = sum(
-        value_bytes(v.type)
-        for v in op.operands
-        if not (isinstance(v.owner, Operation) and is_fused(v.owner))
-    )
+    read = sum(value_bytes(v.type) for v in op.operands if not in_registers(v, is_fused))
     op_fused = is_fused(op)
     written = 0 if op_fused else sum(value_bytes(r.type) for r in op.results)
+    if kind is Kind.MOVEMENT and op_fused:  # a transpose in its users' kernels
+        return OpCost(kind, 0, 0, element_type_name(op), False, 0, read * fused_into(op, is_fused),
+                      read)
     flops: float
     smallest = 0
     if kind is Kind.MATMUL:

@@ -71,9 +71,12 @@ class Link:
 class Device:
     """One device's roofline: peak FLOP/s per element type, memory bandwidth
     and capacity, a fixed cost per kernel (launch, or XLA's per-fusion
-    overhead on CPU), and how a matmul's rate falls with its smallest
+    overhead on CPU), how a matmul's rate falls with its smallest
     dimension (a 512x32x2048 matmul runs at 40% of a 512³ one on the CPU
-    host: the kernel's blocks are mostly loads and stores)."""
+    host: the kernel's blocks are mostly loads and stores), and how fast an
+    elementwise kernel reads an operand it transposes (a gradient the update
+    reads in the parameter's layout: on the CPU host, at a tenth of the
+    memory bandwidth once it leaves the caches)."""
 
     peak_flops: dict[str, float]
     """Per MLIR element type name ("f32", "bf16", "f16", "i8", ...)."""
@@ -84,11 +87,33 @@ class Device:
     """(smallest of M, N and K, fraction of the peak) measured, by dimension;
     between two, log-linear; below the first, in proportion to the
     dimension; past the last, the last's. Empty: every matmul at the peak."""
+    transposed_bandwidth: tuple[tuple[int, float], ...] = ()
+    """(bytes of a transposed operand per device, bytes per second an
+    elementwise kernel reads it at) measured, by size (`calibrate`: a 2-D
+    f32 transpose fused into a multiply); between two, log-linear (size and
+    rate); outside, the nearest's. Empty (a profile that did not measure
+    it): the memory bandwidth, as a streamed operand."""
 
     def __post_init__(self) -> None:
         # JSON gives lists: hold sorted tuples, so a loaded profile equals the saved one
         points = tuple(sorted((int(d), float(f)) for d, f in self.matmul_efficiency))
         object.__setattr__(self, "matmul_efficiency", points)
+        strided = tuple(sorted((int(b), float(r)) for b, r in self.transposed_bandwidth))
+        object.__setattr__(self, "transposed_bandwidth", strided)
+
+    def transposed_rate(self, nbytes: float) -> float:
+        """Bytes per second an elementwise kernel reads a transposed operand
+        of `nbytes` per device at (`transposed_bandwidth`)."""
+        points = self.transposed_bandwidth
+        if not points:
+            return self.memory_bandwidth
+        if nbytes <= points[0][0]:
+            return points[0][1]
+        for (b0, r0), (b1, r1) in itertools.pairwise(points):
+            if b0 <= nbytes <= b1:
+                t = math.log(nbytes / b0) / math.log(b1 / b0)
+                return math.exp(math.log(r0) + t * (math.log(r1) - math.log(r0)))
+        return points[-1][1]
 
     def efficiency(self, smallest_dim: int) -> float:
         """The fraction of the peak a matmul whose smallest dimension (of M,
