@@ -189,7 +189,14 @@ NORM = client_models.WIDTH
 """Elements of a norm's scale (or bias)."""
 
 
-@pytest.mark.parametrize("name", BY_MODEL)
+@pytest.mark.parametrize(
+    "name",
+    # equinox's scanned stack (60 s on 2 cores) keeps its ZeRO, pipeline and
+    # partir-opt tests in the CI profile; its data parallelism runs with -m slow
+    [pytest.param(name, marks=[pytest.mark.slow, pytest.mark.xdist_group(name)])
+     if name == "equinox lax.scan" else pytest.param(name, marks=pytest.mark.xdist_group(name))
+     for name in sorted(MODELS)],
+)
 def test_data_parallel_sums_each_gradient_and_the_loss_only(name):
     """Default `BatchParallel`: x and y are split (optax's state and the
     parameters come back updated, so they are state); every collective is an
