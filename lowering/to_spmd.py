@@ -79,6 +79,9 @@ from lowering.distributions import NEEDED_BY, Placed, Redistributor, Remake
 from rewrites.projection import LoopRelations, enclosing_axes, range_axis
 from rewrites.registry import linear_operands
 
+_SCALAR = Distribution(())
+"""The distribution of a value that is not a tensor (a token)."""
+
 
 class LoweringError(ValueError):
     """Core IR the SPMD lowering cannot handle, with the op that caused it."""
@@ -461,18 +464,22 @@ class SpmdLowering:
         self.env[op.result] = Placed(yielded.local, dist, yielded.with_origin(axis, op.origin))
 
     def _lower_compute(self, op: Operation) -> None:
-        if len(op.successors):
+        if op.successors:
             raise LoweringError(f"{op.name}: ops with successors are not supported")
         env = self.env
         values = op.operands  # xDSL builds this tuple per read
-        for value in values:
-            if value not in env:
-                raise LoweringError(f"{op.name} uses a value the lowering has not seen: {value}")
-        keeps = self._keeps_partial(op)
-        placed_operands = [env[value] for value in values]
+        try:
+            placed_operands = [env[value] for value in values]
+        except KeyError:
+            unseen = next(value for value in values if value not in env)
+            raise LoweringError(
+                f"{op.name} uses a value the lowering has not seen: {unseen}"
+            ) from None
+        partial = any(placed.dist.partial for placed in placed_operands)
+        keeps = self._keeps_partial(op, placed_operands) if partial else None
         operands = []
         for placed in placed_operands:
-            if not placed.dist.is_replicated and keeps is None:
+            if keeps is None and not placed.dist.is_replicated:
                 self.redistribute.cause = (op_name(op), placed.origins)
                 placed = self.redistribute.replicate(placed)
             operands.append(placed.local)
@@ -488,17 +495,18 @@ class SpmdLowering:
             self.partial[op] = dist.partial
             self.redistribute.carried(op.results[0], placed_operands, self._remake(op))
             return
-        for result in op.results:
-            if isinstance(result.type, TensorType):
-                rank = result.type.get_num_dims()
-                self.env[result] = Placed(result, Distribution.replicated(rank))
-                if len(op.results) == 1:
+        results = op.results
+        for result in results:
+            ty = result.type
+            if isinstance(ty, TensorType):
+                env[result] = Placed(result, Distribution.replicated(ty.get_num_dims()))
+                if len(results) == 1:
                     self.computed.append(op)
             else:
-                self.env[result] = Placed(result, Distribution(()))
+                env[result] = Placed(result, _SCALAR)
 
     def _keeps_partial(
-        self, op: Operation
+        self, op: Operation, placed: list[Placed]
     ) -> tuple[Distribution, tuple[tuple[str, OriginAttr], ...]] | None:
         """The distribution `op`'s result keeps when partial sums pass through
         it instead of being all-reduced first (DistPar's P through a linear
@@ -507,8 +515,8 @@ class SpmdLowering:
         axes and not summed yet, and its result is not cut into halo parts.
         Split dims pass through an elementwise op whose operands are all split
         alike; otherwise nothing is split. Whether to sum the result or its
-        operands is decided where a sum is needed (`Redistributor`)."""
-        placed = [self.env[v] for v in op.operands]
+        operands is decided where a sum is needed (`Redistributor`).
+        `placed`: the operands as the devices hold them."""
         partial = frozenset(i for i, p in enumerate(placed) if p.dist.partial)
         if not partial or partial not in linear_operands(op):
             return None
@@ -564,23 +572,33 @@ class SpmdLowering:
         distribution over the loops around it (`rewrites.projection`); a value
         whose relation to some loop is unknown is left unannotated."""
         annotations: dict[tuple[Attribute, tuple[int, ...], Distribution], DTensorType] = {}
+        by_type: dict[tuple[int, Distribution], tuple[TensorType, DTensorType]] = {}
+        """The same, keyed by the local type object: most ops share a few, and
+        hashing a TensorType walks its attributes (the type is kept in the
+        value, so its id stays its own)."""
+        relation_of = self.relations
+        single_axes = self.single_axes
         remade = [(clone, original) for clone, original in self.remade.items()]
         computed = [(op, op) for op in self.computed if op.parent is not None]
         for op, original in computed + remade:
-            relation = self.relations(original.results[0])
+            relation = relation_of(original.results[0])
             local = op.results[0].type
-            if relation.known and isinstance(local, TensorType):
-                dist = relation.dist.without(self.single_axes)
-                if op in self.partial:
-                    dist = replace(dist, partial=tuple(sorted({*dist.partial, *self.partial[op]})))
-                # Keyed by shape and element type: hashing a TensorType walks
-                # its attributes, and most ops share a few (type, dist) pairs.
-                key = (local.element_type, local.get_shape(), dist)
-                dtensor = annotations.get(key)
-                if dtensor is None:
-                    global_type = self._global_type(local, dist)
-                    dtensor = annotations[key] = DTensorType.of(global_type, dist)
-                op.attributes[DIST] = dtensor
+            if relation.unknown or not isinstance(local, TensorType):
+                continue
+            dist = relation.dist.without(single_axes) if single_axes else relation.dist
+            if op in self.partial:
+                dist = replace(dist, partial=tuple(sorted({*dist.partial, *self.partial[op]})))
+            found = by_type.get((id(local), dist))
+            if found is not None:
+                op.attributes[DIST] = found[1]
+                continue
+            key = (local.element_type, local.get_shape(), dist)
+            dtensor = annotations.get(key)
+            if dtensor is None:
+                global_type = self._global_type(local, dist)
+                dtensor = annotations[key] = DTensorType.of(global_type, dist)
+            by_type[(id(local), dist)] = (local, dtensor)
+            op.attributes[DIST] = dtensor
 
     def _global_type(self, local: TensorType, dist: Distribution) -> TensorType:
         parts = dist.parts(self.mesh)
@@ -623,16 +641,19 @@ def _cut_with_halos(value: SSAValue) -> bool:
 def annotate_collectives(block: Block) -> None:
     """Give each collective's result the `dist` its operand's implies."""
     for op in block.ops:
-        if (
-            isinstance(op, CollectiveOp)
-            and op.GIVES_A_DISTRIBUTED_VALUE
-            and DIST not in op.attributes
-        ):
+        if _gives_a_distributed_value(op) and DIST not in op.attributes:
+            assert isinstance(op, CollectiveOp)
             source = op.operands[0].owner
             before = source.attributes.get(DIST) if isinstance(source, Operation) else None
             if isinstance(before, DTensorType):
                 after = op.result_distribution(before.distribution)
                 op.attributes[DIST] = DTensorType.of(before.global_type, after)
+
+
+@per_op_kind
+def _gives_a_distributed_value(op: Operation) -> bool:
+    """Whether `op` is a collective whose result is a distributed value."""
+    return isinstance(op, CollectiveOp) and op.GIVES_A_DISTRIBUTED_VALUE
 
 
 def lower_to_spmd(module: ModuleOp) -> None:

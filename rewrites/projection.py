@@ -402,16 +402,24 @@ class LoopRelations:
     def _forward(self, block: Block, axes: tuple[str, ...]) -> None:
         relations, values, open_ = self.relations, self._values, self._open
         for op in block.ops:
-            if type(op) is LoopOp:
-                self._forward(op.body.block, (*axes, op.axis_name))
-            elif _regions_at_scope(op):  # regions at its scope
-                for region in op.regions:
-                    self._forward(region.block, axes)
-            elif type(op) is YieldOp:
+            kind = type(op)
+            if kind is YieldOp:
                 continue
-            for result, relation in zip(op.results, self._derive(op), strict=True):
+            if kind is LoopOp:
+                self._forward(op.body.block, (*axes, op.axis_name))
+                derived = [self._loop(op)]
+            elif kind is SliceOp:
+                derived = [self._slice(op)]
+            else:
+                if _regions_at_scope(op):  # regions at its scope
+                    for region in op.regions:
+                        self._forward(region.block, axes)
+                derived = self._compute(op)
+            for result, relation in zip(op.results, derived, strict=True):
                 relations[result] = relation
                 values.append(result)
+                if not axes:
+                    continue
                 unknown, known = relation.unknown, relation.dist.axes
                 still = {a for a in axes if a in unknown or a not in known}
                 if still:
@@ -451,10 +459,19 @@ class LoopRelations:
         return self._rules[op]
 
     def _compute(self, op: Operation) -> list[LoopRelation]:
-        operands = [self(v) for v in op.operands]
-        unknown = frozenset().union(*(r.unknown for r in operands))
-        if not unknown and not any(r.dist.axes for r in operands):
+        get = self.relations.get
+        operands: list[LoopRelation] = []
+        same = True  # every operand the same in every iteration (most are)
+        for value in op.operands:
+            relation = get(value)
+            if relation is None:
+                relation = _same(_rank(value))
+            elif same and (relation.unknown or relation.dist.axes):
+                same = False
+            operands.append(relation)
+        if same:
             return [_same(_rank(result)) for result in op.results]
+        unknown = frozenset().union(*(r.unknown for r in operands))
         rule = self._rule(op) if any(r.dist.axes for r in operands) else None
         if rule is None:
             axes = {a for r in operands for a in r.dist.axes}
