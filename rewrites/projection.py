@@ -357,6 +357,29 @@ def _regions_at_scope(op: Operation) -> bool:
     return isinstance(op, shlo.WhileOp | shlo.CaseOp | shlo.IfOp)
 
 
+def _sliced(source: LoopRelation, axis: str | None, dim: int) -> LoopRelation:
+    """The relation of `slice dim v[r]` (r the range of the loop over `axis`)
+    to the loops around it, given v's: the part along `dim`, minor to v's own
+    splits (unknown over `axis` if v already depends on it)."""
+    if axis is None or axis in source.unknown or axis in source.dist.axes:
+        return source.forget([axis] if axis else [])
+    return source.with_axis(axis, Split(dim))
+
+
+def _looped(body: LoopRelation, axis: str, action: TileAttr | SumAttr) -> LoopRelation:
+    """The relation of a loop's result to the loops around it, given its
+    yielded value's: the body's, less the loop's own axis."""
+    if isinstance(action, TileAttr):
+        axes = body.dist.dims[action.dim.data]
+        # Concatenating over `axis` keeps an outer split of the same dim only
+        # when that split is major to `axis`'s.
+        minor = axes[axes.index(axis) + 1 :] if axis in axes else ()
+        body = body.forget(minor)
+    dims = tuple(tuple(a for a in d if a != axis) for d in body.dist.dims)
+    partial = tuple(a for a in body.dist.partial if a != axis)
+    return LoopRelation(Distribution(dims, partial), body.unknown - {axis})
+
+
 @dataclass
 class LoopRelations:
     """Every value's `LoopRelation` in a function of core IR.
@@ -384,6 +407,14 @@ class LoopRelations:
     ] = field(default_factory=dict)
     """`_compute`'s result per rule and operand relations: a stack's layers
     repeat the same few hundred (the rule is kept so its id stays its own)."""
+    _sliced: dict[tuple[LoopRelation, str | None, int], LoopRelation] = field(
+        default_factory=dict
+    )
+    """`_slice`'s result per source relation, axis and dim (as `_computed`)."""
+    _looped: dict[tuple[LoopRelation, str, TileAttr | SumAttr], LoopRelation] = field(
+        default_factory=dict
+    )
+    """`_loop`'s result per body relation, axis and action."""
 
     def __call__(self, value: SSAValue) -> LoopRelation:
         found = self.relations.get(value)
@@ -421,6 +452,9 @@ class LoopRelations:
                 if not axes:
                     continue
                 unknown, known = relation.unknown, relation.dist.axes
+                if not unknown and not known:  # the same in every iteration
+                    open_[result] = set(axes)
+                    continue
                 still = {a for a in axes if a in unknown or a not in known}
                 if still:
                     open_[result] = still
@@ -434,24 +468,21 @@ class LoopRelations:
         return self._compute(op)
 
     def _slice(self, op: SliceOp) -> LoopRelation:
-        source = self(op.src)
-        axis = range_axis(op.index)
-        if axis is None or axis in source.unknown or axis in source.dist.axes:
-            return source.forget([axis] if axis else [])
-        return source.with_axis(axis, Split(op.dim_index))
+        src, index = op.operands
+        source, axis, dim = self(src), range_axis(index), op.dim_index
+        key = (source, axis, dim)
+        found = self._sliced.get(key)
+        if found is None:
+            found = self._sliced[key] = _sliced(source, axis, dim)
+        return found
 
     def _loop(self, op: LoopOp) -> LoopRelation:
-        body = self(op.yielded)
-        axis = op.axis_name
-        if isinstance(op.action, TileAttr):
-            axes = body.dist.dims[op.action.dim.data]
-            # Concatenating over `axis` keeps an outer split of the same dim only
-            # when that split is major to `axis`'s.
-            minor = axes[axes.index(axis) + 1 :] if axis in axes else ()
-            body = body.forget(minor)
-        dims = tuple(tuple(a for a in d if a != axis) for d in body.dist.dims)
-        partial = tuple(a for a in body.dist.partial if a != axis)
-        return LoopRelation(Distribution(dims, partial), body.unknown - {axis})
+        body, axis, action = self(op.yielded), op.axis_name, op.action
+        key = (body, axis, action)
+        found = self._looped.get(key)
+        if found is None:
+            found = self._looped[key] = _looped(body, axis, action)
+        return found
 
     def _rule(self, op: Operation) -> OpRule | None:
         if op not in self._rules:
