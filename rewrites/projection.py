@@ -415,6 +415,9 @@ class LoopRelations:
         default_factory=dict
     )
     """`_loop`'s result per body relation, axis and action."""
+    _sliced_or_yielded: set[int] = field(default_factory=set)
+    """The ids of the values some `partir.slice` or `partir.yield` uses (the
+    values are alive as long as the function is): all `_pin` looks at."""
 
     def __call__(self, value: SSAValue) -> LoopRelation:
         found = self.relations.get(value)
@@ -432,14 +435,17 @@ class LoopRelations:
 
     def _forward(self, block: Block, axes: tuple[str, ...]) -> None:
         relations, values, open_ = self.relations, self._values, self._open
+        sliced_or_yielded = self._sliced_or_yielded
         for op in block.ops:
             kind = type(op)
             if kind is YieldOp:
+                sliced_or_yielded.update(id(v) for v in op.operands)
                 continue
             if kind is LoopOp:
                 self._forward(op.body.block, (*axes, op.axis_name))
                 derived = [self._loop(op)]
             elif kind is SliceOp:
+                sliced_or_yielded.update(id(v) for v in op.operands)
                 derived = [self._slice(op)]
             else:
                 if _regions_at_scope(op):  # regions at its scope
@@ -532,7 +538,10 @@ class LoopRelations:
             still.discard(axis)
 
     def _pin(self) -> None:
+        sliced_or_yielded = self._sliced_or_yielded
         for value in self._values:
+            if id(value) not in sliced_or_yielded:
+                continue
             for use in value.uses:
                 user = use.operation
                 if type(user) is SliceOp:
