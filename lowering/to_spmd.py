@@ -239,16 +239,14 @@ class SpmdLowering:
     # --- ops -------------------------------------------------------------------
 
     def _lower_op(self, op: Operation) -> None:
-        outer = self.at.location
-        if not is_unknown(op.location):
-            self.at.location = op.location
+        at = self.at
+        outer, location = at.location, op.location
+        if not is_unknown(location):
+            at.location = location
         try:
-            self._lower_located(op)
+            _lowerer_for(op)(self, op)
         finally:
-            self.at.location = outer
-
-    def _lower_located(self, op: Operation) -> None:
-        _lowerer_for(op)(self, op)
+            at.location = outer
 
     def _lower_branching(self, op: Operation) -> None:
         """A conditional on the devices' parts: the index (or predicate) is
@@ -485,8 +483,11 @@ class SpmdLowering:
             operands.append(placed.local)
         # The op itself moves into the SPMD body (the core function is erased
         # afterwards): cloning each op cost more than the rest of the lowering.
+        # Its operands change where a device holds another value (a part, a
+        # collective's result); most stay, and setting them redoes every use.
         op.detach()
-        op.operands = operands
+        if any(new is not old for new, old in zip(operands, values, strict=True)):
+            op.operands = operands
         self.at.emit(op)
         if keeps is not None:  # the result is the devices' partial sums (and parts)
             dist, origins = keeps
