@@ -415,6 +415,8 @@ class LoopRelations:
         default_factory=dict
     )
     """`_loop`'s result per body relation, axis and action."""
+    _was_reset: set[int] = field(default_factory=set)
+    """The ids of the values whose relations `_reset` changed (alive as below)."""
     _sliced_or_yielded: set[int] = field(default_factory=set)
     """The ids of the values some `partir.slice` or `partir.yield` uses (the
     values are alive as long as the function is): all `_pin` looks at."""
@@ -549,15 +551,15 @@ class LoopRelations:
                     if axis is None:
                         continue
                     if axis in self(value).dist.axes:  # depends on the range slicing it
-                        self.relations[value] = self(value).forget([axis])
+                        self._reset(value, self(value).forget([axis]))
                     self._settle(value, axis)
                 elif type(user) is YieldOp:
                     loop = user.parent_op()
                     assert isinstance(loop, LoopOp)
                     relation = loop_relation(loop.action)
                     if self(value).on(loop.axis_name) != relation:
-                        self.relations[value] = self(value).with_axis(
-                            loop.axis_name, relation, _nesting(value)
+                        self._reset(
+                            value, self(value).with_axis(loop.axis_name, relation, _nesting(value))
                         )
                     self._settle(value, loop.axis_name)
 
@@ -571,27 +573,37 @@ class LoopRelations:
                 for axis in sorted(self._open[value]):
                     found = self._from_users(value, axis)
                     if found is not None:
-                        self.relations[value] = self(value).with_axis(
-                            axis, found, _nesting(value)
-                        )
+                        self._reset(value, self(value).with_axis(axis, found, _nesting(value)))
                         self._open[value].discard(axis)
                         changed = True
 
     def _refine_forward(self) -> bool:
-        """Settle open axes that operands settled since (program order)."""
+        """Settle open axes that operands settled since (program order). An
+        op none of whose inputs was reset since `_forward` derives what it
+        did there, which left these axes open: it is not derived again."""
         changed = False
+        reset = self._was_reset
         for value in list(self._open):
             if not self._open[value]:
                 continue
             assert isinstance(value, OpResult)  # only op results are kept open
-            fresh = self._derive(value.owner)[value.index]
+            owner = value.owner
+            inputs = [owner.yielded] if type(owner) is LoopOp else owner.operands
+            if not any(id(v) in reset for v in inputs):
+                continue
+            fresh = self._derive(owner)[value.index]
             for axis in sorted(self._open[value]):
                 found = fresh.on(axis)
                 if isinstance(found, Split | Partial):
-                    self.relations[value] = self(value).with_axis(axis, found, _nesting(value))
+                    self._reset(value, self(value).with_axis(axis, found, _nesting(value)))
                     self._open[value].discard(axis)
                     changed = True
         return changed
+
+    def _reset(self, value: SSAValue, relation: LoopRelation) -> None:
+        """`value`'s relation, settled after `_forward` derived it."""
+        self.relations[value] = relation
+        self._was_reset.add(id(value))
 
     def _from_users(self, value: SSAValue, axis: str) -> AxisRelation | None:
         """`value`'s relation to `axis` as its first informed user sees it."""
