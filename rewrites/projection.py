@@ -407,6 +407,12 @@ class LoopRelations:
     ] = field(default_factory=dict)
     """`_compute`'s result per rule and operand relations: a stack's layers
     repeat the same few hundred (the rule is kept so its id stays its own)."""
+    _computed_by_id: dict[
+        tuple[int, ...], tuple[OpRule, tuple[LoopRelation, ...], list[LoopRelation]]
+    ] = field(default_factory=dict)
+    """The same, per rule and operand relation *objects* (most are shared: the
+    memos return one object per value), which hashes ints, not relations; the
+    objects are kept, so their ids stay their own."""
     _sliced: dict[tuple[LoopRelation, str | None, int], LoopRelation] = field(
         default_factory=dict
     )
@@ -510,17 +516,22 @@ class LoopRelations:
             operands.append(relation)
         if same:
             return [_same(_rank(result)) for result in op.results]
-        unknown = frozenset().union(*(r.unknown for r in operands))
         rule = self._rule(op) if any(r.dist.axes for r in operands) else None
         if rule is None:
+            unknown = frozenset().union(*(r.unknown for r in operands))
             axes = {a for r in operands for a in r.dist.axes}
             return [
                 LoopRelation(Distribution.replicated(_rank(result)), unknown | axes)
                 for result in op.results
             ]
+        same_objects = (id(rule), *map(id, operands))
+        seen = self._computed_by_id.get(same_objects)
+        if seen is not None:
+            return list(seen[2])
         key = (id(rule), tuple(operands))
         known = self._computed.get(key)
         if known is None:
+            unknown = frozenset().union(*(r.unknown for r in operands))
             partial = {a for r in operands for a in r.dist.partial}
             projection = project(rule, [r.dist for r in operands])
             unplaced = {a for f in rule.unplaced for a in projection.factors[f]}
@@ -529,6 +540,7 @@ class LoopRelations:
                 dist, lost = result_distribution(rule, projection, k)
                 relations.append(LoopRelation(dist).forget(lost | partial | unknown | unplaced))
             known = self._computed[key] = (rule, relations)
+        self._computed_by_id[same_objects] = (rule, key[1], known[1])
         return list(known[1])
 
     # what the lowering relies on ---------------------------------------------------
