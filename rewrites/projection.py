@@ -43,7 +43,7 @@ from dialects.partir import (
     TileAttr,
     YieldOp,
 )
-from rewrites.registry import FactorKind, OpRule, rule_for
+from rewrites.registry import FactorKind, OpRule, RuleMemo
 
 # --- loops around an op --------------------------------------------------------
 
@@ -344,6 +344,9 @@ def _rank(value: SSAValue) -> int:
     return ty.get_num_dims() if isinstance(ty, TensorType) else 0
 
 
+_UNSET = object()
+
+
 @functools.cache
 def _same(rank: int) -> LoopRelation:
     """The relation of a rank-`rank` value that is the same in every iteration
@@ -402,6 +405,7 @@ class LoopRelations:
     """Per value with any (in program order), the free or unknown axes that a
     user may still settle."""
     _rules: dict[Operation, OpRule | None] = field(default_factory=dict)
+    _rule_memo: RuleMemo = field(default_factory=RuleMemo)
     _computed: dict[
         tuple[int, tuple[LoopRelation, ...]], tuple[OpRule, list[LoopRelation]]
     ] = field(default_factory=dict)
@@ -499,9 +503,10 @@ class LoopRelations:
         return found
 
     def _rule(self, op: Operation) -> OpRule | None:
-        if op not in self._rules:
-            self._rules[op] = rule_for(op)
-        return self._rules[op]
+        rule = self._rules.get(op, _UNSET)
+        if rule is _UNSET:
+            rule = self._rules[op] = self._rule_memo(op)
+        return rule  # type: ignore[return-value]
 
     def _compute(self, op: Operation) -> list[LoopRelation]:
         get = self.relations.get

@@ -1202,6 +1202,40 @@ def _signature(op: Operation) -> tuple[object, ...]:
     )
 
 
+class RuleMemo:
+    """`rule_for` for one pass over one program, memoised by the *identity*
+    of each op's signature objects (its types and properties: the importer
+    and the rewrites share one object per distinct value, so a stack's ops
+    name the same few hundred), which hashes ints where `_signature` hashes
+    attributes. Each signature's objects are kept, so their ids stay their own."""
+
+    def __init__(self) -> None:
+        self._rules: dict[tuple[object, ...], tuple[OpRule | None, tuple[object, ...]]] = {}
+
+    def __call__(self, op: Operation) -> OpRule | None:
+        if op.regions or op.name in _READS_MORE:
+            return rule_for(op)
+        properties = op.properties
+        key = (
+            op.name,
+            *[id(v.type) for v in op.operands],
+            None,
+            *[id(r.type) for r in op.results],
+            *properties,
+            *map(id, properties.values()),
+        )
+        found = self._rules.get(key)
+        if found is None:
+            kept = (*(v.type for v in op.operands), *(r.type for r in op.results),
+                    *properties.values())
+            found = self._rules[key] = (rule_for(op), kept)
+        return found[0]
+
+
+_READS_MORE = frozenset({"stablehlo.constant", ShardingConstraintOp.name})
+"""The region-free ops whose rule reads more than the signature (a value,
+an attribute marking a reshard)."""
+
 _UNKNOWN = object()
 _RULES_BY_SIGNATURE: dict[tuple[object, ...], OpRule | None] = {}
 _MAX_SIGNATURES = 1 << 14
