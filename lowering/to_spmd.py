@@ -573,11 +573,11 @@ class SpmdLowering:
         distribution over the loops around it (`rewrites.projection`); a value
         whose relation to some loop is unknown is left unannotated."""
         annotations: dict[tuple[Attribute, tuple[int, ...], Distribution], DTensorType] = {}
-        by_type: dict[tuple[int, Distribution], tuple[TensorType, DTensorType]] = {}
-        """The same, keyed by the local type object: most ops share a few, and
-        hashing a TensorType walks its attributes (the type is kept in the
-        value, so its id stays its own)."""
-        relation_of = self.relations
+        by_objects: dict[tuple[int, int], tuple[TensorType, Distribution, DTensorType]] = {}
+        """The same, keyed by the local type and distribution objects: most
+        ops share a few of each, and hashing them walks their fields (both
+        are kept in the value, so their ids stay their own)."""
+        relation_of, partial = self.relations, self.partial
         single_axes = self.single_axes
         remade = [(clone, original) for clone, original in self.remade.items()]
         computed = [(op, op) for op in self.computed if op.parent is not None]
@@ -587,18 +587,19 @@ class SpmdLowering:
             if relation.unknown or not isinstance(local, TensorType):
                 continue
             dist = relation.dist.without(single_axes) if single_axes else relation.dist
-            if op in self.partial:
-                dist = replace(dist, partial=tuple(sorted({*dist.partial, *self.partial[op]})))
-            found = by_type.get((id(local), dist))
+            summed_later = partial.get(op)
+            if summed_later is not None:
+                dist = replace(dist, partial=tuple(sorted({*dist.partial, *summed_later})))
+            found = by_objects.get((id(local), id(dist)))
             if found is not None:
-                op.attributes[DIST] = found[1]
+                op.attributes[DIST] = found[2]
                 continue
             key = (local.element_type, local.get_shape(), dist)
             dtensor = annotations.get(key)
             if dtensor is None:
                 global_type = self._global_type(local, dist)
                 dtensor = annotations[key] = DTensorType.of(global_type, dist)
-            by_type[(id(local), dist)] = (local, dtensor)
+            by_objects[(id(local), id(dist))] = (local, dist, dtensor)
             op.attributes[DIST] = dtensor
 
     def _global_type(self, local: TensorType, dist: Distribution) -> TensorType:
