@@ -404,27 +404,30 @@ class SpmdLowering:
             self.at.block = outer
 
     def _lower_slice(self, op: SliceOp) -> None:
-        axis, source = self._sliced(op, op.src)
-        self.env[op.result] = self.redistribute.take_part(source, op.dim_index, axis)
+        dim = op.dim_index
+        axis, source = self._sliced(op, dim)
+        self.env[op.results[0]] = self.redistribute.take_part(source, dim, axis)
 
     def _lower_halo_slice(self, op: HaloSliceOp) -> None:
         """The device's part with its neighbours' halos (`Redistributor`)."""
-        axis, source = self._sliced(op, op.src)
-        self.env[op.result] = self.redistribute.take_part_with_halo(
-            source, op.dim_index, axis, op.low_high
+        dim = op.dim_index
+        axis, source = self._sliced(op, dim)
+        self.env[op.results[0]] = self.redistribute.take_part_with_halo(
+            source, dim, axis, op.low_high
         )
 
-    def _sliced(self, op: SliceOp | HaloSliceOp, src: SSAValue) -> tuple[str, Placed]:
+    def _sliced(self, op: SliceOp | HaloSliceOp, dim: int) -> tuple[str, Placed]:
         """The axis a slice's range runs over, and its source; the collectives
         it needs are caused by the slicing loop (its origin, on that axis)."""
-        axis = range_axis(op.index)
-        if axis is None:
+        src, index = op.operands  # not IRDL's accessors: one read, per slice
+        owner = index.owner
+        loop = owner.parent_op() if isinstance(owner, Block) else None
+        if not isinstance(loop, LoopOp):
             raise LoweringError(f"{op.name} of {src} is not indexed by a loop range")
+        axis, origin = loop.axis_name, loop.origin
         source = self.env[src]
-        loop = op.index.owner.parent_op()
-        origin = loop.origin if isinstance(loop, LoopOp) else None
         origins = source.with_origin(axis, origin) if origin else source.origins
-        self.redistribute.cause = (f'{op.name} {op.dim_index} over "{axis}"', origins)
+        self.redistribute.cause = (f'{op.name} {dim} over "{axis}"', origins)
         return axis, source
 
     def _lower_reshard(self, op: ShardingConstraintOp) -> None:
@@ -449,17 +452,17 @@ class SpmdLowering:
         for body_op in list(op.body.block.ops):  # compute ops move out as they lower
             self._lower_op(body_op)
         yielded = self.env[op.yielded]
-        axis = op.axis_name
+        axis, action, result = op.axis_name, op.action, op.results[0]
         if not self.mesh.distributes(axis):  # one device runs the only iteration
-            self.env[op.result] = yielded
+            self.env[result] = yielded
             return
-        if isinstance(op.action, TileAttr):
-            d = op.action.dim.data
+        if isinstance(action, TileAttr):
+            d = action.dim.data
             dist = yielded.dist.with_dim(d, (axis, *yielded.dist.dims[d]))
         else:
-            assert isinstance(op.action, SumAttr)
+            assert isinstance(action, SumAttr)
             dist = replace(yielded.dist, partial=tuple(sorted((*yielded.dist.partial, axis))))
-        self.env[op.result] = Placed(yielded.local, dist, yielded.with_origin(axis, op.origin))
+        self.env[result] = Placed(yielded.local, dist, yielded.with_origin(axis, op.origin))
 
     def _lower_compute(self, op: Operation) -> None:
         if op.successors:
