@@ -16,7 +16,7 @@ from rewrites.projection import (
     project,
     result_distribution,
 )
-from rewrites.registry import rule_for
+from rewrites.registry import RuleMemo, rule_for
 
 MATMUL = """\
 builtin.module {
@@ -182,3 +182,29 @@ def test_only_factors_next_to_skipped_size_1_dims_are_unplaced():
     assert reshape_rule_of("256", "1x256").unplaced == {0}
     assert reshape_rule_of("1x256", "2x128").unplaced == {0}
     assert reshape_rule_of("4x1x64", "4x2x32").unplaced == {1}
+
+
+def test_the_rule_memo_gives_rule_for_s_rule_and_looks_each_signature_up_once(monkeypatch):
+    """`RuleMemo` (what `LoopRelations` asks) answers each op of a training
+    step as `rule_for` does, and looks a region-free op's rule up once per
+    signature (the program's types and properties are shared objects)."""
+    from examples import block_train_step
+    from partir import import_jax
+    from rewrites import registry
+
+    module = import_jax(block_train_step.program, *block_train_step.make_args())
+    ops = [op for op in module.walk() if op.name.startswith("stablehlo.")]
+    want = [rule_for(op) for op in ops]
+    looked_up = []
+
+    def counted(op):
+        looked_up.append(op)
+        return rule_for(op)
+
+    monkeypatch.setattr(registry, "rule_for", counted)
+    memo = RuleMemo()
+    assert [memo(op) for op in ops] == want
+    region_free = [op for op in ops if not op.regions and op.name != "stablehlo.constant"]
+    signatures = {registry._signature(op) for op in region_free}
+    free = set(region_free)
+    assert len([op for op in looked_up if op in free]) == len(signatures) < len(region_free)
