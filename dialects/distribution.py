@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from dialects.mesh import Mesh
 
@@ -52,7 +52,7 @@ class Distribution:
     def with_dim(self, dim: int, axes: tuple[str, ...]) -> Distribution:
         dims = list(self.dims)
         dims[dim] = axes
-        return replace(self, dims=tuple(dims))
+        return Distribution(tuple(dims), self.partial)  # not `replace`: 3x its cost
 
     def split_further(self, dim: int, axes: Sequence[str]) -> Distribution:
         """`dim` also split over `axes`, as minor splits."""
@@ -66,7 +66,7 @@ class Distribution:
     def summed(self, axes: Iterable[str]) -> Distribution:
         """No longer partial over `axes` (the partial sums over them are added)."""
         done = set(axes)
-        return replace(self, partial=tuple(a for a in self.partial if a not in done))
+        return Distribution(self.dims, tuple(a for a in self.partial if a not in done))
 
     def without(self, axes: Iterable[str]) -> Distribution:
         """Neither split nor partial over `axes` (axes of one device, which

@@ -174,7 +174,8 @@ def in_scope(op: Operation, scope: str) -> bool:
 
 
 def is_unknown(location: Attribute) -> bool:
-    return isinstance(location, UnknownLoc)
+    # Not `isinstance`: attributes are ABCs, and the SPMD lowering asks per op.
+    return type(location) is UnknownLoc
 
 
 def give_location(ops: Iterable[Operation], location: LocationAttr) -> None:

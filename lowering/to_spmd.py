@@ -79,6 +79,9 @@ from lowering.distributions import NEEDED_BY, Placed, Redistributor, Remake
 from rewrites.projection import LoopRelations, enclosing_axes, range_axis
 from rewrites.registry import linear_operands
 
+_SCALAR = Distribution(())
+"""The distribution of a value that is not a tensor (a token)."""
+
 
 class LoweringError(ValueError):
     """Core IR the SPMD lowering cannot handle, with the op that caused it."""
@@ -236,16 +239,14 @@ class SpmdLowering:
     # --- ops -------------------------------------------------------------------
 
     def _lower_op(self, op: Operation) -> None:
-        outer = self.at.location
-        if not is_unknown(op.location):
-            self.at.location = op.location
+        at = self.at
+        outer, location = at.location, op.location
+        if not is_unknown(location):
+            at.location = location
         try:
-            self._lower_located(op)
+            _lowerer_for(op)(self, op)
         finally:
-            self.at.location = outer
-
-    def _lower_located(self, op: Operation) -> None:
-        _lowerer_for(op)(self, op)
+            at.location = outer
 
     def _lower_branching(self, op: Operation) -> None:
         """A conditional on the devices' parts: the index (or predicate) is
@@ -403,27 +404,30 @@ class SpmdLowering:
             self.at.block = outer
 
     def _lower_slice(self, op: SliceOp) -> None:
-        axis, source = self._sliced(op, op.src)
-        self.env[op.result] = self.redistribute.take_part(source, op.dim_index, axis)
+        dim = op.dim_index
+        axis, source = self._sliced(op, dim)
+        self.env[op.results[0]] = self.redistribute.take_part(source, dim, axis)
 
     def _lower_halo_slice(self, op: HaloSliceOp) -> None:
         """The device's part with its neighbours' halos (`Redistributor`)."""
-        axis, source = self._sliced(op, op.src)
-        self.env[op.result] = self.redistribute.take_part_with_halo(
-            source, op.dim_index, axis, op.low_high
+        dim = op.dim_index
+        axis, source = self._sliced(op, dim)
+        self.env[op.results[0]] = self.redistribute.take_part_with_halo(
+            source, dim, axis, op.low_high
         )
 
-    def _sliced(self, op: SliceOp | HaloSliceOp, src: SSAValue) -> tuple[str, Placed]:
+    def _sliced(self, op: SliceOp | HaloSliceOp, dim: int) -> tuple[str, Placed]:
         """The axis a slice's range runs over, and its source; the collectives
         it needs are caused by the slicing loop (its origin, on that axis)."""
-        axis = range_axis(op.index)
-        if axis is None:
+        src, index = op.operands  # not IRDL's accessors: one read, per slice
+        owner = index.owner
+        loop = owner.parent_op() if isinstance(owner, Block) else None
+        if not isinstance(loop, LoopOp):
             raise LoweringError(f"{op.name} of {src} is not indexed by a loop range")
+        axis, origin = loop.axis_name, loop.origin
         source = self.env[src]
-        loop = op.index.owner.parent_op()
-        origin = loop.origin if isinstance(loop, LoopOp) else None
         origins = source.with_origin(axis, origin) if origin else source.origins
-        self.redistribute.cause = (f'{op.name} {op.dim_index} over "{axis}"', origins)
+        self.redistribute.cause = (f'{op.name} {dim} over "{axis}"', origins)
         return axis, source
 
     def _lower_reshard(self, op: ShardingConstraintOp) -> None:
@@ -448,38 +452,45 @@ class SpmdLowering:
         for body_op in list(op.body.block.ops):  # compute ops move out as they lower
             self._lower_op(body_op)
         yielded = self.env[op.yielded]
-        axis = op.axis_name
+        axis, action, result = op.axis_name, op.action, op.results[0]
         if not self.mesh.distributes(axis):  # one device runs the only iteration
-            self.env[op.result] = yielded
+            self.env[result] = yielded
             return
-        if isinstance(op.action, TileAttr):
-            d = op.action.dim.data
+        if isinstance(action, TileAttr):
+            d = action.dim.data
             dist = yielded.dist.with_dim(d, (axis, *yielded.dist.dims[d]))
         else:
-            assert isinstance(op.action, SumAttr)
+            assert isinstance(action, SumAttr)
             dist = replace(yielded.dist, partial=tuple(sorted((*yielded.dist.partial, axis))))
-        self.env[op.result] = Placed(yielded.local, dist, yielded.with_origin(axis, op.origin))
+        self.env[result] = Placed(yielded.local, dist, yielded.with_origin(axis, op.origin))
 
     def _lower_compute(self, op: Operation) -> None:
-        if len(op.successors):
+        if op.successors:
             raise LoweringError(f"{op.name}: ops with successors are not supported")
         env = self.env
         values = op.operands  # xDSL builds this tuple per read
-        for value in values:
-            if value not in env:
-                raise LoweringError(f"{op.name} uses a value the lowering has not seen: {value}")
-        keeps = self._keeps_partial(op)
-        placed_operands = [env[value] for value in values]
+        try:
+            placed_operands = [env[value] for value in values]
+        except KeyError:
+            unseen = next(value for value in values if value not in env)
+            raise LoweringError(
+                f"{op.name} uses a value the lowering has not seen: {unseen}"
+            ) from None
+        partial = any(placed.dist.partial for placed in placed_operands)
+        keeps = self._keeps_partial(op, placed_operands) if partial else None
         operands = []
         for placed in placed_operands:
-            if not placed.dist.is_replicated and keeps is None:
+            if keeps is None and not placed.dist.is_replicated:
                 self.redistribute.cause = (op_name(op), placed.origins)
                 placed = self.redistribute.replicate(placed)
             operands.append(placed.local)
         # The op itself moves into the SPMD body (the core function is erased
         # afterwards): cloning each op cost more than the rest of the lowering.
+        # Its operands change where a device holds another value (a part, a
+        # collective's result); most stay, and setting them redoes every use.
         op.detach()
-        op.operands = operands
+        if any(new is not old for new, old in zip(operands, values, strict=True)):
+            op.operands = operands
         self.at.emit(op)
         if keeps is not None:  # the result is the devices' partial sums (and parts)
             dist, origins = keeps
@@ -488,17 +499,18 @@ class SpmdLowering:
             self.partial[op] = dist.partial
             self.redistribute.carried(op.results[0], placed_operands, self._remake(op))
             return
-        for result in op.results:
-            if isinstance(result.type, TensorType):
-                rank = result.type.get_num_dims()
-                self.env[result] = Placed(result, Distribution.replicated(rank))
-                if len(op.results) == 1:
+        results = op.results
+        for result in results:
+            ty = result.type
+            if isinstance(ty, TensorType):
+                env[result] = Placed(result, Distribution.replicated(ty.get_num_dims()))
+                if len(results) == 1:
                     self.computed.append(op)
             else:
-                self.env[result] = Placed(result, Distribution(()))
+                env[result] = Placed(result, _SCALAR)
 
     def _keeps_partial(
-        self, op: Operation
+        self, op: Operation, placed: list[Placed]
     ) -> tuple[Distribution, tuple[tuple[str, OriginAttr], ...]] | None:
         """The distribution `op`'s result keeps when partial sums pass through
         it instead of being all-reduced first (DistPar's P through a linear
@@ -507,8 +519,8 @@ class SpmdLowering:
         axes and not summed yet, and its result is not cut into halo parts.
         Split dims pass through an elementwise op whose operands are all split
         alike; otherwise nothing is split. Whether to sum the result or its
-        operands is decided where a sum is needed (`Redistributor`)."""
-        placed = [self.env[v] for v in op.operands]
+        operands is decided where a sum is needed (`Redistributor`).
+        `placed`: the operands as the devices hold them."""
         partial = frozenset(i for i, p in enumerate(placed) if p.dist.partial)
         if not partial or partial not in linear_operands(op):
             return None
@@ -564,23 +576,34 @@ class SpmdLowering:
         distribution over the loops around it (`rewrites.projection`); a value
         whose relation to some loop is unknown is left unannotated."""
         annotations: dict[tuple[Attribute, tuple[int, ...], Distribution], DTensorType] = {}
+        by_objects: dict[tuple[int, int], tuple[TensorType, Distribution, DTensorType]] = {}
+        """The same, keyed by the local type and distribution objects: most
+        ops share a few of each, and hashing them walks their fields (both
+        are kept in the value, so their ids stay their own)."""
+        relation_of, partial = self.relations, self.partial
+        single_axes = self.single_axes
         remade = [(clone, original) for clone, original in self.remade.items()]
         computed = [(op, op) for op in self.computed if op.parent is not None]
         for op, original in computed + remade:
-            relation = self.relations(original.results[0])
+            relation = relation_of(original.results[0])
             local = op.results[0].type
-            if relation.known and isinstance(local, TensorType):
-                dist = relation.dist.without(self.single_axes)
-                if op in self.partial:
-                    dist = replace(dist, partial=tuple(sorted({*dist.partial, *self.partial[op]})))
-                # Keyed by shape and element type: hashing a TensorType walks
-                # its attributes, and most ops share a few (type, dist) pairs.
-                key = (local.element_type, local.get_shape(), dist)
-                dtensor = annotations.get(key)
-                if dtensor is None:
-                    global_type = self._global_type(local, dist)
-                    dtensor = annotations[key] = DTensorType.of(global_type, dist)
-                op.attributes[DIST] = dtensor
+            if relation.unknown or not isinstance(local, TensorType):
+                continue
+            dist = relation.dist.without(single_axes) if single_axes else relation.dist
+            summed_later = partial.get(op)
+            if summed_later is not None:
+                dist = replace(dist, partial=tuple(sorted({*dist.partial, *summed_later})))
+            found = by_objects.get((id(local), id(dist)))
+            if found is not None:
+                op.attributes[DIST] = found[2]
+                continue
+            key = (local.element_type, local.get_shape(), dist)
+            dtensor = annotations.get(key)
+            if dtensor is None:
+                global_type = self._global_type(local, dist)
+                dtensor = annotations[key] = DTensorType.of(global_type, dist)
+            by_objects[(id(local), id(dist))] = (local, dist, dtensor)
+            op.attributes[DIST] = dtensor
 
     def _global_type(self, local: TensorType, dist: Distribution) -> TensorType:
         parts = dist.parts(self.mesh)
@@ -623,16 +646,19 @@ def _cut_with_halos(value: SSAValue) -> bool:
 def annotate_collectives(block: Block) -> None:
     """Give each collective's result the `dist` its operand's implies."""
     for op in block.ops:
-        if (
-            isinstance(op, CollectiveOp)
-            and op.GIVES_A_DISTRIBUTED_VALUE
-            and DIST not in op.attributes
-        ):
+        if _gives_a_distributed_value(op) and DIST not in op.attributes:
+            assert isinstance(op, CollectiveOp)
             source = op.operands[0].owner
             before = source.attributes.get(DIST) if isinstance(source, Operation) else None
             if isinstance(before, DTensorType):
                 after = op.result_distribution(before.distribution)
                 op.attributes[DIST] = DTensorType.of(before.global_type, after)
+
+
+@per_op_kind
+def _gives_a_distributed_value(op: Operation) -> bool:
+    """Whether `op` is a collective whose result is a distributed value."""
+    return isinstance(op, CollectiveOp) and op.GIVES_A_DISTRIBUTED_VALUE
 
 
 def lower_to_spmd(module: ModuleOp) -> None:

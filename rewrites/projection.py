@@ -344,6 +344,9 @@ def _rank(value: SSAValue) -> int:
     return ty.get_num_dims() if isinstance(ty, TensorType) else 0
 
 
+_UNSET = object()
+
+
 @functools.cache
 def _same(rank: int) -> LoopRelation:
     """The relation of a rank-`rank` value that is the same in every iteration
@@ -355,6 +358,29 @@ def _same(rank: int) -> LoopRelation:
 def _regions_at_scope(op: Operation) -> bool:
     """Whether `op`'s regions run at its own loop scope (a while or a conditional)."""
     return isinstance(op, shlo.WhileOp | shlo.CaseOp | shlo.IfOp)
+
+
+def _sliced(source: LoopRelation, axis: str | None, dim: int) -> LoopRelation:
+    """The relation of `slice dim v[r]` (r the range of the loop over `axis`)
+    to the loops around it, given v's: the part along `dim`, minor to v's own
+    splits (unknown over `axis` if v already depends on it)."""
+    if axis is None or axis in source.unknown or axis in source.dist.axes:
+        return source.forget([axis] if axis else [])
+    return source.with_axis(axis, Split(dim))
+
+
+def _looped(body: LoopRelation, axis: str, action: TileAttr | SumAttr) -> LoopRelation:
+    """The relation of a loop's result to the loops around it, given its
+    yielded value's: the body's, less the loop's own axis."""
+    if isinstance(action, TileAttr):
+        axes = body.dist.dims[action.dim.data]
+        # Concatenating over `axis` keeps an outer split of the same dim only
+        # when that split is major to `axis`'s.
+        minor = axes[axes.index(axis) + 1 :] if axis in axes else ()
+        body = body.forget(minor)
+    dims = tuple(tuple(a for a in d if a != axis) for d in body.dist.dims)
+    partial = tuple(a for a in body.dist.partial if a != axis)
+    return LoopRelation(Distribution(dims, partial), body.unknown - {axis})
 
 
 @dataclass
@@ -384,6 +410,25 @@ class LoopRelations:
     ] = field(default_factory=dict)
     """`_compute`'s result per rule and operand relations: a stack's layers
     repeat the same few hundred (the rule is kept so its id stays its own)."""
+    _computed_by_id: dict[
+        tuple[int, ...], tuple[OpRule, tuple[LoopRelation, ...], list[LoopRelation]]
+    ] = field(default_factory=dict)
+    """The same, per rule and operand relation *objects* (most are shared: the
+    memos return one object per value), which hashes ints, not relations; the
+    objects are kept, so their ids stay their own."""
+    _sliced: dict[tuple[LoopRelation, str | None, int], LoopRelation] = field(
+        default_factory=dict
+    )
+    """`_slice`'s result per source relation, axis and dim (as `_computed`)."""
+    _looped: dict[tuple[LoopRelation, str, TileAttr | SumAttr], LoopRelation] = field(
+        default_factory=dict
+    )
+    """`_loop`'s result per body relation, axis and action."""
+    _was_reset: set[int] = field(default_factory=set)
+    """The ids of the values whose relations `_reset` changed (alive as below)."""
+    _sliced_or_yielded: set[int] = field(default_factory=set)
+    """The ids of the values some `partir.slice` or `partir.yield` uses (the
+    values are alive as long as the function is): all `_pin` looks at."""
 
     def __call__(self, value: SSAValue) -> LoopRelation:
         found = self.relations.get(value)
@@ -401,18 +446,32 @@ class LoopRelations:
 
     def _forward(self, block: Block, axes: tuple[str, ...]) -> None:
         relations, values, open_ = self.relations, self._values, self._open
+        sliced_or_yielded = self._sliced_or_yielded
         for op in block.ops:
-            if type(op) is LoopOp:
-                self._forward(op.body.block, (*axes, op.axis_name))
-            elif _regions_at_scope(op):  # regions at its scope
-                for region in op.regions:
-                    self._forward(region.block, axes)
-            elif type(op) is YieldOp:
+            kind = type(op)
+            if kind is YieldOp:
+                sliced_or_yielded.update(id(v) for v in op.operands)
                 continue
-            for result, relation in zip(op.results, self._derive(op), strict=True):
+            if kind is LoopOp:
+                self._forward(op.body.block, (*axes, op.axis_name))
+                derived = [self._loop(op)]
+            elif kind is SliceOp:
+                sliced_or_yielded.update(id(v) for v in op.operands)
+                derived = [self._slice(op)]
+            else:
+                if _regions_at_scope(op):  # regions at its scope
+                    for region in op.regions:
+                        self._forward(region.block, axes)
+                derived = self._compute(op)
+            for result, relation in zip(op.results, derived, strict=True):
                 relations[result] = relation
                 values.append(result)
+                if not axes:
+                    continue
                 unknown, known = relation.unknown, relation.dist.axes
+                if not unknown and not known:  # the same in every iteration
+                    open_[result] = set(axes)
+                    continue
                 still = {a for a in axes if a in unknown or a not in known}
                 if still:
                     open_[result] = still
@@ -426,45 +485,57 @@ class LoopRelations:
         return self._compute(op)
 
     def _slice(self, op: SliceOp) -> LoopRelation:
-        source = self(op.src)
-        axis = range_axis(op.index)
-        if axis is None or axis in source.unknown or axis in source.dist.axes:
-            return source.forget([axis] if axis else [])
-        return source.with_axis(axis, Split(op.dim_index))
+        src, index = op.operands
+        source, axis, dim = self(src), range_axis(index), op.dim_index
+        key = (source, axis, dim)
+        found = self._sliced.get(key)
+        if found is None:
+            found = self._sliced[key] = _sliced(source, axis, dim)
+        return found
 
     def _loop(self, op: LoopOp) -> LoopRelation:
-        body = self(op.yielded)
-        axis = op.axis_name
-        if isinstance(op.action, TileAttr):
-            axes = body.dist.dims[op.action.dim.data]
-            # Concatenating over `axis` keeps an outer split of the same dim only
-            # when that split is major to `axis`'s.
-            minor = axes[axes.index(axis) + 1 :] if axis in axes else ()
-            body = body.forget(minor)
-        dims = tuple(tuple(a for a in d if a != axis) for d in body.dist.dims)
-        partial = tuple(a for a in body.dist.partial if a != axis)
-        return LoopRelation(Distribution(dims, partial), body.unknown - {axis})
+        body, axis, action = self(op.yielded), op.axis_name, op.action
+        key = (body, axis, action)
+        found = self._looped.get(key)
+        if found is None:
+            found = self._looped[key] = _looped(body, axis, action)
+        return found
 
     def _rule(self, op: Operation) -> OpRule | None:
-        if op not in self._rules:
-            self._rules[op] = rule_for(op)
-        return self._rules[op]
+        rule = self._rules.get(op, _UNSET)
+        if rule is _UNSET:
+            rule = self._rules[op] = rule_for(op)
+        return rule  # type: ignore[return-value]
 
     def _compute(self, op: Operation) -> list[LoopRelation]:
-        operands = [self(v) for v in op.operands]
-        unknown = frozenset().union(*(r.unknown for r in operands))
-        if not unknown and not any(r.dist.axes for r in operands):
+        get = self.relations.get
+        operands: list[LoopRelation] = []
+        same = True  # every operand the same in every iteration (most are)
+        for value in op.operands:
+            relation = get(value)
+            if relation is None:
+                relation = _same(_rank(value))
+            elif same and (relation.unknown or relation.dist.axes):
+                same = False
+            operands.append(relation)
+        if same:
             return [_same(_rank(result)) for result in op.results]
         rule = self._rule(op) if any(r.dist.axes for r in operands) else None
         if rule is None:
+            unknown = frozenset().union(*(r.unknown for r in operands))
             axes = {a for r in operands for a in r.dist.axes}
             return [
                 LoopRelation(Distribution.replicated(_rank(result)), unknown | axes)
                 for result in op.results
             ]
+        same_objects = (id(rule), *map(id, operands))
+        seen = self._computed_by_id.get(same_objects)
+        if seen is not None:
+            return list(seen[2])
         key = (id(rule), tuple(operands))
         known = self._computed.get(key)
         if known is None:
+            unknown = frozenset().union(*(r.unknown for r in operands))
             partial = {a for r in operands for a in r.dist.partial}
             projection = project(rule, [r.dist for r in operands])
             unplaced = {a for f in rule.unplaced for a in projection.factors[f]}
@@ -473,6 +544,7 @@ class LoopRelations:
                 dist, lost = result_distribution(rule, projection, k)
                 relations.append(LoopRelation(dist).forget(lost | partial | unknown | unplaced))
             known = self._computed[key] = (rule, relations)
+        self._computed_by_id[same_objects] = (rule, key[1], known[1])
         return list(known[1])
 
     # what the lowering relies on ---------------------------------------------------
@@ -484,7 +556,10 @@ class LoopRelations:
             still.discard(axis)
 
     def _pin(self) -> None:
+        sliced_or_yielded = self._sliced_or_yielded
         for value in self._values:
+            if id(value) not in sliced_or_yielded:
+                continue
             for use in value.uses:
                 user = use.operation
                 if type(user) is SliceOp:
@@ -492,15 +567,15 @@ class LoopRelations:
                     if axis is None:
                         continue
                     if axis in self(value).dist.axes:  # depends on the range slicing it
-                        self.relations[value] = self(value).forget([axis])
+                        self._reset(value, self(value).forget([axis]))
                     self._settle(value, axis)
                 elif type(user) is YieldOp:
                     loop = user.parent_op()
                     assert isinstance(loop, LoopOp)
                     relation = loop_relation(loop.action)
                     if self(value).on(loop.axis_name) != relation:
-                        self.relations[value] = self(value).with_axis(
-                            loop.axis_name, relation, _nesting(value)
+                        self._reset(
+                            value, self(value).with_axis(loop.axis_name, relation, _nesting(value))
                         )
                     self._settle(value, loop.axis_name)
 
@@ -514,27 +589,37 @@ class LoopRelations:
                 for axis in sorted(self._open[value]):
                     found = self._from_users(value, axis)
                     if found is not None:
-                        self.relations[value] = self(value).with_axis(
-                            axis, found, _nesting(value)
-                        )
+                        self._reset(value, self(value).with_axis(axis, found, _nesting(value)))
                         self._open[value].discard(axis)
                         changed = True
 
     def _refine_forward(self) -> bool:
-        """Settle open axes that operands settled since (program order)."""
+        """Settle open axes that operands settled since (program order). An
+        op none of whose inputs was reset since `_forward` derives what it
+        did there, which left these axes open: it is not derived again."""
         changed = False
+        reset = self._was_reset
         for value in list(self._open):
             if not self._open[value]:
                 continue
             assert isinstance(value, OpResult)  # only op results are kept open
-            fresh = self._derive(value.owner)[value.index]
+            owner = value.owner
+            inputs = [owner.yielded] if type(owner) is LoopOp else owner.operands
+            if not any(id(v) in reset for v in inputs):
+                continue
+            fresh = self._derive(owner)[value.index]
             for axis in sorted(self._open[value]):
                 found = fresh.on(axis)
                 if isinstance(found, Split | Partial):
-                    self.relations[value] = self(value).with_axis(axis, found, _nesting(value))
+                    self._reset(value, self(value).with_axis(axis, found, _nesting(value)))
                     self._open[value].discard(axis)
                     changed = True
         return changed
+
+    def _reset(self, value: SSAValue, relation: LoopRelation) -> None:
+        """`value`'s relation, settled after `_forward` derived it."""
+        self.relations[value] = relation
+        self._was_reset.add(id(value))
 
     def _from_users(self, value: SSAValue, axis: str) -> AxisRelation | None:
         """`value`'s relation to `axis` as its first informed user sees it."""

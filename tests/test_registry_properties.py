@@ -1593,3 +1593,33 @@ def test_a_regrouped_selection_equals_the_op(case: Case) -> None:
     module.verify()
     for got, want in zip(run_function(module, case.args), expected, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_rule_for_builds_each_signature_s_rule_once_and_answers_as_the_builder(monkeypatch):
+    """`rule_for` memoises a region-free op's rule by the identity of its
+    types and properties (the importer shares one object per distinct one):
+    over a training step it builds each structural signature's rule once,
+    and every answer equals the rule its builder gives that op."""
+    from examples import block_train_step
+    from rewrites import registry
+
+    module = partir.import_jax(block_train_step.program, *block_train_step.make_args())
+    ops = [op for op in module.walk() if op.name.startswith("stablehlo.") and rule_for(op)]
+    built: list[Operation] = []
+    for name, builder in list(RULES.items()):
+        def counted(op, builder=builder):
+            built.append(op)
+            return builder(op)
+        monkeypatch.setitem(RULES, name, counted)
+    monkeypatch.setattr(registry, "_RULES_BY_SIGNATURE", {})
+    got = [rule_for(op) for op in ops]
+    for op, rule in zip(ops, got, strict=True):
+        assert rule == RULES[op.name].__defaults__[0](op), op.name
+    region_free = [op for op in ops if not op.regions and op.name != "stablehlo.constant"]
+    signatures = {
+        (op.name, tuple(v.type for v in op.operands), tuple(r.type for r in op.results),
+         tuple(op.properties.items()))
+        for op in region_free
+    }
+    once = [op for op in built if not op.regions and op.name != "stablehlo.constant"]
+    assert len(once) == len(signatures) < len(region_free)
