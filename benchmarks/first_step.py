@@ -13,7 +13,7 @@ processes, so neither inherits the other's caches or heap:
 
 The arguments are made before the clock starts, and imports are not timed.
 
-    python -m benchmarks.first_step [--layers 6 24]
+    python -m benchmarks.first_step [--layers 6 24] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -96,23 +97,55 @@ def run_module(module: str, *options: str, env: dict[str, str] | None = None) ->
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(layers: int) -> dict[str, Any]:
-    """One N's row: partir's first step, then jax.jit's, each in a fresh process."""
-    partir_row = run_module("benchmarks.first_step", "--partir", str(layers))
-    specs = json.dumps(partir_row["in_specs"])
-    jit_row = run_module("benchmarks.first_step", "--jit", str(layers), specs)
-    return {"layers": layers, "partir": partir_row["seconds"], "jax_jit": jit_row["seconds"]}
+def measure(layers: int, rounds: int = 3) -> dict[str, Any]:
+    """One N's row: `rounds` pairs of fresh processes, partir's first step and
+    jax.jit's, the pair's order swapping each round (XLA's compile of one
+    program moves ±15% between processes: one pair says little); the
+    medians, and each round's ratio."""
+    partir_times: list[float] = []
+    jit_times: list[float] = []
+    ratios: list[float] = []
+    specs = ""  # partir's input shardings: the first round runs partir first
+
+    def run_partir() -> float:
+        nonlocal specs
+        row = run_module("benchmarks.first_step", "--partir", str(layers))
+        specs = json.dumps(row["in_specs"])
+        partir_times.append(row["seconds"])
+        return row["seconds"]
+
+    def run_jit() -> float:
+        row = run_module("benchmarks.first_step", "--jit", str(layers), specs)
+        jit_times.append(row["seconds"])
+        return row["seconds"]
+
+    for k in range(rounds):
+        if k % 2 == 0:
+            mine = run_partir()
+            theirs = run_jit()
+        else:
+            theirs = run_jit()
+            mine = run_partir()
+        ratios.append(mine / theirs)
+    return {
+        "layers": layers,
+        "partir": statistics.median(partir_times),
+        "jax_jit": statistics.median(jit_times),
+        "ratios": ratios,
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| layers | partir.jit first step s | jax.jit first step s | ratio |",
-        "|---|---|---|---|",
+        "| layers | partir.jit first step s | jax.jit first step s | ratio of medians "
+        "| each round's ratio |",
+        "|---|---|---|---|---|",
     ]
     for row in rows:
+        each = ", ".join(f"{r:.2f}" for r in row["ratios"])
         lines.append(
             f"| {row['layers']} | {row['partir']:.1f} | {row['jax_jit']:.1f}"
-            f" | {row['partir'] / row['jax_jit']:.2f}x |"
+            f" | {row['partir'] / row['jax_jit']:.2f}x | {each} |"
         )
     return "\n".join(lines)
 
@@ -120,6 +153,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=list(LAYERS))
+    parser.add_argument("--rounds", type=int, default=3, help="pairs of processes per N")
     parser.add_argument("--partir", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--jit", nargs=2, help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -133,9 +167,12 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     rows = []
     for layers in options.layers:
-        rows.append(measure(layers))
+        rows.append(measure(layers, options.rounds))
         print(f"  {layers} layers done, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
-    print("time to first step: lower + compile + first run, fresh process each")
+    print(
+        "time to first step: lower + compile + first run, fresh process each; "
+        f"medians of {options.rounds} pairs"
+    )
     print(table(rows))
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
