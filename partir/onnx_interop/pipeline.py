@@ -34,7 +34,9 @@ from partir.onnx_interop.export import build_model
 from partir.pipeline.equations import run_eqn, run_jaxpr
 
 if TYPE_CHECKING:
-    from partir.pipeline.lowered import PipelinedLowered
+    from dialects.mesh import Mesh
+    from partir.pipeline.schedule import Schedule
+    from partir.pipeline.structure import StepStructure
 
 STAGE_SCOPE = "partir_pipeline_stage_"
 """The named scope a stage's ops are traced under: `partir_pipeline_stage_3`."""
@@ -91,10 +93,20 @@ def _unrolled_scan(eqn: JaxprEqn, operands: list[Any], scope: Callable[[int], st
     return [*carry, *stacked]
 
 
-def export_pipelined(lowered: PipelinedLowered, *, name: str = "partir_program") -> onnx.ModelProto:
-    """The ONNX model of `lowered`'s step (see the module docstring)."""
-    s = lowered.structure
-    stages, axis = lowered.schedule.stages, lowered.tactic.axis
+def export_pipelined(
+    structure: StepStructure,
+    schedule: Schedule,
+    axis: str,
+    out_tree: Any,
+    mesh: Mesh,
+    *,
+    name: str = "partir_program",
+) -> onnx.ModelProto:
+    """The ONNX model of a pipelined step (`PipelinedLowered.to_onnx`: its
+    structure, schedule, stage axis, result tree and mesh; see the module
+    docstring)."""
+    s = structure
+    stages = schedule.stages
     per_stage = s.layers // stages
     late, _ = s.head_split()
     step = unrolled_step(
@@ -109,7 +121,7 @@ def export_pipelined(lowered: PipelinedLowered, *, name: str = "partir_program")
     entry = entry_function(module)
     name_arguments(entry, list(s.arg_names))
     outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in s.full.jaxpr.outvars]
-    name_results(entry, result_paths(jax.tree_util.tree_unflatten(lowered.out_tree, outs)))
+    name_results(entry, result_paths(jax.tree_util.tree_unflatten(out_tree, outs)))
     placed = {
         number: stage
         for number, op in enumerate(entry.body.block.ops)
@@ -119,4 +131,4 @@ def export_pipelined(lowered: PipelinedLowered, *, name: str = "partir_program")
         Distribution(((axis,), *(() for _ in out.shape[1:]))) if i in s.stacked_results else None
         for i, out in enumerate(outs)
     ]
-    return build_model(module, lowered.mesh, {}, results, name=name, pipeline_stages=placed)
+    return build_model(module, mesh, {}, results, name=name, pipeline_stages=placed)

@@ -172,7 +172,9 @@ class PipelinedLowered:
         Needs the `onnx` extra (`pip install 'partir[onnx]'`)."""
         from partir.onnx_interop.pipeline import export_pipelined
 
-        model = export_pipelined(self)
+        model = export_pipelined(
+            self.structure, self.schedule, self.tactic.axis, self.out_tree, self.mesh
+        )
         if path is not None:
             write_private(Path(path), model.SerializeToString())
         return model

@@ -26,8 +26,8 @@ from partir.report.build import build_report, parse_module, report_text
 from partir.report.diff import Diff, ShardingChange, diff
 from partir.report.memory import XlaMemory
 from partir.report.model import Report
-from partir.report.render import dumps, render_plain
-from partir.report.rows import CollectiveInfo, ReplicatedOp, Table, ValueInfo
+from partir.report.render import Table, dumps, render_plain
+from partir.report.rows import CollectiveInfo, ReplicatedOp, ValueInfo
 
 __all__ = [
     "CollectiveInfo",

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from partir.report.render import render_plain
-from partir.report.rows import Table
+from partir.report.render import Table, render_plain
 
 if TYPE_CHECKING:
     from partir.report.model import Report

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from partir.lowered import Compiled
+
+class CompiledProgram(Protocol):
+    """What `XlaMemory.of` reads of a compiled program (`partir.lowered.Compiled`)."""
+
+    program: Any
+    jax_mesh: Any
+    run: Any
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class XlaMemory:
         )
 
     @classmethod
-    def of(cls, compiled: Compiled, args: Sequence[Any]) -> XlaMemory:
+    def of(cls, compiled: CompiledProgram, args: Sequence[Any]) -> XlaMemory:
         """Compile `compiled.run` for `args` placed as the program expects them
         (each leaf on `NamedSharding(mesh, spec)` for its `IN_SPECS` entry)."""
         import jax
@@ -57,7 +62,7 @@ class XlaMemory:
             for x, spec in zip(leaves, specs, strict=True)
         ]
         # `run` is jax.jit's function, or build()'s x64 wrapper with the same .lower.
-        lowered = compiled.run.lower(*placed)  # type: ignore[attr-defined]  # emitted source
+        lowered = compiled.run.lower(*placed)  # the emitted source's
         return cls.from_stats(lowered.compile().memory_analysis())
 
     def to_json(self) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from dialects.escaping import readable
 from dialects.mesh import Mesh
 from partir.cost.memory import MemoryEstimate
 from partir.report.memory import XlaMemory
-from partir.report.render import _conflict_json, _counts, _type_text, render_plain
-from partir.report.rows import CollectiveInfo, PaddedValue, ReplicatedOp, Table, ValueInfo
+from partir.report.render import Table, _conflict_json, _counts, _type_text, render_plain
+from partir.report.rows import CollectiveInfo, PaddedValue, ReplicatedOp, ValueInfo
 from partir.selections import Selection, tactic_summaries
 from rewrites.conflicts import Conflict
 

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dialects.escaping import quoted
-from partir.report.render import render_plain
-from partir.report.rows import Table
+from partir.report.render import Table, render_plain
 from partir.selectors import display_path
 
 if TYPE_CHECKING:

@@ -5,16 +5,27 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from rewrites.conflicts import Conflict
 
-if TYPE_CHECKING:
-    from partir.report.diff import Diff
-    from partir.report.model import Report
-    from partir.report.rows import Table
-
 UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A titled table of strings: what text renderers (plain or rich) draw."""
+
+    title: str
+    headers: tuple[str, ...]
+    rows: Sequence[tuple[str, ...]]
+
+
+class JsonReady(Protocol):
+    """What `dumps` writes: a report or a diff."""
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 def render_plain(tables: Iterable[Table]) -> str:
@@ -36,7 +47,7 @@ def render_plain(tables: Iterable[Table]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def dumps(data: Report | Diff) -> str:
+def dumps(data: JsonReady) -> str:
     return json.dumps(data.to_json(), indent=2)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,10 +158,3 @@ class PaddedValue:
         }
 
 
-@dataclass(frozen=True)
-class Table:
-    """A titled table of strings: what text renderers (plain or rich) draw."""
-
-    title: str
-    headers: tuple[str, ...]
-    rows: Sequence[tuple[str, ...]]
