@@ -76,7 +76,7 @@ from dialects.sdy import ManualComputationOp, ShardingConstraintOp
 from dialects.sdy import ReturnOp as SdyReturnOp
 from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
 from lowering.distributions import NEEDED_BY, Placed, Redistributor, Remake
-from rewrites.projection import LoopRelations, enclosing_axes, range_axis
+from rewrites.projection import LoopRelations, enclosing_axes, range_axis, range_loop
 from rewrites.registry import linear_operands
 
 _SCALAR = Distribution(())
@@ -420,9 +420,8 @@ class SpmdLowering:
         """The axis a slice's range runs over, and its source; the collectives
         it needs are caused by the slicing loop (its origin, on that axis)."""
         src, index = op.operands  # not IRDL's accessors: one read, per slice
-        owner = index.owner
-        loop = owner.parent_op() if isinstance(owner, Block) else None
-        if not isinstance(loop, LoopOp):
+        loop = range_loop(index)
+        if loop is None:
             raise LoweringError(f"{op.name} of {src} is not indexed by a loop range")
         axis, origin = loop.axis_name, loop.origin
         source = self.env[src]

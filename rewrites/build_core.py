@@ -333,13 +333,7 @@ class _Builder:
         place = self.places[o]
         assert place is not None
         rule = self.g.rules[o]
-        decided = list(self.d.factors[o])  # the order the op took its axes: the engine's
-        order = sorted(  # slices, each of the one before, in that order
-            range(len(place.frames)),
-            key=lambda k: (decided.index(place.frames[k].axis), k)
-            if place.frames[k].axis in decided
-            else (len(decided), k),
-        ) if len(place.frames) > 1 else list(range(len(place.frames)))
+        order = self._slicing_order(o, place)
         operands = [self._operand(o, i, place, order) for i in range(len(op.operands))]
         op.detach()  # moved, not copied: the op keeps its identity, regions and name
         if self.g.kinds[o] != _RETURN:
@@ -369,6 +363,17 @@ class _Builder:
         if inner is not built.results[0] and built.results[0].name_hint:
             inner.name_hint = built.results[0].name_hint  # the name is the whole value's
             built.results[0].name_hint = None
+
+    def _slicing_order(self, o: int, place: _Place) -> list[int]:
+        """`place`'s frames in the order op `o` took their axes (the engine's:
+        an operand's slices, each of the one before, in that order)."""
+        decided = list(self.d.factors[o])
+        return sorted(
+            range(len(place.frames)),
+            key=lambda k: (decided.index(place.frames[k].axis), k)
+            if place.frames[k].axis in decided
+            else (len(decided), k),
+        )
 
     def _operand(self, o: int, i: int, place: _Place, order: list[int]) -> SSAValue:
         """Operand `i` of op `o` as its part reads it: sliced on the index of

@@ -48,11 +48,17 @@ from rewrites.registry import FactorKind, OpRule, rule_for
 # --- loops around an op --------------------------------------------------------
 
 
-def range_axis(index: SSAValue) -> str | None:
-    """The mesh axis of the loop whose range `index` is."""
+def range_loop(index: SSAValue) -> LoopOp | None:
+    """The loop whose range `index` is (None: not a loop's range)."""
     owner = index.owner
     loop = owner.parent_op() if isinstance(owner, Block) else None
-    return loop.axis_name if isinstance(loop, LoopOp) else None
+    return loop if isinstance(loop, LoopOp) else None
+
+
+def range_axis(index: SSAValue) -> str | None:
+    """The mesh axis of the loop whose range `index` is."""
+    loop = range_loop(index)
+    return loop.axis_name if loop is not None else None
 
 
 def range_size(index: SSAValue) -> int:
@@ -454,16 +460,12 @@ class LoopRelations:
                 continue
             if kind is LoopOp:
                 self._forward(op.body.block, (*axes, op.axis_name))
-                derived = [self._loop(op)]
             elif kind is SliceOp:
                 sliced_or_yielded.update(id(v) for v in op.operands)
-                derived = [self._slice(op)]
-            else:
-                if _regions_at_scope(op):  # regions at its scope
-                    for region in op.regions:
-                        self._forward(region.block, axes)
-                derived = self._compute(op)
-            for result, relation in zip(op.results, derived, strict=True):
+            elif _regions_at_scope(op):  # regions at its scope
+                for region in op.regions:
+                    self._forward(region.block, axes)
+            for result, relation in zip(op.results, self._derive(op), strict=True):
                 relations[result] = relation
                 values.append(result)
                 if not axes:

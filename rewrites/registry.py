@@ -1192,12 +1192,12 @@ def rule_for(op: Operation) -> OpRule | None:
     builder = RULES.get(op.name)
     if builder is None or (type(op) is ShardingConstraintOp and op.is_reshard):
         return None
-    if any(not isinstance(r.type, TensorType) for r in (*op.results, *op.operands)):
+    operand_types = [v.type for v in op.operands]
+    result_types = [r.type for r in op.results]
+    if any(not isinstance(t, TensorType) for t in (*result_types, *operand_types)):
         return None
     if op.regions or op.name == "stablehlo.constant":
         return builder(op)  # the rule reads a body, an init or a value
-    operand_types = [v.type for v in op.operands]
-    result_types = [r.type for r in op.results]
     properties = tuple(op.properties.items())
     key = (
         op.name,

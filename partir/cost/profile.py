@@ -67,6 +67,22 @@ class Link:
         return self.per_kind.get(kind, (self.latency_s, self.bandwidth))
 
 
+def _log_linear(
+    points: tuple[tuple[int, float], ...], x: float, *, log_value: bool
+) -> float:
+    """The measured `points` (x, value) at `x` from the first point on:
+    log-linear in x between two (and in the value too, with `log_value`),
+    the last's past the last."""
+    if x >= points[-1][0]:
+        return points[-1][1]
+    for (x0, v0), (x1, v1) in itertools.pairwise(points):
+        if x0 <= x <= x1:
+            t = math.log(x / x0) / math.log(x1 / x0)
+            if log_value:
+                return math.exp(math.log(v0) + t * (math.log(v1) - math.log(v0)))
+            return v0 + t * (v1 - v0)
+    return points[-1][1]  # unreachable: the points cover the range
+
 @dataclass(frozen=True)
 class Device:
     """One device's roofline: peak FLOP/s per element type, memory bandwidth
@@ -109,11 +125,7 @@ class Device:
             return self.memory_bandwidth
         if nbytes <= points[0][0]:
             return points[0][1]
-        for (b0, r0), (b1, r1) in itertools.pairwise(points):
-            if b0 <= nbytes <= b1:
-                t = math.log(nbytes / b0) / math.log(b1 / b0)
-                return math.exp(math.log(r0) + t * (math.log(r1) - math.log(r0)))
-        return points[-1][1]
+        return _log_linear(points, nbytes, log_value=True)
 
     def efficiency(self, smallest_dim: int) -> float:
         """The fraction of the peak a matmul whose smallest dimension (of M,
@@ -121,16 +133,10 @@ class Device:
         points = self.matmul_efficiency
         if not points or smallest_dim <= 0:
             return 1.0
-        first, last = points[0], points[-1]
+        first = points[0]
         if smallest_dim <= first[0]:
             return first[1] * smallest_dim / first[0]
-        if smallest_dim >= last[0]:
-            return last[1]
-        for (d0, f0), (d1, f1) in itertools.pairwise(points):
-            if d0 <= smallest_dim <= d1:
-                t = math.log(smallest_dim / d0) / math.log(d1 / d0)
-                return f0 + t * (f1 - f0)
-        return last[1]  # unreachable: the points cover the range
+        return _log_linear(points, smallest_dim, log_value=False)
 
     def flops_per_second(self, element_type: str) -> float:
         """The peak for `element_type`, else f32's (an integer or unlisted
