@@ -76,7 +76,14 @@ from dialects.sdy import ManualComputationOp, ShardingConstraintOp
 from dialects.sdy import ReturnOp as SdyReturnOp
 from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
 from lowering.distributions import NEEDED_BY, Placed, Redistributor, Remake
-from rewrites.projection import LoopRelations, enclosing_axes, range_axis, range_loop
+from rewrites.projection import (
+    LoopRelation,
+    LoopRelations,
+    built_relations,
+    enclosing_axes,
+    range_axis,
+    range_loop,
+)
 from rewrites.registry import linear_operands
 
 _SCALAR = Distribution(())
@@ -169,7 +176,10 @@ class SpmdLowering:
         self.mesh = mesh
         self.at = _Insertion(Block())
         self.env: dict[SSAValue, Placed] = {}
-        self.relations = LoopRelations()
+        self.relations: Callable[[SSAValue], LoopRelation] = LoopRelations()
+        """Each value's relation to the loops around it, for the annotations:
+        as `rewrites.build_core` built them where the function is as built,
+        else derived from the IR."""
         self.redistribute = Redistributor(mesh, self.at.emit)
         self.computed: list[Operation] = []
         """The ops moved into the SPMD body, for the annotations."""
@@ -189,7 +199,7 @@ class SpmdLowering:
             dtensor = DTensorType.of(arg.type, dist)
             arg_types.append(dtensor)
         self.at.block = Block(arg_types=arg_types)
-        self.relations = LoopRelations.of(entry.body.block)
+        self.relations = built_relations(entry) or LoopRelations.of(entry.body.block)
         for arg, new_arg, dtensor in zip(args, self.at.block.args, arg_types, strict=True):
             new_arg.name_hint = arg.name_hint
             to_local = self.at.emit(ToLocalOp(new_arg, dtensor.local_type(self.mesh)))

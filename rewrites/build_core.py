@@ -48,6 +48,7 @@ from rewrites.factor_propagation import (
     Decision,
     Priority,
 )
+from rewrites.projection import BuiltRelations, record_built
 from rewrites.registry import FactorKind, OpRule
 from rewrites.tiling import loop_action
 
@@ -137,6 +138,8 @@ class _Builder:
         """Value id -> the value users outside its producer's own loops read."""
         self.bodies: dict[int, list[tuple[Block, list[int]]]] = {}
         """A while's or case's op id -> its bodies, each with its ops' ids."""
+        self.relations = BuiltRelations()
+        """Each op's relation to the loops it is built in (the SPMD lowering's)."""
 
     def build_block(self, block: Block, ops: list[int], arguments: bool) -> None:
         """Place (users first) and build (in program order) the ops of
@@ -290,14 +293,19 @@ class _Builder:
                 ty = part_type(ty, d, self.d.mesh[axis])
                 s = SliceOp(value, d, block.args[0])
                 block.add_op(s)
+                self.relations.placed(s, block)
                 value = s.results[0]
                 loops.append(loop)
+        placed = self.relations.placed
         for k in range(len(loops) - 1, -1, -1):
-            loops[k].body.block.add_op(YieldOp(value))
-            if k > 0:
-                loops[k - 1].body.block.add_op(loops[k])
+            block = loops[k].body.block
+            yielded = YieldOp(value)
+            block.add_op(yielded)
+            placed(yielded, block)
+            parent = loops[k - 1].body.block if k > 0 else self.block
+            parent.add_op(loops[k])
+            placed(loops[k], parent)
             value = loops[k].results[0]
-        self.block.add_op(loops[0])
         return value
 
     def _ends_body(self, o: int, carrier: int) -> bool:
@@ -342,16 +350,23 @@ class _Builder:
         built = op
         target = place.frames[-1].block if place.frames else self.block
         target.add_op(built)
+        frames = place.frames
+        axes = tuple(loop.axis for loop in frames) if frames else ()
+        self.relations.built(op, target, axes, self.d.factors[o], rule)
         if not op.results:
             for block, ops in self.bodies.get(o, ()):
                 self.build_block(block, ops, arguments=False)
             return
         inner = built.results[0]
+        placed = self.relations.placed
         for k in range(len(place.frames) - 1, place.shared - 1, -1):
             loop = place.frames[k]
-            loop.block.add_op(YieldOp(inner))
+            yielded = YieldOp(inner)
+            loop.block.add_op(yielded)
+            placed(yielded, loop.block)
             parent = place.frames[k - 1].block if k > 0 else self.block
             parent.add_op(loop.op)
+            placed(loop.op, parent)
             inner = loop.op.results[0]
         if len(op.results) == 1:
             self.reps[self.g.results[o][0]] = inner
@@ -416,6 +431,7 @@ class _Builder:
                 s = SliceOp(value, dim, loop.index)
                 s.location = self.g.ops[o].location
                 place.frames[level].block.add_op(s)
+                self.relations.placed(s, place.frames[level].block)
                 made[key] = s.results[0]
             value = made[key]
         return value
@@ -589,6 +605,7 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
         for op in block.ops:
             if isinstance(op, LoopOp):
                 _in_engine_order(op, decision, ids)
+    record_built(entry, builder.relations)
     LAST_BUILD_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
 
 

@@ -666,3 +666,127 @@ class LoopRelations:
             return None
         dim = rule.operand_dims(factor)[index]
         return Split(dim) if dim is not None else Replicated()
+
+
+# --- relations recorded as the core IR is built ---------------------------------------
+
+
+_BUILT = "_partir_built_relations"
+"""The Python attribute of a function object that holds its `BuiltRelations`
+(not an IR attribute: it is not printed, and a clone or a parse has none)."""
+
+
+class BuiltRelations:
+    """Each op's `LoopRelation` as `rewrites.build_core` built it, read
+    rather than derived: an op built in loops over axes (outermost first),
+    each splitting a factor of its rule or none, is the part along the dim
+    that factor is the major factor of (a `tile` loop), a summand (a sum
+    factor), or the same in every iteration (a loop it runs in whole).
+    `LoopRelations` derives the same from any core IR (where the IR's local
+    shapes leave a factor's place unsure, it says less: the decision knows
+    the global shapes).
+
+    It describes the function only while the function is as built:
+    `describes` checks that every op a walk of its loops meets was recorded
+    in the block it is in (an op added, moved or re-parented since: not);
+    the ops are held, so their ids stay their own."""
+
+    def __init__(self) -> None:
+        self._placed: dict[int, tuple[Operation, Block]] = {}
+        """id(op) -> the op and the block it was built into."""
+        self._built: dict[int, tuple[tuple[str, ...], dict[str, int], OpRule | None]] = {}
+        """id(op) -> the axes of the loops it was built in and the factor each
+        of them splits (an axis it does not split: none), and its rule."""
+        self._relations: dict[
+            tuple[int, int, tuple[str, ...], tuple[int | None, ...]], LoopRelation
+        ] = {}
+        """Per rule (by id: the records hold it), result, axes and their
+        factors, the relation: the layers of a stack repeat a few hundred."""
+
+    def placed(self, op: Operation, block: Block) -> None:
+        """`op` (a loop, slice or yield, or an op of the program) is in `block`."""
+        self._placed[id(op)] = (op, block)
+
+    def built(
+        self,
+        op: Operation,
+        block: Block,
+        axes: tuple[str, ...],
+        factors: dict[str, int],
+        rule: OpRule | None,
+    ) -> None:
+        """`op` of the program is built in `block`, inside loops over `axes`
+        (outermost first), splitting `factors` (axis -> factor of `rule`)."""
+        self._placed[id(op)] = (op, block)
+        if axes:
+            self._built[id(op)] = (axes, factors, rule)
+
+    def describes(self, block: Block) -> bool:
+        """Whether every op in `block`, its loops' bodies and the regions at
+        their scope (a while's or conditional's) is in the block it was built in."""
+        placed = self._placed
+        for op in block.ops:
+            found = placed.get(id(op))
+            if found is None or found[1] is not block:
+                return False
+            if type(op) is LoopOp:
+                if not self.describes(op.body.block):
+                    return False
+            elif op.regions and _regions_at_scope(op):
+                if not all(self.describes(b) for region in op.regions for b in region.blocks):
+                    return False
+        return True
+
+    def __call__(self, value: SSAValue) -> LoopRelation:
+        """The relation of `value`, a result of a built op (or an argument)."""
+        found = self._built.get(id(value.owner))
+        if found is None:  # built outside every loop
+            return _same(_rank(value))
+        axes, factors, rule = found
+        index = value.index if isinstance(value, OpResult) else 0
+        key = (id(rule), index, axes, tuple(map(factors.get, axes)))
+        relation = self._relations.get(key)
+        if relation is None:
+            relation = _built_relation(rule, index, _rank(value), key[3], axes)
+            self._relations[key] = relation
+        return relation
+
+
+def _built_relation(
+    rule: OpRule | None,
+    index: int,
+    rank: int,
+    split: tuple[int | None, ...],
+    axes: tuple[str, ...],
+) -> LoopRelation:
+    """Result `index`'s relation to loops over `axes` (outermost first) of
+    an op splitting factor `split[k]` of `rule` over `axes[k]` (None: none)."""
+    dims: list[tuple[str, ...]] = [()] * rank
+    partial: list[str] = []
+    unknown: set[str] = set()
+    for axis, f in zip(axes, split, strict=True):
+        if f is None:
+            continue  # run whole in each iteration: the same in all
+        assert rule is not None  # only an op with a rule is split
+        if rule.factors[f].kind is FactorKind.SUM:
+            partial.append(axis)
+            continue
+        dim = rule.result_dim(f, index)
+        if dim is None:
+            unknown.add(axis)
+        else:
+            dims[dim] = (*dims[dim], axis)
+    return LoopRelation(Distribution(tuple(dims), tuple(sorted(partial))), frozenset(unknown))
+
+
+def record_built(function: Operation, relations: BuiltRelations) -> None:
+    """Keep `relations` with `function` (the entry `rewrites.build_core` built)."""
+    setattr(function, _BUILT, relations)
+
+
+def built_relations(function: Operation) -> BuiltRelations | None:
+    """The relations `function` was built with, if it is as built (`describes`)."""
+    found = getattr(function, _BUILT, None)
+    if not isinstance(found, BuiltRelations):
+        return None
+    return found if found.describes(function.regions[0].blocks[0]) else None
