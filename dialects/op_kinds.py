@@ -25,10 +25,10 @@ def per_op_kind(classify: Callable[[Operation], T]) -> Callable[[Operation], T]:
 
     @functools.wraps(classify)
     def by_kind(op: Operation) -> T:
-        kind = type(op)
-        if kind in found:
-            return found[kind]
-        answer = found[kind] = classify(op)
-        return answer
+        try:
+            return found[type(op)]  # one lookup: most ops' class is known
+        except KeyError:
+            answer = found[type(op)] = classify(op)
+            return answer
 
     return by_kind

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from operator import is_not
 from typing import Any, cast
 
 from xdsl.context import Context
@@ -207,7 +208,7 @@ class SpmdLowering:
             local = to_local.results[0]
             local.name_hint = arg.name_hint
             self.env[arg] = Placed(local, dtensor.distribution, slicing_origins(arg))
-        for op in list(entry.body.block.ops):  # compute ops move out as they lower
+        for op in _ops(entry.body.block):  # compute ops move out as they lower
             if isinstance(op, func.ReturnOp):
                 return self._finish(entry, op)
             self._lower_op(op)
@@ -249,10 +250,12 @@ class SpmdLowering:
     # --- ops -------------------------------------------------------------------
 
     def _lower_op(self, op: Operation) -> None:
+        location = op.location
+        if is_unknown(location):  # what it inserts takes the location around it
+            _lowerer_for(op)(self, op)
+            return
         at = self.at
-        outer, location = at.location, op.location
-        if not is_unknown(location):
-            at.location = location
+        outer, at.location = at.location, location
         try:
             _lowerer_for(op)(self, op)
         finally:
@@ -401,7 +404,7 @@ class SpmdLowering:
                 for arg, new_arg, dist in zip(block.args, self.at.block.args, dists, strict=True):
                     new_arg.name_hint = arg.name_hint
                     self.env[arg] = Placed(new_arg, dist)
-                *ops, ret = list(block.ops)
+                *ops, ret = _ops(block)
                 if not isinstance(ret, shlo.ReturnOp):
                     owner = block.parent_op()
                     where = op_name(owner) if owner is not None else "a region"
@@ -458,7 +461,7 @@ class SpmdLowering:
         self.env[op.result] = placed
 
     def _lower_loop(self, op: LoopOp) -> None:
-        for body_op in list(op.body.block.ops):  # compute ops move out as they lower
+        for body_op in _ops(op.body.block):  # compute ops move out as they lower
             self._lower_op(body_op)
         yielded = self.env[op.yielded]
         axis, action, result = op.axis_name, op.action, op.results[0]
@@ -485,30 +488,34 @@ class SpmdLowering:
             raise LoweringError(
                 f"{op.name} uses a value the lowering has not seen: {unseen}"
             ) from None
-        partial = any(placed.dist.partial for placed in placed_operands)
-        keeps = self._keeps_partial(op, placed_operands) if partial else None
-        operands = []
+        keeps = None
         for placed in placed_operands:
-            if keeps is None and not placed.dist.is_replicated:
-                self.redistribute.cause = (op_name(op), placed.origins)
-                placed = self.redistribute.replicate(placed)
-            operands.append(placed.local)
+            if placed.dist.partial:
+                keeps = self._keeps_partial(op, placed_operands)
+                break
+        operands = [placed.local for placed in placed_operands]
+        if keeps is None:
+            for i, placed in enumerate(placed_operands):
+                if not placed.dist.is_replicated:
+                    self.redistribute.cause = (op_name(op), placed.origins)
+                    operands[i] = self.redistribute.replicate(placed).local
         # The op itself moves into the SPMD body (the core function is erased
         # afterwards): cloning each op cost more than the rest of the lowering.
         # Its operands change where a device holds another value (a part, a
         # collective's result); most stay, and setting them redoes every use.
         op.detach()
-        if any(new is not old for new, old in zip(operands, values, strict=True)):
+        if any(map(is_not, operands, values)):
             op.operands = operands
         self.at.emit(op)
+        results = op.results
         if keeps is not None:  # the result is the devices' partial sums (and parts)
             dist, origins = keeps
-            self.env[op.results[0]] = Placed(op.results[0], dist, origins)
+            result = results[0]
+            env[result] = Placed(result, dist, origins)
             self.computed.append(op)
             self.partial[op] = dist.partial
-            self.redistribute.carried(op.results[0], placed_operands, self._remake(op))
+            self.redistribute.carried(result, placed_operands, self._remake(op))
             return
-        results = op.results
         for result in results:
             ty = result.type
             if isinstance(ty, TensorType):
@@ -594,8 +601,11 @@ class SpmdLowering:
         remade = [(clone, original) for clone, original in self.remade.items()]
         computed = [(op, op) for op in self.computed if op.parent is not None]
         for op, original in computed + remade:
-            relation = relation_of(original.results[0])
-            local = op.results[0].type
+            result, *_ = original.results  # not `results[0]`: xDSL's indexing is Python
+            relation = relation_of(result)
+            if op is not original:
+                result, *_ = op.results
+            local = result.type
             if relation.unknown or not isinstance(local, TensorType):
                 continue
             dist = relation.dist.without(single_axes) if single_axes else relation.dist
@@ -618,6 +628,12 @@ class SpmdLowering:
         parts = dist.parts(self.mesh)
         shape = [n * k for n, k in zip(local.get_shape(), parts, strict=True)]
         return tensor_type(local.element_type, shape)
+
+
+def _ops(block: Block) -> list[Operation]:
+    """`block`'s ops, as a list (not `list(block.ops)`: that walks them
+    twice, once to count them)."""
+    return list(iter(block.ops))
 
 
 def _views(value: SSAValue) -> Iterator[tuple[Operation, int]]:

@@ -692,8 +692,10 @@ class BuiltRelations:
     the ops are held, so their ids stay their own."""
 
     def __init__(self) -> None:
-        self._placed: dict[int, tuple[Operation, Block]] = {}
-        """id(op) -> the op and the block it was built into."""
+        self._placed: dict[int, Block] = {}
+        """id(op) -> the block it was built into."""
+        self._ops: list[Operation] = []
+        """The ops recorded (held, so that their ids stay their own)."""
         self._built: dict[int, tuple[tuple[str, ...], dict[str, int], OpRule | None]] = {}
         """id(op) -> the axes of the loops it was built in and the factor each
         of them splits (an axis it does not split: none), and its rule."""
@@ -705,7 +707,8 @@ class BuiltRelations:
 
     def placed(self, op: Operation, block: Block) -> None:
         """`op` (a loop, slice or yield, or an op of the program) is in `block`."""
-        self._placed[id(op)] = (op, block)
+        self._placed[id(op)] = block
+        self._ops.append(op)
 
     def built(
         self,
@@ -717,7 +720,8 @@ class BuiltRelations:
     ) -> None:
         """`op` of the program is built in `block`, inside loops over `axes`
         (outermost first), splitting `factors` (axis -> factor of `rule`)."""
-        self._placed[id(op)] = (op, block)
+        self._placed[id(op)] = block
+        self._ops.append(op)
         if axes:
             self._built[id(op)] = (axes, factors, rule)
 
@@ -726,13 +730,14 @@ class BuiltRelations:
         their scope (a while's or conditional's) is in the block it was built in."""
         placed = self._placed
         for op in block.ops:
-            found = placed.get(id(op))
-            if found is None or found[1] is not block:
+            if placed.get(id(op)) is not block:
                 return False
+            if not op.regions:
+                continue
             if type(op) is LoopOp:
                 if not self.describes(op.body.block):
                     return False
-            elif op.regions and _regions_at_scope(op):
+            elif _regions_at_scope(op):
                 if not all(self.describes(b) for region in op.regions for b in region.blocks):
                     return False
         return True
