@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, StringAttr, TensorType, i64
 from xdsl.ir import Operation, SSAValue
@@ -52,11 +52,12 @@ NEEDED_BY = "needed_by"
 """Collective attribute: the op whose use of a value needed the collective."""
 
 
-@dataclass(frozen=True)
-class Placed:
+class Placed(NamedTuple):
     """A core value as the devices hold it: each device's `local` part of a
     value distributed as `dist` (over the axes not iterated at its scope);
-    `origins` says, per mesh axis, which action made it distributed there."""
+    `origins` says, per mesh axis, which action made it distributed there.
+    (A named tuple: the lowering makes one per value, and a frozen
+    dataclass's `__init__` was a tenth of its own work.)"""
 
     local: SSAValue
     dist: Distribution

@@ -40,6 +40,7 @@ from xdsl.dialects.builtin import (
     ModuleOp,
     StringAttr,
     TensorType,
+    UnknownLoc,
 )
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.passes import ModulePass
@@ -189,6 +190,11 @@ class SpmdLowering:
         self.remade: dict[Operation, Operation] = {}
         """Carried ops emitted again on summed operands, and the originals."""
         self.single_axes = tuple(a for a in mesh if not mesh.distributes(a))
+        self.looped: dict[
+            tuple[int, str, int], tuple[Distribution, Attribute, Distribution]
+        ] = {}
+        """A loop's result distribution per its body's (by id: kept in the
+        value), axis and action (by id): the layers repeat a few."""
         """The mesh axes of one device, which no distribution names."""
 
     def lower(self, entry: func.FuncOp) -> func.FuncOp:
@@ -250,14 +256,18 @@ class SpmdLowering:
     # --- ops -------------------------------------------------------------------
 
     def _lower_op(self, op: Operation) -> None:
+        try:  # `_lowerer_for`, without its call: this runs per op
+            lowerer = _LOWERERS[type(op)]
+        except KeyError:
+            lowerer = _LOWERERS[type(op)] = _lowerer_for(op)
         location = op.location
-        if is_unknown(location):  # what it inserts takes the location around it
-            _lowerer_for(op)(self, op)
+        if type(location) is UnknownLoc:  # (`is_unknown`) it takes the location around it
+            lowerer(self, op)
             return
         at = self.at
         outer, at.location = at.location, location
         try:
-            _lowerer_for(op)(self, op)
+            lowerer(self, op)
         finally:
             at.location = outer
 
@@ -283,7 +293,7 @@ class SpmdLowering:
         placed = [self.env[v] for v in op.operands]
         self._emit_carrier(op, [p.local for p in placed], [p.dist for p in placed], [])
         for old, p in zip(op.results, placed, strict=True):
-            self.env[old] = replace(self.env[old], origins=p.origins)
+            self.env[old] = self.env[old]._replace(origins=p.origins)
 
     def _lower_while(self, op: shlo.WhileOp) -> None:
         """A loop on the devices' parts: each carried value keeps the
@@ -468,12 +478,19 @@ class SpmdLowering:
         if not self.mesh.distributes(axis):  # one device runs the only iteration
             self.env[result] = yielded
             return
-        if isinstance(action, TileAttr):
+        inner = yielded.dist
+        key = (id(inner), axis, id(action))
+        found = self.looped.get(key)
+        if found is not None:
+            dist = found[2]
+        elif isinstance(action, TileAttr):
             d = action.dim.data
-            dist = yielded.dist.with_dim(d, (axis, *yielded.dist.dims[d]))
+            dist = inner.with_dim(d, (axis, *inner.dims[d]))
         else:
             assert isinstance(action, SumAttr)
-            dist = replace(yielded.dist, partial=tuple(sorted((*yielded.dist.partial, axis))))
+            dist = replace(inner, partial=tuple(sorted((*inner.partial, axis))))
+        if found is None:
+            self.looped[key] = (inner, action, dist)
         self.env[result] = Placed(yielded.local, dist, yielded.with_origin(axis, op.origin))
 
     def _lower_compute(self, op: Operation) -> None:
@@ -592,12 +609,14 @@ class SpmdLowering:
         distribution over the loops around it (`rewrites.projection`); a value
         whose relation to some loop is unknown is left unannotated."""
         annotations: dict[tuple[Attribute, tuple[int, ...], Distribution], DTensorType] = {}
-        by_objects: dict[tuple[int, int], tuple[TensorType, Distribution, DTensorType]] = {}
-        """The same, keyed by the local type and distribution objects: most
-        ops share a few of each, and hashing them walks their fields (both
-        are kept in the value, so their ids stay their own)."""
+        by_objects: dict[
+            tuple[int, int, tuple[str, ...] | None],
+            tuple[Attribute, LoopRelation, DTensorType | None],
+        ] = {}
+        """The annotation per local type and relation objects (and the axes
+        summed later): most ops share a few of each, and hashing them walks
+        their fields (both are kept in the value, so their ids stay their own)."""
         relation_of, partial = self.relations, self.partial
-        single_axes = self.single_axes
         remade = [(clone, original) for clone, original in self.remade.items()]
         computed = [(op, op) for op in self.computed if op.parent is not None]
         for op, original in computed + remade:
@@ -606,23 +625,38 @@ class SpmdLowering:
             if op is not original:
                 result, *_ = op.results
             local = result.type
-            if relation.unknown or not isinstance(local, TensorType):
-                continue
-            dist = relation.dist.without(single_axes) if single_axes else relation.dist
             summed_later = partial.get(op)
-            if summed_later is not None:
-                dist = replace(dist, partial=tuple(sorted({*dist.partial, *summed_later})))
-            found = by_objects.get((id(local), id(dist)))
-            if found is not None:
+            key = (id(local), id(relation), summed_later)
+            found = by_objects.get(key)
+            if found is None:
+                dtensor = self._annotation(local, relation, summed_later, annotations)
+                found = by_objects[key] = (local, relation, dtensor)
+            if found[2] is not None:
                 op.attributes[DIST] = found[2]
-                continue
-            key = (local.element_type, local.get_shape(), dist)
-            dtensor = annotations.get(key)
-            if dtensor is None:
-                global_type = self._global_type(local, dist)
-                dtensor = annotations[key] = DTensorType.of(global_type, dist)
-            by_objects[(id(local), id(dist))] = (local, dist, dtensor)
-            op.attributes[DIST] = dtensor
+
+    def _annotation(
+        self,
+        local: Attribute,
+        relation: LoopRelation,
+        summed_later: tuple[str, ...] | None,
+        annotations: dict[tuple[Attribute, tuple[int, ...], Distribution], DTensorType],
+    ) -> DTensorType | None:
+        """The annotation of a value of type `local` related so to the loops
+        around it (`summed_later`: the axes its partial sums are summed over
+        after), one object per type and distribution; None where the
+        relation to some loop is unknown."""
+        if relation.unknown or not isinstance(local, TensorType):
+            return None
+        single_axes = self.single_axes
+        dist = relation.dist.without(single_axes) if single_axes else relation.dist
+        if summed_later is not None:
+            dist = replace(dist, partial=tuple(sorted({*dist.partial, *summed_later})))
+        key = (local.element_type, local.get_shape(), dist)
+        dtensor = annotations.get(key)
+        if dtensor is None:
+            global_type = self._global_type(local, dist)
+            dtensor = annotations[key] = DTensorType.of(global_type, dist)
+        return dtensor
 
     def _global_type(self, local: TensorType, dist: Distribution) -> TensorType:
         parts = dist.parts(self.mesh)
@@ -711,7 +745,10 @@ class LowerToSpmdPass(ModulePass):
 Lowerer = Callable[[SpmdLowering, Any], None]
 
 
-@per_op_kind
+_LOWERERS: dict[type[Operation], Lowerer] = {}
+"""`_lowerer_for` per op class met so far."""
+
+
 def _lowerer_for(op: Operation) -> Lowerer:
     """How `SpmdLowering` lowers ops of `op`'s kind."""
     if isinstance(op, SliceOp):
