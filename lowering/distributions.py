@@ -114,6 +114,8 @@ class Redistributor:
         self._scattered: dict[tuple[SSAValue, tuple[str, ...]], tuple[Placed, int]] = {}
         """Partial sums over one axis a reduce-scatter summed, per local value:
         the scattered parts and their dim (a whole use all-gathers them)."""
+        self.emitted: list[CollectiveOp] = []
+        """Every collective emitted, in order (the lowering annotates them)."""
         self.cause: tuple[str, tuple[tuple[str, OriginAttr], ...]] = ("", ())
         """What the next conversion is for: the op needing it, and per axis the
         action that made the value distributed (recorded on each collective:
@@ -128,6 +130,7 @@ class Redistributor:
         if origin is not None:
             op.attributes[ORIGIN] = origin
         self._emit(op)
+        self.emitted.append(op)
         return op
 
     def _apply(self, placed: Placed, op: CollectiveOp) -> Placed:

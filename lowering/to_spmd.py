@@ -26,7 +26,7 @@ needed it (`dialects.locations`); ops moved into the body keep their own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from operator import is_not
 from typing import Any, cast
@@ -242,7 +242,7 @@ class SpmdLowering:
         self.at.emit(func.ReturnOp(*results))
         self._drop_unused_partials()
         self._annotate_computed()
-        annotate_collectives(self.at.block)
+        annotate_collectives(self.at.block, self.redistribute.emitted)
         lowered = func.FuncOp(
             entry.sym_name.data,
             (list(self.at.block.arg_types), types),
@@ -339,9 +339,10 @@ class SpmdLowering:
                 returned = [mapping.get(v, v) for v in inner.operands]
                 break
             clone = inner.clone(value_mapper=mapping)
+            self.at.emit(clone)
             if isinstance(clone, CollectiveOp):  # the user's own, as written
                 clone.attributes[NEEDED_BY] = StringAttr(MANUAL_COLLECTIVE)
-            self.at.emit(clone)
+                self.redistribute.emitted.append(clone)
             for old, new in zip(inner.results, clone.results, strict=True):
                 mapping[old] = new
         else:
@@ -533,12 +534,19 @@ class SpmdLowering:
             self.partial[op] = dist.partial
             self.redistribute.carried(result, placed_operands, self._remake(op))
             return
-        for result in results:
+        if len(results) == 1:  # most ops: their result replicated at their scope
+            (result,) = results
             ty = result.type
             if isinstance(ty, TensorType):
                 env[result] = Placed(result, Distribution.replicated(ty.get_num_dims()))
-                if len(results) == 1:
-                    self.computed.append(op)
+                self.computed.append(op)
+            else:
+                env[result] = Placed(result, _SCALAR)
+            return
+        for result in results:  # several: not annotated
+            ty = result.type
+            if isinstance(ty, TensorType):
+                env[result] = Placed(result, Distribution.replicated(ty.get_num_dims()))
             else:
                 env[result] = Placed(result, _SCALAR)
 
@@ -670,42 +678,40 @@ def _ops(block: Block) -> list[Operation]:
     return list(iter(block.ops))
 
 
-def _views(value: SSAValue) -> Iterator[tuple[Operation, int]]:
-    """Every use of the devices' values `value` shares: the uses of `value`,
-    of what it is a `partir.slice` of, and of every slice and loop result
-    made of those (a loop's result and its users' parts are the same
-    values), as (user, operand index)."""
-    root = value
-    while isinstance(root.owner, SliceOp):
-        root = root.owner.src
-    pending, seen = [root], {root}
-    while pending:
-        current = pending.pop()
-        for use in current.uses:
-            user = use.operation
-            view = None
-            if isinstance(user, SliceOp):
-                view = user.result
-            elif isinstance(user, YieldOp) and isinstance(loop := user.parent_op(), LoopOp):
-                view = loop.result
-            if view is None:
-                yield user, use.index
-            elif view not in seen:
-                seen.add(view)
-                pending.append(view)
-
-
 def _cut_with_halos(value: SSAValue) -> bool:
     """Whether some view of `value` is a halo part (`partir.halo_slice`),
     which takes its neighbours' edges: a partial sum's edges would need a
-    sum of their own."""
-    return any(isinstance(user, HaloSliceOp) for user, _ in _views(value))
+    sum of their own. The views: `value`, what it is a `partir.slice` of,
+    and every slice and loop result made of those (a loop's result and its
+    users' parts are the same values). (Classes compared exactly, not by
+    `isinstance`, an ABC check: this runs per partial sum, on every use.)"""
+    root = value
+    while type(root.owner) is SliceOp:
+        root = root.owner.operands[0]
+    pending, seen = [root], {id(root)}
+    while pending:
+        for use in pending.pop().uses:
+            user = use.operation
+            kind = type(user)
+            if kind is HaloSliceOp:
+                return True
+            if kind is SliceOp:
+                (view,) = user.results
+            elif kind is YieldOp and type(loop := user.parent_op()) is LoopOp:
+                (view,) = loop.results
+            else:
+                continue
+            if id(view) not in seen:
+                seen.add(id(view))
+                pending.append(view)
+    return False
 
 
-def annotate_collectives(block: Block) -> None:
-    """Give each collective's result the `dist` its operand's implies."""
-    for op in block.ops:
-        if _gives_a_distributed_value(op) and DIST not in op.attributes:
+def annotate_collectives(block: Block, collectives: Iterable[CollectiveOp]) -> None:
+    """Give each collective of `block`'s, in order (of `collectives`, all
+    those emitted), the `dist` its operand's implies."""
+    for op in collectives:
+        if op.parent is block and _gives_a_distributed_value(op) and DIST not in op.attributes:
             assert isinstance(op, CollectiveOp)
             source = op.operands[0].owner
             before = source.attributes.get(DIST) if isinstance(source, Operation) else None
