@@ -293,19 +293,14 @@ class _Builder:
                 ty = part_type(ty, d, self.d.mesh[axis])
                 s = SliceOp(value, d, block.args[0])
                 block.add_op(s)
-                self.relations.placed(s, block)
                 value = s.results[0]
                 loops.append(loop)
-        placed = self.relations.placed
         for k in range(len(loops) - 1, -1, -1):
-            block = loops[k].body.block
-            yielded = YieldOp(value)
-            block.add_op(yielded)
-            placed(yielded, block)
-            parent = loops[k - 1].body.block if k > 0 else self.block
-            parent.add_op(loops[k])
-            placed(loops[k], parent)
+            loops[k].body.block.add_op(YieldOp(value))
+            if k > 0:
+                loops[k - 1].body.block.add_op(loops[k])
             value = loops[k].results[0]
+        self.block.add_op(loops[0])
         return value
 
     def _ends_body(self, o: int, carrier: int) -> bool:
@@ -352,21 +347,17 @@ class _Builder:
         target.add_op(built)
         frames = place.frames
         axes = tuple(loop.axis for loop in frames) if frames else ()
-        self.relations.built(op, target, axes, self.d.factors[o], rule)
+        self.relations.built(op, axes, self.d.factors[o], rule)
         if not op.results:
             for block, ops in self.bodies.get(o, ()):
                 self.build_block(block, ops, arguments=False)
             return
         inner = built.results[0]
-        placed = self.relations.placed
         for k in range(len(place.frames) - 1, place.shared - 1, -1):
             loop = place.frames[k]
-            yielded = YieldOp(inner)
-            loop.block.add_op(yielded)
-            placed(yielded, loop.block)
+            loop.block.add_op(YieldOp(inner))
             parent = place.frames[k - 1].block if k > 0 else self.block
             parent.add_op(loop.op)
-            placed(loop.op, parent)
             inner = loop.op.results[0]
         if len(op.results) == 1:
             self.reps[self.g.results[o][0]] = inner
@@ -431,7 +422,6 @@ class _Builder:
                 s = SliceOp(value, dim, loop.index)
                 s.location = self.g.ops[o].location
                 place.frames[level].block.add_op(s)
-                self.relations.placed(s, place.frames[level].block)
                 made[key] = s.results[0]
             value = made[key]
         return value
@@ -605,6 +595,7 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
         for op in block.ops:
             if isinstance(op, LoopOp):
                 _in_engine_order(op, decision, ids)
+    builder.relations.seal(entry.body.block)  # as built: the lowering may read it
     record_built(entry, builder.relations)
     LAST_BUILD_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
 

@@ -686,86 +686,88 @@ class BuiltRelations:
     shapes leave a factor's place unsure, it says less: the decision knows
     the global shapes).
 
-    It describes the function only while the function is as built:
-    `describes` checks that every op a walk of its loops meets was recorded
-    in the block it is in (an op added, moved or re-parented since: not);
-    the ops are held, so their ids stay their own."""
+    It describes the function only while the function is as built: `seal`
+    records the ops of every block the lowering walks (the function's, each
+    loop's body, each while's or conditional's regions), and `describes`
+    checks that each still holds exactly those (an op added, removed, moved
+    or reordered since: not)."""
 
     def __init__(self) -> None:
-        self._placed: dict[int, Block] = {}
-        """id(op) -> the block it was built into."""
-        self._ops: list[Operation] = []
-        """The ops recorded (held, so that their ids stay their own)."""
-        self._built: dict[int, tuple[tuple[str, ...], dict[str, int], OpRule | None]] = {}
-        """id(op) -> the axes of the loops it was built in and the factor each
-        of them splits (an axis it does not split: none), and its rule."""
-        self._relations: dict[
-            tuple[int, int, tuple[str, ...], tuple[int | None, ...]], LoopRelation
-        ] = {}
-        """Per rule (by id: the records hold it), result, axes and their
-        factors, the relation: the layers of a stack repeat a few hundred."""
+        self._built: dict[int, tuple[_Nest, OpRule | None]] = {}
+        """id(op) -> the loops it was built in, and its rule (the ops are
+        held by `_blocks`, so their ids stay their own)."""
+        self._nests: dict[_Nest, _Nest] = {}
+        """One object per nest (most ops share a few)."""
+        self._blocks: list[tuple[Block, tuple[Operation, ...], tuple[Operation, ...]]] = []
+        """Each block the lowering walks, its ops, and those of its ops whose
+        regions it walks (loops, whiles, conditionals), as sealed."""
+        self._relations: dict[tuple[int, int, int], LoopRelation] = {}
+        """Per rule, result and nest (by id: the records hold them), the
+        relation: the layers of a stack repeat a few hundred."""
 
-    def placed(self, op: Operation, block: Block) -> None:
-        """`op` (a loop, slice or yield, or an op of the program) is in `block`."""
-        self._placed[id(op)] = block
-        self._ops.append(op)
-
-    def built(
-        self,
-        op: Operation,
-        block: Block,
-        axes: tuple[str, ...],
-        factors: dict[str, int],
-        rule: OpRule | None,
-    ) -> None:
-        """`op` of the program is built in `block`, inside loops over `axes`
-        (outermost first), splitting `factors` (axis -> factor of `rule`)."""
-        self._placed[id(op)] = block
-        self._ops.append(op)
+    def built(self, op: Operation, axes: tuple[str, ...], factors: dict[str, int],
+              rule: OpRule | None) -> None:
+        """`op` of the program is built inside loops over `axes` (outermost
+        first), splitting `factors` (axis -> factor of `rule`)."""
         if axes:
-            self._built[id(op)] = (axes, factors, rule)
+            nest = (axes, tuple(map(factors.get, axes)))
+            self._built[id(op)] = (self._nests.setdefault(nest, nest), rule)
+
+    def seal(self, block: Block) -> None:
+        """Record the ops of `block` and of the blocks the lowering walks in
+        it (depth first, in program order)."""
+        ops = tuple(iter(block.ops))  # not tuple(block.ops): that walks them twice
+        nested = tuple(
+            op for op in ops if op.regions and (type(op) is LoopOp or _regions_at_scope(op))
+        )
+        self._blocks.append((block, ops, nested))
+        for op in nested:
+            for region in op.regions:
+                for inner in region.blocks:
+                    self.seal(inner)
 
     def describes(self, block: Block) -> bool:
-        """Whether every op in `block`, its loops' bodies and the regions at
-        their scope (a while's or conditional's) is in the block it was built in."""
-        placed = self._placed
-        for op in block.ops:
-            if placed.get(id(op)) is not block:
+        """Whether `block` (the function's) and the blocks the lowering walks
+        in it hold the ops they held when sealed (compared by identity)."""
+        blocks = self._blocks
+        if not blocks or blocks[0][0] is not block:
+            return False
+        for recorded, ops, _ in blocks:
+            if tuple(iter(recorded.ops)) != ops:
                 return False
-            if not op.regions:
-                continue
-            if type(op) is LoopOp:
-                if not self.describes(op.body.block):
-                    return False
-            elif _regions_at_scope(op):
-                if not all(self.describes(b) for region in op.regions for b in region.blocks):
-                    return False
-        return True
+        # the blocks walked in them are the recorded ones
+        walked = {
+            id(inner)
+            for _, _, nested in blocks
+            for op in nested
+            for region in op.regions
+            for inner in region.blocks
+        }
+        return walked == {id(recorded) for recorded, _, _ in blocks[1:]}
 
     def __call__(self, value: SSAValue) -> LoopRelation:
         """The relation of `value`, a result of a built op (or an argument)."""
         found = self._built.get(id(value.owner))
         if found is None:  # built outside every loop
             return _same(_rank(value))
-        axes, factors, rule = found
+        nest, rule = found
         index = value.index if isinstance(value, OpResult) else 0
-        key = (id(rule), index, axes, tuple(map(factors.get, axes)))
+        key = (id(rule), index, id(nest))
         relation = self._relations.get(key)
         if relation is None:
-            relation = _built_relation(rule, index, _rank(value), key[3], axes)
+            relation = _built_relation(rule, index, _rank(value), nest)
             self._relations[key] = relation
         return relation
 
 
-def _built_relation(
-    rule: OpRule | None,
-    index: int,
-    rank: int,
-    split: tuple[int | None, ...],
-    axes: tuple[str, ...],
-) -> LoopRelation:
-    """Result `index`'s relation to loops over `axes` (outermost first) of
-    an op splitting factor `split[k]` of `rule` over `axes[k]` (None: none)."""
+_Nest = tuple[tuple[str, ...], tuple[int | None, ...]]
+"""The axes of the loops an op is built in (outermost first), and the factor
+of its rule each splits (None: it runs whole in that loop)."""
+
+
+def _built_relation(rule: OpRule | None, index: int, rank: int, nest: _Nest) -> LoopRelation:
+    """Result `index`'s relation to the loops of `nest`."""
+    axes, split = nest
     dims: list[tuple[str, ...]] = [()] * rank
     partial: list[str] = []
     unknown: set[str] = set()

@@ -82,21 +82,37 @@ def test_the_built_relations_lower_as_the_derived_ones(case: str) -> None:
 
 def test_an_edited_function_is_not_read_as_built() -> None:
     """An op added to a loop after the build: the recorded relations no
-    longer describe the function, so the lowering derives them."""
+    longer describe the function, so the lowering derives them, and lowers
+    it as the same edit of the parsed core IR."""
     module = _built("mlp-dp+megatron")
     entry = entry_function(module)
     assert built_relations(entry) is not None
-    loop = next(op for op in entry.body.block.ops if isinstance(op, LoopOp))
-    inner = next(op for op in loop.body.block.ops if op.name == "partir.slice")
-    inner.detach()
-    loop.body.block.insert_op_before(inner, loop.body.block.first_op)  # same block: still as built
-    assert built_relations(entry) is not None
     clone = module.clone()  # a clone's ops were never built
     assert built_relations(entry_function(clone)) is None
+    loop = next(op for op in entry.body.block.ops if isinstance(op, LoopOp))
+    inner = next(op for op in loop.body.block.ops if op.name == "partir.slice")
     loop.body.block.insert_op_before(inner.clone(), loop.body.block.first_op)
     assert built_relations(entry) is None
+    edited = str(module)
     lower_to_spmd(module)  # derives the relations from the IR
-    assert DIST in str(module)
+    assert str(module) == _lowered_from_text(edited)
+
+
+def test_ops_reordered_in_a_loop_are_not_read_as_built() -> None:
+    module = _built("mlp-dp+megatron")
+    entry = entry_function(module)
+    body = next(
+        op.body.block
+        for op in entry.walk()
+        if isinstance(op, LoopOp)
+        and [inner.name for inner in op.body.block.ops][:2] == ["partir.slice"] * 2
+    )
+    first = body.first_op
+    assert first is not None and first.next_op is not None
+    second = first.next_op
+    second.detach()
+    body.insert_op_before(second, first)  # two slices of outer values: still valid
+    assert built_relations(entry) is None
 
 
 def test_a_value_the_parts_leave_unsure_takes_the_programs_shape() -> None:
