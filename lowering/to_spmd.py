@@ -43,6 +43,7 @@ from xdsl.dialects.builtin import (
     UnknownLoc,
 )
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.irdl import IRDLOperation
 from xdsl.passes import ModulePass
 from xdsl_jax.dialects import stablehlo as shlo
 from xdsl_jax.xdsl_extras.traits import Elementwise
@@ -101,12 +102,16 @@ def input_slices(value: SSAValue) -> list[tuple[int, str]]:
     chains: list[list[tuple[int, str]]] = []
     for use in value.uses:
         op = use.operation
-        if isinstance(op, SliceOp) and use.index == 0:
-            axis = range_axis(op.index)
+        kind = type(op)  # not `isinstance` (an ABC check) nor IRDL's accessors: per use
+        if kind is SliceOp and use.index == 0:
+            _, index = op.operands
+            axis = range_axis(index)
             assert axis is not None
-            chains.append([(op.dim_index, axis), *input_slices(op.result)])
-        elif isinstance(op, HaloSliceOp) and use.index == 0:
-            axis = range_axis(op.index)
+            (result,) = op.results
+            chains.append([(op.dim_index, axis), *input_slices(result)])
+        elif kind is HaloSliceOp and use.index == 0:
+            _, index = op.operands
+            axis = range_axis(index)
             assert axis is not None
             chains.append([(op.dim_index, axis)])  # its halo comes from the neighbours
         else:
@@ -130,11 +135,13 @@ def slicing_origins(value: SSAValue) -> tuple[tuple[str, OriginAttr], ...]:
     while stack:
         for use in stack.pop().uses:
             op = use.operation
-            if isinstance(op, SliceOp | HaloSliceOp):
-                loop = op.index.owner.parent_op()
-                if isinstance(loop, LoopOp) and loop.origin is not None:
+            if type(op) is SliceOp or type(op) is HaloSliceOp:
+                _, index = op.operands
+                loop = range_loop(index)
+                if loop is not None and loop.origin is not None:
                     found.setdefault(loop.axis_name, loop.origin)
-                stack.append(op.result)
+                (result,) = op.results
+                stack.append(result)
     return tuple(found.items())
 
 
@@ -494,9 +501,13 @@ class SpmdLowering:
             self.looped[key] = (inner, action, dist)
         self.env[result] = Placed(yielded.local, dist, yielded.with_origin(axis, op.origin))
 
-    def _lower_compute(self, op: Operation) -> None:
+    def _lower_branch(self, op: Operation) -> None:
+        """An op of a class that may branch to successors (a CFG's)."""
         if op.successors:
             raise LoweringError(f"{op.name}: ops with successors are not supported")
+        self._lower_compute(op)
+
+    def _lower_compute(self, op: Operation) -> None:
         env = self.env
         values = op.operands  # xDSL builds this tuple per read
         try:
@@ -775,6 +786,8 @@ def _lowerer_for(op: Operation) -> Lowerer:
         return SpmdLowering._lower_manual
     if isinstance(op, ShardingConstraintOp) and op.is_reshard:
         return SpmdLowering._lower_reshard
+    if not isinstance(op, IRDLOperation) or type(op).get_irdl_definition().successors:
+        return SpmdLowering._lower_branch  # (an IRDL op's successors are its class's)
     return SpmdLowering._lower_compute
 
 
