@@ -704,6 +704,10 @@ class BuiltRelations:
         self._relations: dict[tuple[int, int, int], LoopRelation] = {}
         """Per rule, result and nest (by id: the records hold them), the
         relation: the layers of a stack repeat a few hundred."""
+        self._shared: dict[
+            tuple[tuple[tuple[str, ...], ...], tuple[str, ...], frozenset[str]], LoopRelation
+        ] = {}
+        """One relation object per relation (an op with a body has a rule of its own)."""
 
     def built(self, op: Operation, axes: tuple[str, ...], factors: dict[str, int],
               rule: OpRule | None) -> None:
@@ -747,15 +751,21 @@ class BuiltRelations:
 
     def __call__(self, value: SSAValue) -> LoopRelation:
         """The relation of `value`, a result of a built op (or an argument)."""
-        found = self._built.get(id(value.owner))
-        if found is None:  # built outside every loop
+        # (`getattr`, not `owner` and `isinstance`, Python calls: this runs
+        # per annotated op; an argument has no `op`)
+        found = self._built.get(id(getattr(value, "op", None)))
+        if found is None:  # built outside every loop, or an argument
             return _same(_rank(value))
         nest, rule = found
-        index = value.index if isinstance(value, OpResult) else 0
+        index: int = getattr(value, "index", 0)
         key = (id(rule), index, id(nest))
         relation = self._relations.get(key)
-        if relation is None:
-            relation = _built_relation(rule, index, _rank(value), nest)
+        if relation is None:  # one object per relation: the lowering memoises by object
+            dims, partial, unknown = _built_relation(rule, index, _rank(value), nest)
+            relation = self._shared.get((dims, partial, unknown))
+            if relation is None:
+                relation = LoopRelation(Distribution(dims, partial), unknown)
+                self._shared[(dims, partial, unknown)] = relation
             self._relations[key] = relation
         return relation
 
@@ -765,8 +775,11 @@ _Nest = tuple[tuple[str, ...], tuple[int | None, ...]]
 of its rule each splits (None: it runs whole in that loop)."""
 
 
-def _built_relation(rule: OpRule | None, index: int, rank: int, nest: _Nest) -> LoopRelation:
-    """Result `index`'s relation to the loops of `nest`."""
+def _built_relation(
+    rule: OpRule | None, index: int, rank: int, nest: _Nest
+) -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...], frozenset[str]]:
+    """Result `index`'s relation to the loops of `nest`: its split axes per
+    dim, partial axes and unknown axes."""
     axes, split = nest
     dims: list[tuple[str, ...]] = [()] * rank
     partial: list[str] = []
@@ -783,7 +796,7 @@ def _built_relation(rule: OpRule | None, index: int, rank: int, nest: _Nest) -> 
             unknown.add(axis)
         else:
             dims[dim] = (*dims[dim], axis)
-    return LoopRelation(Distribution(tuple(dims), tuple(sorted(partial))), frozenset(unknown))
+    return tuple(dims), tuple(sorted(partial)), frozenset(unknown)
 
 
 def record_built(function: Operation, relations: BuiltRelations) -> None:
