@@ -22,6 +22,13 @@ gathered over them.
 Every op the lowering inserts (a collective, a local slice, an op remade on
 the devices' parts) takes the location of the op being lowered, the one that
 needed it (`dialects.locations`); ops moved into the body keep their own.
+
+Each op moved into the body is annotated with its result's global type and
+distribution (`DIST`), from its relation to the loops it was in: as
+`rewrites.build_core` built it (`rewrites.projection.BuiltRelations`, kept
+with a function `partir.partition` built while the function is as built),
+else derived from the core IR (`LoopRelations`: core IR parsed, edited or
+cloned since).
 """
 
 from __future__ import annotations

@@ -16,6 +16,11 @@ rewrite engine (`rewrites.propagation`) reaches one rewrite at a time:
   nest is read directly (fused), anything else through `partir.slice` on the
   index of the loop whose axis the op reads it split over.
 
+The relation of each built op to the loops it is built in (the part along
+a dim, a summand, or the same in every iteration) is kept with the entry
+function (`rewrites.projection.BuiltRelations`): the SPMD lowering reads it
+instead of deriving it from the IR.
+
 Straight-line programs only: a `while`/`case`/optimization barrier, a
 multi-result op that is split, an argmax or top_k along a split dim (which
 the rewrite engine regroups), a split factor with a halo (a convolution's

@@ -11,7 +11,9 @@ Shardy's "sharding projection", for partir's loops. Three questions, one answer:
   enclosing loop axis, whether the value is the part along a dim (split), a
   summand (partial), the same in every iteration (replicated: it does not depend
   on the loop's range), or unknown. It is a `Distribution` over the loop axes,
-  which is how the SPMD lowering annotates each per-device value.
+  which is how the SPMD lowering annotates each per-device value. Core IR
+  that `rewrites.build_core` built keeps the relations it built each op
+  with (`BuiltRelations`); any other core IR has them derived.
 - **Projection onto an op's factors** (`project`, `result_distribution`,
   `operand_distribution`, `follow`): each operand dim's axes go to the factor
   it runs over in the op's rule (`rewrites/registry.py`), and back from the
