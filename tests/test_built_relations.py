@@ -147,3 +147,17 @@ def test_a_value_the_parts_leave_unsure_takes_the_programs_shape() -> None:
     assert bias.replace("1x1x32", "4x1x32").replace('{}, {}, {"model"}',
                                                      '{"batch"}, {}, {"model"}') in derived
     np.testing.assert_equal(len(decided.splitlines()), len(derived.splitlines()))
+
+
+def test_the_default_path_reads_the_built_relations(monkeypatch) -> None:
+    """`partir.jit(...).lower` lowers the function the decided engine built:
+    no relation is derived from its core IR."""
+    from rewrites.projection import LoopRelations
+
+    def derived(block):
+        raise AssertionError("derived the relations of a function built just now")
+
+    monkeypatch.setattr(LoopRelations, "of", staticmethod(derived))
+    fn, make_args, tactics = CASES["mlp-dp+megatron"]
+    lowered = partir.jit(fn, mesh=MESH, tactics=tactics).lower(*make_args())
+    assert "spmd.all_reduce" in str(lowered.module)
