@@ -204,12 +204,12 @@ class SpmdLowering:
         self.remade: dict[Operation, Operation] = {}
         """Carried ops emitted again on summed operands, and the originals."""
         self.single_axes = tuple(a for a in mesh if not mesh.distributes(a))
+        """The mesh axes of one device, which no distribution names."""
         self.looped: dict[
             tuple[int, str, int], tuple[Distribution, Attribute, Distribution]
         ] = {}
         """A loop's result distribution per its body's (by id: kept in the
         value), axis and action (by id): the layers repeat a few."""
-        """The mesh axes of one device, which no distribution names."""
 
     def lower(self, entry: func.FuncOp) -> func.FuncOp:
         args = entry.body.block.args
