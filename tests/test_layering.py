@@ -63,6 +63,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "partir.pipeline",
             "partir.pipeline.apart",
             "partir.pipeline.equations",
+            "partir.pipeline.layer_loops",
             "partir.pipeline.replay",
             "partir.pipeline.structure",
         ),
