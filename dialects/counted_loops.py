@@ -14,11 +14,14 @@ SPMD form (there a constant may reach the loop through `spmd.to_local`).
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import DenseArrayBase, DenseIntOrFPElementsAttr, TensorType
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 from xdsl_jax.dialects import stablehlo as shlo
+from xdsl_jax.dialects.stablehlo.attributes import ComparisonDirectionAttr
 
 Affine = tuple[int, int]
 """`(a, b)`: the value `a * counter + b`."""
@@ -84,19 +87,20 @@ def counted_loop(op: Operation) -> CountedLoop | None:
     body = op.body.block
     returned = body.last_op
     assert returned is not None
+    index = RowIndex(op, k, start, trips)
     signs: set[int] = set()
     reads: list[int] = []
     writes: list[int] = []
     for inner in body.ops:
         if inner.name == "stablehlo.dynamic_slice":
             carried = _unchanged_carry(inner.operands[0], body)
-            sign = _row_access(inner, body.args[k], start, trips)
+            sign = index.row_access(inner)
             if carried is not None and sign and _one_row(inner):
                 reads.append(carried)
                 signs.add(sign)
         elif inner.name == "stablehlo.dynamic_update_slice":
             at = _returned_at(inner, returned)
-            sign = _row_access(inner, body.args[k], start, trips)
+            sign = index.row_access(inner)
             if (
                 at is not None
                 and inner.operands[0] is body.args[at]
@@ -121,7 +125,7 @@ def _counter(op: Operation) -> tuple[int, int, int] | None:
     compare = ret.operands[0].owner
     if not isinstance(compare, Operation) or compare.name != "stablehlo.compare":
         return None
-    if "LT" not in str(compare.properties.get("comparison_direction")):
+    if _direction(compare) != "LT":
         return None
     counter, limit = compare.operands
     if not isinstance(counter, BlockArgument) or counter.owner is not cond:
@@ -144,40 +148,107 @@ def _adds_one(body: Block, index: int) -> bool:
     return lhs is body.args[index] and constant_int(rhs) == 1
 
 
-def affine(value: SSAValue, counter: SSAValue) -> Affine | None:
-    """`value` as `a * counter + b`, through constants, adds, subtracts and
-    converts; None when it is not one."""
-    if value is counter:
-        return (1, 0)
-    c = constant_int(value)
-    if c is not None:
-        return (0, c)
-    owner = value.owner
-    if not isinstance(owner, Operation):
+class RowIndex:
+    """Integer scalars of a counted loop's body as `a * counter + b`.
+
+    Read through constants (also ones the loop carries unchanged), adds,
+    subtracts and converts, the other carried counters (`fori_loop`'s own
+    index beside the loop's: a constant start, one added per iteration), and
+    the selects JAX writes to wrap a negative
+    index, decided over the counter's range (`i < 0` never holds there)."""
+
+    def __init__(self, op: shlo.WhileOp, counter: int, start: int, trips: int) -> None:
+        body = op.body.block
+        self.low, self.high = start, start + trips - 1
+        self.known: dict[SSAValue, Affine | None] = {body.args[counter]: (1, 0)}
+        returned = body.last_op
+        assert returned is not None
+        for j, arg in enumerate(body.args):
+            init = self.of(op.operands[j]) if j != counter else None
+            if init is None or init[0] != 0:
+                continue
+            if _adds_one(body, j):
+                self.known[arg] = (1, init[1] - start)
+            elif returned.operands[j] is arg:
+                self.known[arg] = init  # a constant the loop carries unchanged
+
+    def of(self, value: SSAValue) -> Affine | None:
+        if value not in self.known:
+            self.known[value] = self._read(value)
+        return self.known[value]
+
+    def _read(self, value: SSAValue) -> Affine | None:
+        c = constant_int(value)
+        if c is not None:
+            return (0, c)
+        owner = value.owner
+        if not isinstance(owner, Operation):
+            return None
+        if owner.name == "stablehlo.convert":
+            return self.of(owner.operands[0])
+        if owner.name in ("stablehlo.add", "stablehlo.subtract"):
+            lhs, rhs = (self.of(v) for v in owner.operands)
+            if lhs is None or rhs is None:
+                return None
+            sign = 1 if owner.name == "stablehlo.add" else -1
+            return (lhs[0] + sign * rhs[0], lhs[1] + sign * rhs[1])
+        if owner.name == "stablehlo.select":
+            pred, if_true, if_false = owner.operands
+            holds = self.holds(pred)
+            if holds is not None:
+                return self.of(if_true if holds else if_false)
+            both = self.of(if_true), self.of(if_false)
+            return both[0] if both[0] == both[1] else None
         return None
-    if owner.name == "stablehlo.convert":
-        return affine(owner.operands[0], counter)
-    if owner.name in ("stablehlo.add", "stablehlo.subtract"):
-        lhs, rhs = (affine(v, counter) for v in owner.operands)
+
+    def holds(self, pred: SSAValue) -> bool | None:
+        """Whether a comparison of two indices holds on every iteration
+        (True), on none (False), or it depends (None)."""
+        owner = pred.owner
+        if not isinstance(owner, Operation) or owner.name != "stablehlo.compare":
+            return None
+        lhs, rhs = (self.of(v) for v in owner.operands)
         if lhs is None or rhs is None:
             return None
-        sign = 1 if owner.name == "stablehlo.add" else -1
-        return (lhs[0] + sign * rhs[0], lhs[1] + sign * rhs[1])
-    return None
+        a, b = lhs[0] - rhs[0], lhs[1] - rhs[1]
+        test = _COMPARISONS.get(_direction(owner) or "")
+        if test is None:
+            return None
+        ends = {test(a * i + b, 0) for i in (self.low, self.high)}
+        if a and test in (operator.eq, operator.ne) and len(ends) == 1:
+            return None  # equal at both ends says nothing in between
+        return ends.pop() if len(ends) == 1 else None
 
-
-def _row_access(op: Operation, counter: SSAValue, start: int, trips: int) -> int:
-    """+1 when `op` (a dynamic slice or update) accesses row `i` at iteration i,
-    -1 when row `start + trips - 1 - i` (other start indices 0); 0 otherwise."""
-    first, *rest = op.operands[1 if op.name == "stablehlo.dynamic_slice" else 2 :]
-    if any(constant_int(v) != 0 for v in rest):
+    def row_access(self, op: Operation) -> int:
+        """+1 when `op` (a dynamic slice or update) accesses row `n` at
+        iteration n, -1 when row `trips - 1 - n` (its other start indices 0);
+        0 otherwise."""
+        first, *rest = op.operands[1 if op.name == "stablehlo.dynamic_slice" else 2 :]
+        if any(self.of(v) != (0, 0) for v in rest):
+            return 0
+        index = self.of(first)
+        if index == (1, -self.low):
+            return 1
+        if index == (-1, self.high):
+            return -1
         return 0
-    index = affine(first, counter)
-    if index == (1, 0):
-        return 1
-    if index == (-1, 2 * start + trips - 1):
-        return -1
-    return 0
+
+
+_COMPARISONS: dict[str, Callable[[int, int], bool]] = {
+    "LT": operator.lt,
+    "LE": operator.le,
+    "GT": operator.gt,
+    "GE": operator.ge,
+    "EQ": operator.eq,
+    "NE": operator.ne,
+}
+"""A comparison direction, as a test of `lhs - rhs` against 0."""
+
+
+def _direction(op: Operation) -> str | None:
+    attr = op.properties.get("comparison_direction")
+    return attr.data.value if isinstance(attr, ComparisonDirectionAttr) else None
+
 
 
 def _one_row(op: Operation) -> bool:

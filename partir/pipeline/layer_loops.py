@@ -94,6 +94,19 @@ def find_layer_loops(module: ModuleOp, axis: str = "stage") -> LayerLoops:
         if loop is not None:
             rows.seed(loop)
     rows.propagate(body)
+    layer_loops = {loop.op: loop for loop in (forward, backward) if loop is not None}
+    for op in body:
+        if not isinstance(op, shlo.WhileOp):
+            continue
+        loop = layer_loops.get(op)
+        by_rows = {*loop.reads, *loop.writes} if loop is not None else set()
+        if any(rows.is_layers(v) and k not in by_rows for k, v in enumerate(op.operands)):
+            raise PipelineError(
+                f"Pipeline({quoted(axis)}): a loop reads or writes the stacked layers other "
+                "than one layer per step (as the gradient of a fori_loop does, by the "
+                "indices its forward saved): a stage could not tell its own layers; write "
+                "the layers as a lax.scan over the stacked parameters"
+            )
     args = tuple(i for i, a in enumerate(entry.body.block.args) if rows.is_layers(a))
     returned = entry.body.block.last_op
     assert returned is not None
