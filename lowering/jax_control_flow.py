@@ -15,7 +15,7 @@ from xdsl.dialects.builtin import ArrayAttr
 from xdsl.ir import Block, Operation
 from xdsl_jax.dialects import stablehlo as shlo
 
-from dialects.spmd import CARRIED, DTensorType
+from dialects.spmd import CARRIED, VARYING, DTensorType
 from lowering.jax_ir import unsupported
 from lowering.jax_literals import axes_literal, tuple_literal
 
@@ -58,11 +58,15 @@ def _carry_function(
 
 
 def _varying_axes(op: Operation) -> list[tuple[str, ...]] | None:
-    """Per carried value, the mesh axes it is split over (`spmd.CARRIED`)."""
+    """Per carried value, the mesh axes it is split over (`spmd.CARRIED`), and
+    those it differs over besides (`spmd.VARYING`)."""
     carried = op.attributes.get(CARRIED)
+    extra = op.attributes.get(VARYING)
+    more = tuple(a.data for a in extra.data) if isinstance(extra, ArrayAttr) else ()
     if not isinstance(carried, ArrayAttr):
-        return None
-    return [t.distribution.axes if isinstance(t, DTensorType) else () for t in carried]
+        return [more] * len(op.results) if more else None
+    axes = [t.distribution.axes if isinstance(t, DTensorType) else () for t in carried]
+    return [(*a, *(x for x in more if x not in a)) for a in axes]
 
 
 def _as_varying(em: BodyEmitter, names: list[str], axes: list[tuple[str, ...]] | None) -> list[str]:

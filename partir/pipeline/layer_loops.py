@@ -51,6 +51,9 @@ class LayerLoops:
     """Entry arguments (flat leaf indices) whose dim 0 is the layers."""
     stacked_results: tuple[int, ...]
     """Entry results whose dim 0 is the layers."""
+    layer_dim: dict[SSAValue, int]
+    """Per value of the entry function (arguments and its ops' results), the
+    dim that runs over the layers, for those that have one."""
     pre: tuple[Operation, ...]
     head: tuple[Operation, ...]
     update: tuple[Operation, ...]
@@ -107,6 +110,11 @@ def find_layer_loops(module: ModuleOp, axis: str = "stage") -> LayerLoops:
                 "indices its forward saved): a stage could not tell its own layers; write "
                 "the layers as a lax.scan over the stacked parameters"
             )
+    layer_dim = {
+        v: d
+        for v in (*entry.body.block.args, *(r for op in body for r in op.results))
+        if (d := rows.layer_dim(v)) is not None
+    }
     args = tuple(i for i, a in enumerate(entry.body.block.args) if rows.is_layers(a))
     returned = entry.body.block.last_op
     assert returned is not None
@@ -119,6 +127,7 @@ def find_layer_loops(module: ModuleOp, axis: str = "stage") -> LayerLoops:
         forward.trips,
         args,
         results,
+        layer_dim,
         tuple(body[:first]),
         tuple(body[first + 1 : last]) if backward is not None else (),
         tuple(op for op in body[last + 1 :] if op is not returned),
@@ -170,12 +179,14 @@ class _LayerRows:
             for a, b in _same_factor(op):
                 self.union(a, b)
 
-    def is_layers(self, value: SSAValue) -> bool:
-        ty = value.type
-        if not isinstance(ty, TensorType) and not hasattr(ty, "global_type"):
+    def is_layers(self, value: SSAValue, dim: int = 0) -> bool:
+        if dim >= _rank(value):
             return False
-        key = self.find((value, 0))
+        key = self.find((value, dim))
         return any(self.find(root) == key for root in self.roots)
+
+    def layer_dim(self, value: SSAValue) -> int | None:
+        return next((d for d in range(_rank(value)) if self.is_layers(value, d)), None)
 
 
 def _same_factor(op: Operation) -> Iterator[tuple[tuple[SSAValue, int], tuple[SSAValue, int]]]:

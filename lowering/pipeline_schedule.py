@@ -1,0 +1,1001 @@
+"""A per-microbatch SPMD program run as a pipeline schedule over a stage axis.
+
+partir pipelines a training step in two moves. First the step is partitioned
+as any other, with every tactic the user gave and one more: the batch split
+over a *microbatch* axis (`BatchParallel`, the axis minor to the others), so
+the engine decides every value's sharding per microbatch and the SPMD
+program is what one microbatch's device runs. Its collectives over that axis
+are where microbatches meet: the gradients and the loss they add up to.
+Second, this pass turns the microbatch axis into time and splits the layer
+loops over the stage axis (`partir.pipeline.layer_loops`, `stage_loops`):
+
+- each stage runs the forward and the backward loop on its own layers
+  (`split_rows`), the stacked values it holds retyped to its rows;
+- per time step of the schedule every stage runs the forward (backward)
+  loop on the microbatch the schedule gives it, the first stage on the
+  step's *pre* ops' output (embedding), the others on what the previous
+  stage sent; the activation goes to the next stage and the gradient to the
+  previous one by `spmd.collective_permute` over the stage axis, whose pairs
+  are exactly the stages that send that step (2 (S - 1) M transfers a step);
+- the last stage runs the *head* (loss and its gradient) on each
+  microbatch's output, the first stage the ops after the backward loop on
+  each microbatch's gradient; both under `stablehlo.if` on the stage index;
+- what the step adds up over microbatches (an all-reduce over the
+  microbatch axis in the per-microbatch program) is added up over the time
+  steps instead, and a value one stage made that every device returns is
+  all-reduced over the stage axis once;
+- the ops that do not depend on the batch (the update) run once, on each
+  stage's own layers.
+
+The schedule is GPipe: every forward, then every backward, the stages of a
+step working on consecutive microbatches (`partir.pipeline.schedule`). What
+does not fit gets a `PipelineError` naming the op: a collective over the
+microbatch axis other than a sum (a batch statistic, a contrastive loss
+across microbatches), a value the backward reads from the head besides its
+gradient, a per-example result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    TensorType,
+    i1,
+    i32,
+    i64,
+)
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl_jax.dialects import stablehlo as shlo
+from xdsl_jax.dialects.stablehlo.attributes import ComparisonDirection
+
+from dialects.counted_loops import CountedLoop, counted_loop
+from dialects.distribution import Distribution
+from dialects.escaping import quoted
+from dialects.functions import entry_function
+from dialects.names import op_name
+from dialects.partir import MeshOp
+from dialects.spmd import (
+    CARRIED,
+    DIST,
+    VARYING,
+    AllReduceOp,
+    AxisIndexOp,
+    CollectiveOp,
+    CollectivePermuteOp,
+    DTensorType,
+    LocalSliceOp,
+    FromLocalOp,
+    ToLocalOp,
+)
+from dialects.stablehlo_ext import CompareOp, DynamicUpdateSliceOp, SliceOp
+from partir.pipeline.layer_loops import LayerLoops, PipelineError, find_layer_loops
+from partir.pipeline.stage_loops import split_rows, stage_rows
+from rewrites.padding import splat
+
+LINEAR = frozenset(
+    {"stablehlo.transpose", "stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.convert"}
+)
+"""Ops a sum over microbatches passes through unchanged (linear, one operand)."""
+
+RETYPED = frozenset(
+    {
+        "stablehlo.transpose",
+        "stablehlo.reshape",
+        "stablehlo.broadcast_in_dim",
+        "stablehlo.convert",
+        "stablehlo.dot_general",
+        "stablehlo.select",
+        "stablehlo.clamp",
+        "spmd.all_gather",
+        "spmd.all_reduce",
+        "spmd.reduce_scatter",
+        "spmd.to_local",
+    }
+)
+"""Ops besides the elementwise ones whose shapes follow their operands' and
+carry no size in a property: a stage's rows retype them."""
+
+
+@dataclass
+class _Step:
+    """What the pipelined program knows while it builds one time step."""
+
+    block: Block
+    stage: SSAValue
+    """This device's stage (i32 scalar)."""
+    values: dict[SSAValue, SSAValue] = field(default_factory=dict)
+
+
+def pipeline(
+    module: ModuleOp,
+    *,
+    axis: str,
+    stages: int,
+    microbatch_axis: str,
+    microbatches: int,
+) -> None:
+    """Rewrite the per-microbatch SPMD `module` (its mesh has `microbatch_axis`)
+    as the pipelined program over `axis` (see the module docstring)."""
+    Pipelining(module, axis, stages, microbatch_axis, microbatches).run()
+
+
+class Pipelining:
+    def __init__(
+        self, module: ModuleOp, axis: str, stages: int, mb_axis: str, microbatches: int
+    ) -> None:
+        self.module, self.axis, self.S, self.mb, self.M = (
+            module,
+            axis,
+            stages,
+            mb_axis,
+            microbatches,
+        )
+        self.entry = entry_function(module)
+        self.loops: LayerLoops = find_layer_loops(module, axis)
+        if self.loops.backward is None:
+            raise self.error("the step has no backward layer loop; Pipeline pipelines training steps")
+        self.forward: CountedLoop = self.loops.forward
+        self.backward: CountedLoop = self.loops.backward
+
+    def error(self, what: str) -> PipelineError:
+        return PipelineError(f"Pipeline({quoted(self.axis)}): {what}")
+
+    # --- reading the per-microbatch program -----------------------------------------------
+
+    def run(self) -> None:
+        block = self.entry.body.block
+        ops = list(block.ops)
+        self.partial_writes = self._strip_inner_sums()
+        varying, sums = self._varying(ops)
+        self.varying, self.sums = varying, sums
+        f_at, b_at = ops.index(self.forward.op), ops.index(self.backward.op)
+        segment = {
+            op: ("pre" if i < f_at else "head" if i < b_at else "post")
+            for i, op in enumerate(ops)
+            if i not in (f_at, b_at)
+        }
+        self.pre = [op for op in ops if segment.get(op) == "pre" and self._is_varying(op) and not isinstance(op, ToLocalOp)]
+        self.head = [op for op in ops if segment.get(op) == "head" and self._is_varying(op) and op not in sums]
+        self.post = [op for op in ops if segment.get(op) == "post" and self._is_varying(op) and op not in sums and not isinstance(op, FromLocalOp)]
+        after = self._after_sums(ops)
+        invariant = [
+            op
+            for op in ops
+            if not self._is_varying(op)
+            and op not in sums
+            and op not in (self.forward.op, self.backward.op)
+            and not isinstance(op, ToLocalOp | FromLocalOp | func.ReturnOp)
+        ]
+        self.before_ops = [op for op in invariant if op not in after]
+        self.after_ops = [op for op in invariant if op in after]
+        for op in (*self.pre, *self.head, *self.post):
+            for v in op.operands:
+                if v.owner in after:
+                    raise self.error(
+                        f"{op_name(op)} of each microbatch reads a value made from the whole "
+                        "batch's sum (a batch statistic across microbatches); compute it per "
+                        "microbatch, or do not pipeline this step"
+                    )
+        self._check_results(ops)
+        self._retype_stacked(invariant)
+        split_rows(self.forward, self.S, self.axis)
+        split_rows(self.backward, self.S, self.axis)
+        self._build(block, ops)
+
+    def _strip_inner_sums(self) -> set[int]:
+        """Sums over the microbatch axis inside the backward loop (its per-layer
+        gradients) become per-microbatch values the loop writes: the writes
+        they reach are added up over microbatches after it instead."""
+        partial: set[int] = set()
+        for loop in (self.forward, self.backward):
+            body = loop.op.body.block
+            returned = body.last_op
+            assert returned is not None
+            for inner in list(loop.op.walk()):
+                if not isinstance(inner, CollectiveOp) or self.mb not in inner.axis_names:
+                    continue
+                if isinstance(inner, LocalSliceOp):
+                    self._check_own_part(inner)
+                    continue  # the microbatch's part, taken per time step (`_own_parts`)
+                if not isinstance(inner, AllReduceOp) or inner.combines != "sum" or loop is self.forward:
+                    raise self.error(
+                        f"the layer loop's {op_name(inner)} over the microbatch axis combines "
+                        "microbatches inside the layers (a batch statistic); compute it per "
+                        "microbatch, or do not pipeline this step"
+                    )
+                k = self._written_linearly(inner, body, returned)
+                if k is None or not _is_zeros(loop.op.operands[k]):
+                    raise self.error(
+                        f"the backward loop sums {op_name(inner.input.owner) if isinstance(inner.input.owner, Operation) else 'a value'} "
+                        "over microbatches where it does not only accumulate a layer's gradient"
+                    )
+                partial.add(k)
+                rest = [a for a in inner.axis_names if a != self.mb]
+                if rest:
+                    new = AllReduceOp(inner.input, rest)
+                    new.attributes.update(inner.attributes)
+                    Rewriter.replace_op(inner, new)
+                else:
+                    inner.result.replace_all_uses_with(inner.input)
+                    inner.detach()
+                    inner.erase()
+        return partial
+
+    @staticmethod
+    def _written_linearly(op: Operation, body: Block, returned: Operation) -> int | None:
+        """The carried position a value reaches through linear ops and one
+        row write, or None."""
+        value = op.results[0]
+        while True:
+            uses = list(value.uses)
+            if len(uses) != 1:
+                return None
+            user = uses[0].operation
+            if user.name in LINEAR or (user.name == "stablehlo.reduce" and _reducer(user) == "sum"):
+                value = user.results[0]
+                continue
+            if user.name != "stablehlo.dynamic_update_slice" or uses[0].index != 1:
+                return None
+            target = user.operands[0]
+            if target not in body.args:
+                return None
+            k = body.args.index(target)
+            return k if returned.operands[k] is user.results[0] else None
+
+    def _varying(self, ops: list[Operation]) -> tuple[set[SSAValue], set[Operation]]:
+        """The values that differ per microbatch, and the sums over microbatches."""
+        varying: set[SSAValue] = set()
+        sums: set[Operation] = set()
+        for op in ops:
+            if isinstance(op, ToLocalOp):
+                ty = op.operands[0].type
+                if isinstance(ty, DTensorType) and self.mb in ty.distribution.axes:
+                    varying.add(op.results[0])
+                continue
+            reads = any(v in varying for v in op.operands)
+            if isinstance(op, LocalSliceOp) and self.mb in op.axis_names:
+                self._check_own_part(op)
+                varying.add(op.results[0])
+                continue
+            if isinstance(op, CollectiveOp) and self.mb in op.axis_names:
+                if not isinstance(op, AllReduceOp) or op.combines != "sum":
+                    raise self.error(
+                        f"{op_name(op)} over the microbatch axis joins microbatches (a "
+                        "contrastive loss, a batch statistic); Pipeline needs each microbatch's "
+                        "examples to be computed apart"
+                    )
+                sums.add(op)
+                continue
+            if op is self.backward.op:
+                for k, r in enumerate(op.results):
+                    if k not in self.backward.writes and k not in self.backward.reads and k != self.backward.counter:
+                        if reads:
+                            varying.add(r)
+                continue
+            if reads:
+                varying.update(op.results)
+        return varying, sums
+
+    def _check_own_part(self, op: LocalSliceOp) -> None:
+        if op.axis_names != (self.mb,):
+            raise self.error(
+                f"{op_name(op)} takes a device's part over {list(op.axis_names)}, the "
+                "microbatch axis among them; Pipeline takes a microbatch's part alone"
+            )
+
+    def _own_parts(self, ops: Iterable[Operation], index: SSAValue | int) -> None:
+        """Each `spmd.local_slice` over the microbatch axis among `ops` (and in
+        their regions) takes microbatch `index`'s part (a constant, or the
+        stage's microbatch of the time step) instead of a device's."""
+        for top in list(ops):
+            for op in list(top.walk()):
+                if not isinstance(op, LocalSliceOp) or self.mb not in op.axis_names:
+                    continue
+                d = op.dim.value.data
+                ty = op.result.type
+                assert isinstance(ty, TensorType)
+                n = ty.get_shape()[d]
+                part = self.b.part(op.input, d, n, index, before=op)
+                op.result.replace_all_uses_with(part)
+                op.detach()
+                op.erase()
+
+    def _is_varying(self, op: Operation) -> bool:
+        return any(r in self.varying for r in op.results)
+
+    def _after_sums(self, ops: list[Operation]) -> set[Operation]:
+        """The ops that read a sum over microbatches (or the backward's
+        accumulated gradients), directly or not."""
+        tainted: set[SSAValue] = {s.results[0] for s in self.sums}
+        tainted.update(self.backward.op.results[k] for k in self.partial_writes)
+        after: set[Operation] = set()
+        for op in ops:
+            if op in self.sums or op is self.backward.op:
+                continue
+            if any(v in tainted for v in op.operands):
+                after.add(op)
+                tainted.update(op.results)
+        return after
+
+    def _check_results(self, ops: list[Operation]) -> None:
+        returned = ops[-1]
+        assert isinstance(returned, func.ReturnOp)
+        for op in ops:
+            if isinstance(op, FromLocalOp) and op.operands[0] in self.varying:
+                raise self.error(
+                    "the step returns a per-example value; Pipeline returns what the step "
+                    "adds up over the batch (the loss, the updated state)"
+                )
+
+    # --- a stage's rows ----------------------------------------------------------------
+
+    def _retype_stacked(self, invariant: Sequence[Operation]) -> None:
+        """Values of the layer class keep a stage's rows."""
+        layer_dim = self.layer_dim = dict(self.loops.layer_dim)
+        for arg in self.entry.body.block.args:
+            d = layer_dim.get(arg)
+            if d is not None:
+                assert isinstance(arg.type, DTensorType)
+                dist = arg.type.distribution
+                dims = list(dist.dims)
+                dims[d] = (self.axis, *dims[d])
+                new = DTensorType.of(arg.type.global_type, Distribution(tuple(dims), dist.partial))
+                layer_dim[Rewriter.replace_value_with_new_type(arg, new)] = d
+        for op in (*self._to_locals(), *invariant):
+            for r in op.results:
+                d = layer_dim.get(r)
+                if d is None:
+                    continue
+                if op.name not in RETYPED and not _elementwise(op) and op.name != "stablehlo.reduce":
+                    raise self.error(
+                        f"{op_name(op)} outside the layer loops has the layers in its shape "
+                        "in a way a stage cannot take its own part of; read the stacked "
+                        "values elementwise outside the loops"
+                    )
+                ty = r.type
+                assert isinstance(ty, TensorType)
+                shape = list(ty.get_shape())
+                shape[d] //= self.S
+                retyped = TensorType(ty.get_element_type(), shape)
+                layer_dim[Rewriter.replace_value_with_new_type(r, retyped)] = d
+            if op.name == "stablehlo.reduce":
+                self._reduce_across_stages(op)
+
+    def _reduce_across_stages(self, op: Operation) -> None:
+        """A reduction over the layers is a stage's partial one: combine it."""
+        operand = op.operands[0]
+        d = self.layer_dim.get(operand)
+        dims = op.properties.get("dimensions")
+        if d is None or not isinstance(dims, DenseArrayBase) or d not in dims.get_values():
+            return
+        combiner = _reducer(op)
+        if combiner is None:
+            raise self.error(
+                f"{op_name(op)} reduces over the layers with a combiner other than a sum, "
+                "max or min; a stage holds only its own layers"
+            )
+        for r in op.results[: len(op.results) // 2 or 1]:
+            ar = AllReduceOp(r, [self.axis], combiner)
+            Rewriter.insert_op(ar, _after(op))
+            for use in list(r.uses):
+                if use.operation is not ar:
+                    use.operation.operands[use.index] = ar.results[0]
+
+    def _to_locals(self) -> list[Operation]:
+        return [op for op in self.entry.body.block.ops if isinstance(op, ToLocalOp)]
+
+    # --- building the schedule ---------------------------------------------------------
+
+    def _build(self, block: Block, ops: list[Operation]) -> None:
+        mesh_op = next(op for op in self.module.body.block.ops if isinstance(op, MeshOp))
+        axes = {k: v for k, v in mesh_op.axes.items() if k != self.mb}
+        self.mesh_axes = {self.axis: self.S, **axes} if self.axis not in axes else axes
+        new = Block(arg_types=[self._without_mb(a.type) for a in block.args])
+        was: dict[SSAValue, Attribute] = {}
+        for old, arg in zip(block.args, new.args, strict=True):
+            arg.name_hint = old.name_hint
+            was[arg] = old.type
+            old.replace_all_uses_with(arg)
+        b = _Builder(new)
+        self.b = b
+        # the arguments' parts: a microbatch's rows of each batch-split one
+        self.per_mb: list[dict[SSAValue, SSAValue]] = [{} for _ in range(self.M)]
+        for op in self._to_locals():
+            op.detach()
+            dtensor = was[op.operands[0]]
+            assert isinstance(dtensor, DTensorType)
+            if self.mb in dtensor.distribution.axes:
+                d = next(i for i, dim in enumerate(dtensor.distribution.dims) if self.mb in dim)
+                if dtensor.distribution.dims[d][-1] != self.mb:
+                    raise self.error("the microbatch axis must split the batch minor to the others")
+                old = op.results[0]
+                part = old.type
+                assert isinstance(part, TensorType)
+                given = op.operands[0].type
+                assert isinstance(given, DTensorType)
+                whole = ToLocalOp(op.operands[0], self._local(given))
+                whole.attributes[DIST] = given
+                b.add(whole)
+                n = part.get_shape()[d]
+                for m in range(self.M):
+                    self.per_mb[m][old] = b.rows(whole.results[0], d, m * n, (m + 1) * n)
+            else:
+                b.add(op)
+        for op in self.before_ops:
+            op.detach()
+            b.add(op)
+        self.stage = b.add(AxisIndexOp([self.axis], TensorType(i32, []))).results[0]
+        for m in range(self.M):
+            self._own_parts(b.clone(self.pre, self.per_mb[m]), m)
+        self._accumulate_pre_sums()
+        self._forward_phase()
+        self._backward_phase()
+        self._finish_sums()
+        for op in self.after_ops:
+            op.detach()
+            b.add(op)
+        self._finish(block, new, ops)
+
+    def _local(self, dtensor: DTensorType) -> TensorType:
+        """The local type of `dtensor` on the pipelined mesh."""
+        shape = list(dtensor.global_type.get_shape())
+        for d, dim in enumerate(dtensor.distribution.dims):
+            for a in dim:
+                shape[d] //= self.mesh_axes[a]
+        return TensorType(dtensor.global_type.get_element_type(), shape)
+
+    def _without_mb(self, ty: Attribute) -> Attribute:
+        if not isinstance(ty, DTensorType):
+            return ty
+        dist = ty.distribution
+        dims = tuple(tuple(a for a in d if a != self.mb) for d in dist.dims)
+        partial = tuple(a for a in dist.partial if a != self.mb)
+        return DTensorType.of(ty.global_type, Distribution(dims, partial))
+
+    # --- the forward phase -------------------------------------------------------------
+
+    def _microbatch(self, t: int, backward: bool) -> tuple[SSAValue, SSAValue]:
+        """The microbatch this device's stage works on at step `t` of the forward
+        (`t - stage`) or the backward phase (`t - (S - 1 - stage)`), clamped into
+        [0, M), and whether it is in range (else the stage idles in the bubble)."""
+        b = self.b
+        if backward:
+            m = b.sum(b.const(t - (self.S - 1)), self.stage)
+        else:
+            m = b.sub(b.const(t), self.stage)
+        valid = b.and_(b.cmp(m, b.const(0), "GE"), b.cmp(m, b.const(self.M - 1), "LE"))
+        return b.clamp(m, 0, self.M - 1), valid
+
+    def _flowing(self, loop: CountedLoop) -> list[int]:
+        """The loop's varying carried values that change: the activation
+        (gradient) passed from stage to stage."""
+        returned = loop.op.body.block.last_op
+        assert returned is not None
+        return [
+            k
+            for k, v in enumerate(loop.op.operands)
+            if k not in (*loop.reads, *loop.writes, loop.counter)
+            and returned.operands[k] is not loop.op.body.block.args[k]
+            and (v in self.varying or loop is self.backward)
+        ]
+
+    def _forward_phase(self) -> None:
+        b, f = self.b, self.forward
+        steps = self.M + self.S - 1
+        flowing = self._flowing(f)
+        self.flowing_forward = flowing
+        stored = self._forward_results_read_later()
+        self.buffers = {k: b.zeros(_stacked(f.op.results[k].type, self.M)) for k in stored}
+        recv = {k: b.zeros(f.op.operands[k].type) for k in flowing}
+        self.seeds: list[dict[SSAValue, SSAValue]] = [{} for _ in range(self.M)]
+        first = b.cmp(self.stage, b.const(0), "EQ")
+        last = b.cmp(self.stage, b.const(self.S - 1), "EQ")
+        for t in range(steps):
+            index, valid = self._microbatch(t, backward=False)
+            operands = []
+            for k, v in enumerate(f.op.operands):
+                if k in flowing:
+                    own = self.per_mb[min(t, self.M - 1)].get(v, v)
+                    operands.append(b.select(first, own, recv[k]))
+                elif v in self.varying:
+                    operands.append(self._read_stack(v, index))
+                else:
+                    operands.append(v)
+            clone = b.clone_loop(f.op, operands, self._stage_varying())
+            self._own_parts([clone], index)
+            for k in stored:
+                self.buffers[k] = b.store(self.buffers[k], clone.results[k], index, valid)
+            m_last = t - (self.S - 1)
+            if 0 <= m_last < self.M:
+                self._run_head(m_last, clone, last)
+            pairs = [(s, s + 1) for s in range(self.S - 1) if 0 <= t - s < self.M]
+            if pairs and t < steps - 1:
+                for k in flowing:
+                    recv[k] = b.add(CollectivePermuteOp(clone.results[k], [self.axis], pairs)).results[0]
+
+    def _forward_results_read_later(self) -> list[int]:
+        """Forward results the backward loop reads (its residuals)."""
+        f = self.forward.op
+        needed = set(self.backward.op.operands)
+        return [k for k, r in enumerate(f.results) if r in needed]
+
+    def _read_stack(self, value: SSAValue, index: SSAValue) -> SSAValue:
+        """Microbatch `index`'s `value` (made by the pre ops), on any stage."""
+        if value not in self.per_mb[0]:
+            raise self.error(
+                "a layer loop reads a per-microbatch value the step makes after the first "
+                "loop; Pipeline passes only the activation and its gradient between stages"
+            )
+        key = ("stack", value)
+        stack = self.b.memo.get(key)
+        if stack is None:
+            stack = self.b.stack([self.per_mb[m][value] for m in range(self.M)])
+            self.b.memo[key] = stack
+        return self.b.load(stack, index)
+
+    def _stage_varying(self) -> list[str]:
+        return [self.axis]
+
+    def _run_head(self, m: int, clone: Operation, last: SSAValue) -> None:
+        """The head on microbatch `m`'s output, on the last stage: the
+        backward's seed and the head's share of the sums."""
+        f, bwd = self.forward.op, self.backward.op
+        values = dict(self.per_mb[m])
+        values.update(zip(f.results, clone.results, strict=True))
+        seeds = [
+            v
+            for k, v in enumerate(bwd.operands)
+            if v in self.varying and k not in self.backward.reads and v not in f.results
+        ]
+        for v in seeds:
+            if not (isinstance(v.owner, Operation) and v.owner in self.head):
+                raise self.error(
+                    "the backward layer loop reads a per-microbatch value the head does not "
+                    "make; Pipeline needs the head to hand the loop the gradient of its output"
+                )
+        contributions = [s for s in self.sums if self._made_in(s.operands[0], self.head, f)]
+        outs = [*seeds, *(s.operands[0] for s in contributions)]
+        results = self.b.if_(last, self.head, values, outs, self._axes_of)
+        self._own_parts([results[0].owner], m) if results else None
+        for v, r in zip(seeds, results[: len(seeds)], strict=True):
+            self.seeds[m][v] = r
+        for s, r in zip(contributions, results[len(seeds) :], strict=True):
+            self._add(s, r)
+
+    def _made_in(self, value: SSAValue, segment: list[Operation], loop: Operation) -> bool:
+        owner = value.owner
+        return owner is loop or (isinstance(owner, Operation) and owner in segment)
+
+    # --- the backward phase ------------------------------------------------------------
+
+    def _backward_phase(self) -> None:
+        b, bw = self.b, self.backward
+        steps = self.M + self.S - 1
+        flowing = self._flowing(bw)
+        recv = {k: b.zeros(bw.op.operands[k].type) for k in flowing}
+        f_results = {r: k for k, r in enumerate(self.forward.op.results)}
+        last = b.cmp(self.stage, b.const(self.S - 1), "EQ")
+        first = b.cmp(self.stage, b.const(0), "EQ")
+        self.grads = {k: b.zeros(bw.op.results[k].type) for k in self.partial_writes}
+        for t in range(steps):
+            index, valid = self._microbatch(t, backward=True)
+            operands = []
+            for k, v in enumerate(bw.op.operands):
+                if v in f_results:
+                    operands.append(b.load(self.buffers[f_results[v]], index))
+                elif k in flowing:
+                    own = self.seeds[min(t, self.M - 1)].get(v)
+                    if own is None:
+                        raise self.error(
+                            "the backward layer loop carries a per-microbatch value that does "
+                            "not come from the head; Pipeline passes only the gradient"
+                        )
+                    operands.append(b.select(last, own, recv[k]))
+                elif v in self.varying:
+                    operands.append(self._read_stack(v, index))
+                else:
+                    operands.append(v)
+            clone = b.clone_loop(bw.op, operands, self._stage_varying())
+            self._own_parts([clone], index)
+            for k in self.partial_writes:
+                self.grads[k] = b.add_masked(self.grads[k], clone.results[k], valid)
+            m0 = t - (self.S - 1)
+            if 0 <= m0 < self.M:
+                self._run_post(m0, clone, first)
+            pairs = [(s, s - 1) for s in range(1, self.S) if 0 <= t - (self.S - 1 - s) < self.M]
+            if pairs and t < steps - 1:
+                for k in flowing:
+                    recv[k] = b.add(CollectivePermuteOp(clone.results[k], [self.axis], pairs)).results[0]
+
+    def _run_post(self, m: int, clone: Operation, first: SSAValue) -> None:
+        """The ops after the backward loop on microbatch `m`'s gradient, on the
+        first stage: their share of the sums."""
+        bwd = self.backward.op
+        values = dict(self.per_mb[m])
+        values.update(zip(bwd.results, clone.results, strict=True))
+        for op in self.post:
+            for v in op.operands:
+                if isinstance(v.owner, Operation) and v.owner in self.head:
+                    raise self.error(
+                        f"{op_name(op)} after the backward loop reads a value of the head; "
+                        "the head runs on the last stage and this op on the first"
+                    )
+        contributions = [s for s in self.sums if self._made_in(s.operands[0], self.post, bwd)]
+        if not contributions:
+            return
+        outs = [s.operands[0] for s in contributions]
+        results = self.b.if_(first, self.post, values, outs, self._axes_of)
+        self._own_parts([results[0].owner], m)
+        for s, r in zip(contributions, results, strict=True):
+            self._add(s, r)
+
+    # --- the sums over microbatches ------------------------------------------------------
+
+    def _accumulate_pre_sums(self) -> None:
+        """Sums of the pre ops' values: every stage makes them alike."""
+        self.acc: dict[Operation, SSAValue] = {}
+        self.one_stage: set[Operation] = set()
+        for s in self.sums:
+            if self._made_in(s.operands[0], self.pre, self.pre[0] if self.pre else s) or s.operands[0] in self.per_mb[0]:
+                for m in range(self.M):
+                    self._add(s, self.per_mb[m].get(s.operands[0], s.operands[0]), one_stage=False)
+
+    def _add(self, s: Operation, value: SSAValue, one_stage: bool = True) -> None:
+        if one_stage:
+            self.one_stage.add(s)
+        if s not in self.acc:
+            self.acc[s] = self.b.zeros(value.type)
+        self.acc[s] = self.b.sum(self.acc[s], value)
+
+    def _finish_sums(self) -> None:
+        for s in sorted(self.sums, key=lambda op: self._order(op)):
+            assert isinstance(s, AllReduceOp)
+            if s not in self.acc:
+                raise self.error(f"{op_name(s)} over microbatches sums a value no stage makes")
+            rest = [a for a in s.axis_names if a != self.mb]
+            if s in self.one_stage:
+                rest = [self.axis, *rest]
+            value = self.acc[s]
+            if rest:
+                reduced = AllReduceOp(value, rest)
+                reduced.attributes.update({k: v for k, v in s.attributes.items() if k != DIST})
+                value = self.b.add(reduced).results[0]
+            s.results[0].replace_all_uses_with(value)
+        for k, total in self.grads.items():
+            self.backward.op.results[k].replace_all_uses_with(total)
+        for k in self.backward.reads:
+            self.backward.op.results[k].replace_all_uses_with(self.backward.op.operands[k])
+
+    def _order(self, op: Operation) -> int:
+        block = op.parent_block()
+        return block.get_operation_index(op) if block is not None else 0
+
+    def _axes_of(self, value: SSAValue) -> tuple[str, ...]:
+        owner = value.owner
+        dist = owner.attributes.get(DIST) if isinstance(owner, Operation) else None
+        axes = dist.distribution.axes if isinstance(dist, DTensorType) else ()
+        return (*(a for a in axes if a != self.mb), self.axis)
+
+    # --- the function ------------------------------------------------------------------
+
+    def _finish(self, block: Block, new: Block, ops: list[Operation]) -> None:
+        b = self.b
+        results = []
+        returned = ops[-1]
+        for op in ops:
+            if isinstance(op, FromLocalOp):
+                value = op.operands[0]
+                d = self.layer_dim.get(value)
+                dtensor = op.results[0].type
+                assert isinstance(dtensor, DTensorType)
+                dist = dtensor.distribution
+                dims = [tuple(a for a in dim if a != self.mb) for dim in dist.dims]
+                if d is not None:
+                    dims[d] = (self.axis, *dims[d])
+                typed = DTensorType.of(dtensor.global_type, Distribution(tuple(dims)))
+                made = b.add(FromLocalOp(value, typed))
+                made.attributes[DIST] = typed
+                op.results[0].replace_all_uses_with(made.results[0])
+        for v in returned.operands:
+            results.append(v)
+        b.add(func.ReturnOp(*results))
+        for op in reversed(ops):
+            if op.parent_block() is block:
+                op.detach()
+                op.erase(safe_erase=False)
+        self.entry.body.detach_block(block)
+        self.entry.body.add_block(new)
+        self.entry.function_type = func.FunctionType.from_lists(
+            [a.type for a in new.args], [v.type for v in results]
+        )
+        for op in list(self.module.body.block.ops):
+            if isinstance(op, MeshOp):
+                Rewriter.replace_op(op, MeshOp(self.mesh_axes))
+        for op in new.walk():
+            _drop_axis(op, self.mb)
+
+
+
+class _Builder:
+    """Appends ops to the pipelined function's block."""
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self.memo: dict[object, SSAValue] = {}
+
+    def add(self, op: Operation) -> Operation:
+        self.block.add_op(op)
+        return op
+
+    def const(self, n: int) -> SSAValue:
+        key = ("i32", n)
+        if key not in self.memo:
+            self.memo[key] = self.add(splat(TensorType(i32, []), n)).results[0]
+        return self.memo[key]
+
+    def zeros(self, ty: Attribute) -> SSAValue:
+        assert isinstance(ty, TensorType)
+        scalar = self.add(splat(TensorType(ty.get_element_type(), []), 0)).results[0]
+        return self.add(
+            shlo.BroadcastInDimOp.create(
+                operands=[scalar],
+                result_types=[ty],
+                properties={"broadcast_dimensions": DenseArrayBase.from_list(i64, [])},
+            )
+        ).results[0]
+
+    def sub(self, x: SSAValue, y: SSAValue) -> SSAValue:
+        return self.add(shlo.SubtractOp(x, y, x.type)).results[0]
+
+    def sum(self, x: SSAValue, y: SSAValue) -> SSAValue:
+        return self.add(shlo.AddOp(x, y, x.type)).results[0]
+
+    def cmp(self, x: SSAValue, y: SSAValue, direction: str) -> SSAValue:
+        return self.add(CompareOp(x, y, ComparisonDirection[direction])).results[0]
+
+    def and_(self, x: SSAValue, y: SSAValue) -> SSAValue:
+        return self.add(shlo.AndOp(x, y, x.type)).results[0]
+
+    def clamp(self, x: SSAValue, low: int, high: int) -> SSAValue:
+        return self.add(
+            shlo.ClampOp.create(operands=[self.const(low), x, self.const(high)], result_types=[x.type])
+        ).results[0]
+
+    def select(self, pred: SSAValue, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self.add(shlo.SelectOp.create(operands=[pred, a, b], result_types=[a.type])).results[0]
+
+    def add_masked(self, acc: SSAValue, value: SSAValue, valid: SSAValue) -> SSAValue:
+        return self.sum(acc, self.select(self._splat_pred(valid, value.type), value, self.zeros(value.type)))
+
+    def _splat_pred(self, pred: SSAValue, ty: Attribute) -> SSAValue:
+        assert isinstance(ty, TensorType)
+        if not ty.get_shape():
+            return pred
+        return self.add(
+            shlo.BroadcastInDimOp.create(
+                operands=[pred],
+                result_types=[TensorType(i1, ty.get_shape())],
+                properties={"broadcast_dimensions": DenseArrayBase.from_list(i64, [])},
+            )
+        ).results[0]
+
+    def rows(self, value: SSAValue, dim: int, start: int, stop: int) -> SSAValue:
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        shape = list(ty.get_shape())
+        starts, limits = [0] * len(shape), list(shape)
+        starts[dim], limits[dim] = start, stop
+        shape[dim] = stop - start
+        return self.add(
+            SliceOp.create(
+                operands=[value],
+                result_types=[TensorType(ty.get_element_type(), shape)],
+                properties={
+                    "start_indices": DenseArrayBase.from_list(i64, starts),
+                    "limit_indices": DenseArrayBase.from_list(i64, limits),
+                    "strides": DenseArrayBase.from_list(i64, [1] * len(shape)),
+                },
+            )
+        ).results[0]
+
+    def _lead(self, value: SSAValue) -> SSAValue:
+        """`value` with a leading dim of 1."""
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        shape = list(ty.get_shape())
+        return self.add(
+            shlo.BroadcastInDimOp.create(
+                operands=[value],
+                result_types=[TensorType(ty.get_element_type(), [1, *shape])],
+                properties={
+                    "broadcast_dimensions": DenseArrayBase.from_list(i64, list(range(1, len(shape) + 1)))
+                },
+            )
+        ).results[0]
+
+    def stack(self, values: Sequence[SSAValue]) -> SSAValue:
+        ty = values[0].type
+        assert isinstance(ty, TensorType)
+        return self.add(
+            shlo.ConcatenateOp.create(
+                operands=[self._lead(v) for v in values],
+                result_types=[_stacked(ty, len(values))],
+                properties={"dimension": IntegerAttr(0, i64)},
+            )
+        ).results[0]
+
+    def load(self, stack: SSAValue, index: SSAValue) -> SSAValue:
+        ty = stack.type
+        assert isinstance(ty, TensorType)
+        _, *shape = ty.get_shape()
+        rows = self.add(
+            shlo.DynamicSliceOp.create(
+                operands=[stack, index, *[self.const(0)] * len(shape)],
+                result_types=[TensorType(ty.get_element_type(), [1, *shape])],
+                properties={"slice_sizes": DenseArrayBase.from_list(i64, [1, *shape])},
+            )
+        ).results[0]
+        return self.add(
+            shlo.ReshapeOp.create(operands=[rows], result_types=[TensorType(ty.get_element_type(), shape)])
+        ).results[0]
+
+    def store(self, stack: SSAValue, value: SSAValue, index: SSAValue, valid: SSAValue) -> SSAValue:
+        kept = self.select(self._splat_pred(valid, value.type), value, self.load(stack, index))
+        ty = stack.type
+        assert isinstance(ty, TensorType)
+        return self.add(
+            DynamicUpdateSliceOp.create(
+                operands=[stack, self._lead(kept), index, *[self.const(0)] * (ty.get_num_dims() - 1)],
+                result_types=[ty],
+            )
+        ).results[0]
+
+    def clone(self, ops: Sequence[Operation], values: dict[SSAValue, SSAValue]) -> list[Operation]:
+        """Clone `ops` in order, reading `values` for the values they map."""
+        return [self.add(op.clone(value_mapper=values)) for op in ops]
+
+    def part(
+        self, value: SSAValue, d: int, n: int, index: SSAValue | int, before: Operation
+    ) -> SSAValue:
+        """Part `index` (of size `n`) of `value` along dim `d`, made before `before`."""
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        shape = list(ty.get_shape())
+        rank = len(shape)
+        shape[d] = n
+        part_type = TensorType(ty.get_element_type(), shape)
+        made: list[Operation] = []
+        if isinstance(index, int):
+            starts, limits = [0] * rank, list(ty.get_shape())
+            starts[d], limits[d] = index * n, (index + 1) * n
+            made.append(
+                SliceOp.create(
+                    operands=[value],
+                    result_types=[part_type],
+                    properties={
+                        "start_indices": DenseArrayBase.from_list(i64, starts),
+                        "limit_indices": DenseArrayBase.from_list(i64, limits),
+                        "strides": DenseArrayBase.from_list(i64, [1] * rank),
+                    },
+                )
+            )
+        else:
+            scalar = TensorType(i32, [])
+            size, zero = splat(scalar, n), splat(scalar, 0)
+            start = shlo.MultiplyOp(index, size.results[0], scalar)
+            indices = [zero.results[0]] * rank
+            indices[d] = start.results[0]
+            made += [
+                size,
+                zero,
+                start,
+                shlo.DynamicSliceOp.create(
+                    operands=[value, *indices],
+                    result_types=[part_type],
+                    properties={"slice_sizes": DenseArrayBase.from_list(i64, shape)},
+                ),
+            ]
+        Rewriter.insert_op(made, InsertPoint.before(before))
+        return made[-1].results[0]
+
+    def clone_loop(self, loop: Operation, operands: Sequence[SSAValue], varying: Sequence[str]) -> Operation:
+        clone = loop.clone()
+        clone.operands = list(operands)
+        clone.attributes[VARYING] = ArrayAttr([StringAttr(a) for a in varying])
+        return self.add(clone)
+
+    def if_(
+        self,
+        pred: SSAValue,
+        ops: Sequence[Operation],
+        values: dict[SSAValue, SSAValue],
+        outs: Sequence[SSAValue],
+        axes_of,  # noqa: ANN001
+    ) -> list[SSAValue]:
+        """`ops` run under `pred` (cloned reading `values`), giving `outs`; zeros
+        where `pred` does not hold."""
+        taken = Block()
+        mapping = dict(values)
+        for op in ops:
+            taken.add_op(op.clone(value_mapper=mapping))
+        taken.add_op(shlo.ReturnOp([mapping.get(v, v) for v in outs]))
+        other = Block()
+        saved = self.block
+        self.block = other
+        zeros = [self.zeros(mapping.get(v, v).type) for v in outs]
+        self.block = saved
+        other.add_op(shlo.ReturnOp(zeros))
+        op = shlo.IfOp.create(
+            operands=[pred],
+            result_types=[mapping.get(v, v).type for v in outs],
+            regions=[Region(taken), Region(other)],
+        )
+        axes = sorted({a for v in outs for a in axes_of(v)})
+        op.attributes[VARYING] = ArrayAttr([StringAttr(a) for a in axes])
+        return list(self.add(op).results)
+
+
+def _stacked(ty: Attribute, n: int) -> TensorType:
+    assert isinstance(ty, TensorType)
+    return TensorType(ty.get_element_type(), [n, *ty.get_shape()])
+
+
+def _drop_axis(op: Operation, axis: str) -> None:
+    """`op`'s distribution annotations without `axis`."""
+    dist = op.attributes.get(DIST)
+    if isinstance(dist, DTensorType) and axis in dist.distribution.axes:
+        d = dist.distribution
+        dims = tuple(tuple(a for a in dim if a != axis) for dim in d.dims)
+        op.attributes[DIST] = DTensorType.of(
+            dist.global_type, Distribution(dims, tuple(a for a in d.partial if a != axis))
+        )
+    carried = op.attributes.get(CARRIED)
+    if isinstance(carried, ArrayAttr):
+        entries = []
+        for t in carried.data:
+            if isinstance(t, DTensorType):
+                d = t.distribution
+                dims = tuple(tuple(a for a in dim if a != axis) for dim in d.dims)
+                t = DTensorType.of(t.global_type, Distribution(dims, tuple(a for a in d.partial if a != axis)))
+            entries.append(t)
+        op.attributes[CARRIED] = ArrayAttr(entries)
+
+
+def _elementwise(op: Operation) -> bool:
+    from rewrites.registry import rule_for
+
+    rule = rule_for(op)
+    return rule is not None and all(d == rule.results[0] for d in rule.operands) if op.results else False
+
+
+def _is_zeros(value: SSAValue) -> bool:
+    owner = value.owner
+    while isinstance(owner, Operation) and owner.name in ("stablehlo.broadcast_in_dim", "spmd.to_local"):
+        owner = owner.operands[0].owner
+    if not isinstance(owner, Operation) or owner.name != "stablehlo.constant":
+        return False
+    values = owner.properties["value"].get_values()  # type: ignore[attr-defined]
+    return all(v == 0 for v in values)
+
+
+def _reducer(op: Operation) -> str | None:
+    body = op.regions[0].block
+    combine = body.first_op
+    return {"stablehlo.add": "sum", "stablehlo.maximum": "max", "stablehlo.minimum": "min"}.get(
+        combine.name if combine is not None else ""
+    )
+
+
+def _after(op: Operation):  # noqa: ANN202
+    from xdsl.rewriter import InsertPoint
+
+    return InsertPoint.after(op)
