@@ -62,11 +62,16 @@ def _varying_axes(op: Operation) -> list[tuple[str, ...]] | None:
     those it differs over besides (`spmd.VARYING`)."""
     carried = op.attributes.get(CARRIED)
     extra = op.attributes.get(VARYING)
-    more = tuple(a.data for a in extra.data) if isinstance(extra, ArrayAttr) else ()
+    more: list[tuple[str, ...]] = [()] * len(op.results)
+    if isinstance(extra, ArrayAttr):
+        if all(isinstance(e, ArrayAttr) for e in extra.data):  # per result
+            more = [tuple(a.data for a in e.data) for e in extra.data]  # type: ignore[attr-defined]
+        else:  # the same axes for every result
+            more = [tuple(a.data for a in extra.data)] * len(op.results)  # type: ignore[attr-defined]
     if not isinstance(carried, ArrayAttr):
-        return [more] * len(op.results) if more else None
+        return more if any(more) else None
     axes = [t.distribution.axes if isinstance(t, DTensorType) else () for t in carried]
-    return [(*a, *(x for x in more if x not in a)) for a in axes]
+    return [(*a, *(x for x in m if x not in a)) for a, m in zip(axes, more, strict=True)]
 
 
 def _as_varying(em: BodyEmitter, names: list[str], axes: list[tuple[str, ...]] | None) -> list[str]:

@@ -37,13 +37,14 @@ gradient, a per-example result.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
     DenseArrayBase,
+    DenseIntOrFPElementsAttr,
     IntegerAttr,
     ModuleOp,
     StringAttr,
@@ -78,6 +79,7 @@ from dialects.spmd import (
 )
 from dialects.stablehlo_ext import CompareOp, DynamicUpdateSliceOp, SliceOp
 from partir.pipeline.layer_loops import LayerLoops, PipelineError, find_layer_loops
+from partir.pipeline.schedule import Schedule, make_schedule
 from partir.pipeline.stage_loops import split_rows, stage_rows
 from rewrites.padding import splat
 
@@ -122,23 +124,19 @@ def pipeline(
     stages: int,
     microbatch_axis: str,
     microbatches: int,
+    schedule: str = "gpipe",
 ) -> None:
     """Rewrite the per-microbatch SPMD `module` (its mesh has `microbatch_axis`)
     as the pipelined program over `axis` (see the module docstring)."""
-    Pipelining(module, axis, stages, microbatch_axis, microbatches).run()
+    Pipelining(module, axis, stages, microbatch_axis, make_schedule(schedule, stages, microbatches)).run()
 
 
 class Pipelining:
     def __init__(
-        self, module: ModuleOp, axis: str, stages: int, mb_axis: str, microbatches: int
+        self, module: ModuleOp, axis: str, stages: int, mb_axis: str, schedule: Schedule
     ) -> None:
-        self.module, self.axis, self.S, self.mb, self.M = (
-            module,
-            axis,
-            stages,
-            mb_axis,
-            microbatches,
-        )
+        self.module, self.axis, self.mb, self.schedule = module, axis, mb_axis, schedule
+        self.S, self.M = stages, schedule.microbatches
         self.entry = entry_function(module)
         self.loops: LayerLoops = find_layer_loops(module, axis)
         if self.loops.backward is None:
@@ -437,8 +435,7 @@ class Pipelining:
         for m in range(self.M):
             self._own_parts(b.clone(self.pre, self.per_mb[m]), m)
         self._accumulate_pre_sums()
-        self._forward_phase()
-        self._backward_phase()
+        self._run_schedule()
         self._finish_sums()
         for op in self.after_ops:
             op.detach()
@@ -461,23 +458,11 @@ class Pipelining:
         partial = tuple(a for a in dist.partial if a != self.mb)
         return DTensorType.of(ty.global_type, Distribution(dims, partial))
 
-    # --- the forward phase -------------------------------------------------------------
-
-    def _microbatch(self, t: int, backward: bool) -> tuple[SSAValue, SSAValue]:
-        """The microbatch this device's stage works on at step `t` of the forward
-        (`t - stage`) or the backward phase (`t - (S - 1 - stage)`), clamped into
-        [0, M), and whether it is in range (else the stage idles in the bubble)."""
-        b = self.b
-        if backward:
-            m = b.sum(b.const(t - (self.S - 1)), self.stage)
-        else:
-            m = b.sub(b.const(t), self.stage)
-        valid = b.and_(b.cmp(m, b.const(0), "GE"), b.cmp(m, b.const(self.M - 1), "LE"))
-        return b.clamp(m, 0, self.M - 1), valid
+    # --- the schedule --------------------------------------------------------------------
 
     def _flowing(self, loop: CountedLoop) -> list[int]:
-        """The loop's varying carried values that change: the activation
-        (gradient) passed from stage to stage."""
+        """The loop's per-microbatch carried values that change: the activation
+        (the gradient) one stage hands the next."""
         returned = loop.op.body.block.last_op
         assert returned is not None
         return [
@@ -485,143 +470,184 @@ class Pipelining:
             for k, v in enumerate(loop.op.operands)
             if k not in (*loop.reads, *loop.writes, loop.counter)
             and returned.operands[k] is not loop.op.body.block.args[k]
-            and (v in self.varying or loop is self.backward)
+            and v in self.varying
         ]
 
-    def _forward_phase(self) -> None:
-        b, f = self.b, self.forward
-        steps = self.M + self.S - 1
-        flowing = self._flowing(f)
-        self.flowing_forward = flowing
-        stored = self._forward_results_read_later()
-        self.buffers = {k: b.zeros(_stacked(f.op.results[k].type, self.M)) for k in stored}
-        recv = {k: b.zeros(f.op.operands[k].type) for k in flowing}
-        self.seeds: list[dict[SSAValue, SSAValue]] = [{} for _ in range(self.M)]
-        first = b.cmp(self.stage, b.const(0), "EQ")
-        last = b.cmp(self.stage, b.const(self.S - 1), "EQ")
-        for t in range(steps):
-            index, valid = self._microbatch(t, backward=False)
-            operands = []
-            for k, v in enumerate(f.op.operands):
-                if k in flowing:
-                    own = self.per_mb[min(t, self.M - 1)].get(v, v)
-                    operands.append(b.select(first, own, recv[k]))
-                elif v in self.varying:
-                    operands.append(self._read_stack(v, index))
-                else:
-                    operands.append(v)
-            clone = b.clone_loop(f.op, operands, self._stage_varying())
-            self._own_parts([clone], index)
-            for k in stored:
-                self.buffers[k] = b.store(self.buffers[k], clone.results[k], index, valid)
-            m_last = t - (self.S - 1)
-            if 0 <= m_last < self.M:
-                self._run_head(m_last, clone, last)
-            pairs = [(s, s + 1) for s in range(self.S - 1) if 0 <= t - s < self.M]
-            if pairs and t < steps - 1:
-                for k in flowing:
-                    recv[k] = b.add(CollectivePermuteOp(clone.results[k], [self.axis], pairs)).results[0]
-
-    def _forward_results_read_later(self) -> list[int]:
+    def _residuals(self) -> list[int]:
         """Forward results the backward loop reads (its residuals)."""
-        f = self.forward.op
         needed = set(self.backward.op.operands)
-        return [k for k, r in enumerate(f.results) if r in needed]
+        return [k for k, r in enumerate(self.forward.op.results) if r in needed]
 
-    def _read_stack(self, value: SSAValue, index: SSAValue) -> SSAValue:
-        """Microbatch `index`'s `value` (made by the pre ops), on any stage."""
-        if value not in self.per_mb[0]:
-            raise self.error(
-                "a layer loop reads a per-microbatch value the step makes after the first "
-                "loop; Pipeline passes only the activation and its gradient between stages"
-            )
-        key = ("stack", value)
-        stack = self.b.memo.get(key)
-        if stack is None:
-            stack = self.b.stack([self.per_mb[m][value] for m in range(self.M)])
-            self.b.memo[key] = stack
-        return self.b.load(stack, index)
+    def _stack_pre_values(self) -> None:
+        """Per pre value a layer loop reads, its microbatches stacked (a stage
+        reads the one it works on)."""
+        self.stacks: dict[SSAValue, SSAValue] = {}
+        f_results = set(self.forward.op.results)
+        for loop in (self.forward, self.backward):
+            for k, v in enumerate(loop.op.operands):
+                if v not in self.varying or v in f_results or v in self.stacks:
+                    continue
+                if loop is self.backward and k in self._flowing(loop):
+                    continue  # the head's seed, passed on by stages
+                if v not in self.per_mb[0]:
+                    raise self.error(
+                        "a layer loop reads a per-microbatch value the step makes after the "
+                        "first loop; Pipeline passes only the activation and its gradient "
+                        "between stages"
+                    )
+                self.stacks[v] = self.b.stack([self.per_mb[m][v] for m in range(self.M)])
 
-    def _stage_varying(self) -> list[str]:
-        return [self.axis]
-
-    def _run_head(self, m: int, clone: Operation, last: SSAValue) -> None:
-        """The head on microbatch `m`'s output, on the last stage: the
-        backward's seed and the head's share of the sums."""
-        f, bwd = self.forward.op, self.backward.op
-        values = dict(self.per_mb[m])
-        values.update(zip(f.results, clone.results, strict=True))
-        seeds = [
-            v
-            for k, v in enumerate(bwd.operands)
-            if v in self.varying and k not in self.backward.reads and v not in f.results
-        ]
-        for v in seeds:
+    def _run_schedule(self) -> None:
+        b, f, bw, sched = self.b, self.forward, self.backward, self.schedule
+        flowing_f, flowing_b, residuals = self._flowing(f), self._flowing(bw), self._residuals()
+        for k in flowing_b:
+            v = bw.op.operands[k]
             if not (isinstance(v.owner, Operation) and v.owner in self.head):
                 raise self.error(
-                    "the backward layer loop reads a per-microbatch value the head does not "
-                    "make; Pipeline needs the head to hand the loop the gradient of its output"
+                    "the backward layer loop carries a per-microbatch value that does not "
+                    "come from the head; Pipeline passes only the gradient of the loop's output"
                 )
-        contributions = [s for s in self.sums if self._made_in(s.operands[0], self.head, f)]
-        outs = [*seeds, *(s.operands[0] for s in contributions)]
-        results = self.b.if_(last, self.head, values, outs, self._axes_of)
-        self._own_parts([results[0].owner], m) if results else None
-        for v, r in zip(seeds, results[: len(seeds)], strict=True):
-            self.seeds[m][v] = r
-        for s, r in zip(contributions, results[len(seeds) :], strict=True):
-            self._add(s, r)
+        self._stack_pre_values()
+        head_sums = [s for s in self.sums if self._made_in(s.operands[0], self.head, f.op)]
+        post_sums = [s for s in self.sums if self._made_in(s.operands[0], self.post, bw.op)]
+        state: dict[tuple[str, object], SSAValue] = {}
+        for k in flowing_f:
+            state[("act", k)] = b.zeros(_stacked(f.op.operands[k].type, self.M))
+        for k in flowing_b:
+            state[("grad", k)] = b.zeros(_stacked(bw.op.operands[k].type, self.M))
+            state[("seed", k)] = b.zeros(_stacked(bw.op.operands[k].type, self.M))
+        for j in residuals:
+            state[("res", j)] = b.zeros(_stacked(f.op.results[j].type, self.M))
+        for k in sorted(self.partial_writes):
+            state[("w", k)] = b.zeros(bw.op.results[k].type)
+        for sm in (*head_sums, *post_sums):
+            state[("sum", sm)] = b.zeros(sm.operands[0].type)
+        self.first = b.cmp(self.stage, b.const(0), "EQ")
+        self.last = b.cmp(self.stage, b.const(self.S - 1), "EQ")
+        act_types = [f.op.operands[k].type for k in flowing_f]
+        grad_types = [bw.op.operands[k].type for k in flowing_b]
+        for t, row in enumerate(sched.table):
+            kinds = [0 if a is None else 1 if a.phase == "F" else 2 for a in row]
+            kind = b.of_stage(kinds, self.stage)
+            m = b.of_stage([0 if a is None else a.microbatch for a in row], self.stage)
+            keys = list(state)
 
-    def _made_in(self, value: SSAValue, segment: list[Operation], loop: Operation) -> bool:
-        owner = value.owner
-        return owner is loop or (isinstance(owner, Operation) and owner in segment)
+            def idle(keys: list = keys) -> list[SSAValue]:
+                return [state[k] for k in keys] + [b.zeros(ty) for ty in (*act_types, *grad_types)]
 
-    # --- the backward phase ------------------------------------------------------------
+            def forward(t: int = t, m: SSAValue = m, keys: list = keys) -> list[SSAValue]:
+                now = dict(state)
+                operands = []
+                for k, v in enumerate(f.op.operands):
+                    if k in flowing_f:
+                        operands.append(b.select(self.first, b.load(self.stacks[v], m), b.load(now[("act", k)], m)))
+                    elif v in self.varying:
+                        operands.append(b.load(self.stacks[v], m))
+                    else:
+                        operands.append(v)
+                clone = b.clone_loop(f.op, operands, [self.axis])
+                self._own_parts([clone], m)
+                for j in residuals:
+                    now[("res", j)] = b.put(now[("res", j)], clone.results[j], m)
+                last_action = sched.table[t][self.S - 1]
+                if last_action is not None and last_action.phase == "F":
+                    self._head(last_action.microbatch, clone, now, flowing_b, head_sums)
+                outs = [now[k] for k in keys]
+                return outs + [clone.results[k] for k in flowing_f] + [b.zeros(ty) for ty in grad_types]
 
-    def _backward_phase(self) -> None:
-        b, bw = self.b, self.backward
-        steps = self.M + self.S - 1
-        flowing = self._flowing(bw)
-        recv = {k: b.zeros(bw.op.operands[k].type) for k in flowing}
-        f_results = {r: k for k, r in enumerate(self.forward.op.results)}
-        last = b.cmp(self.stage, b.const(self.S - 1), "EQ")
-        first = b.cmp(self.stage, b.const(0), "EQ")
-        self.grads = {k: b.zeros(bw.op.results[k].type) for k in self.partial_writes}
-        for t in range(steps):
-            index, valid = self._microbatch(t, backward=True)
-            operands = []
-            for k, v in enumerate(bw.op.operands):
-                if v in f_results:
-                    operands.append(b.load(self.buffers[f_results[v]], index))
-                elif k in flowing:
-                    own = self.seeds[min(t, self.M - 1)].get(v)
-                    if own is None:
-                        raise self.error(
-                            "the backward layer loop carries a per-microbatch value that does "
-                            "not come from the head; Pipeline passes only the gradient"
-                        )
-                    operands.append(b.select(last, own, recv[k]))
-                elif v in self.varying:
-                    operands.append(self._read_stack(v, index))
-                else:
-                    operands.append(v)
-            clone = b.clone_loop(bw.op, operands, self._stage_varying())
-            self._own_parts([clone], index)
-            for k in self.partial_writes:
-                self.grads[k] = b.add_masked(self.grads[k], clone.results[k], valid)
-            m0 = t - (self.S - 1)
-            if 0 <= m0 < self.M:
-                self._run_post(m0, clone, first)
-            pairs = [(s, s - 1) for s in range(1, self.S) if 0 <= t - (self.S - 1 - s) < self.M]
-            if pairs and t < steps - 1:
-                for k in flowing:
-                    recv[k] = b.add(CollectivePermuteOp(clone.results[k], [self.axis], pairs)).results[0]
+            def backward(t: int = t, m: SSAValue = m, keys: list = keys) -> list[SSAValue]:
+                now = dict(state)
+                f_results = {r: j for j, r in enumerate(f.op.results)}
+                operands = []
+                for k, v in enumerate(bw.op.operands):
+                    if v in f_results:
+                        operands.append(b.load(now[("res", f_results[v])], m))
+                    elif k in flowing_b:
+                        operands.append(b.select(self.last, b.load(now[("seed", k)], m), b.load(now[("grad", k)], m)))
+                    elif v in self.varying:
+                        operands.append(b.load(self.stacks[v], m))
+                    else:
+                        operands.append(v)
+                clone = b.clone_loop(bw.op, operands, [self.axis])
+                self._own_parts([clone], m)
+                for k in sorted(self.partial_writes):
+                    now[("w", k)] = b.sum(now[("w", k)], clone.results[k])
+                first_action = sched.table[t][0]
+                if first_action is not None and first_action.phase == "B" and post_sums:
+                    self._post(first_action.microbatch, clone, now, post_sums)
+                outs = [now[k] for k in keys]
+                return outs + [b.zeros(ty) for ty in act_types] + [clone.results[k] for k in flowing_b]
 
-    def _run_post(self, m: int, clone: Operation, first: SSAValue) -> None:
-        """The ops after the backward loop on microbatch `m`'s gradient, on the
-        first stage: their share of the sums."""
-        bwd = self.backward.op
+            varying = [self._state_axes(k) for k in keys]
+            varying += [self._carried_axes(f.op, k) for k in flowing_f]
+            varying += [self._carried_axes(bw.op, k) for k in flowing_b]
+            results = b.case(kind, [idle, forward, backward], varying)
+            for key, value in zip(keys, results, strict=False):
+                state[key] = value
+            out_act = results[len(keys) : len(keys) + len(flowing_f)]
+            out_grad = results[len(keys) + len(flowing_f) :]
+            self._send(sched.forward_sends(t), flowing_f, out_act, "act", state)
+            self._send(sched.backward_sends(t), flowing_b, out_grad, "grad", state)
+        self.grads = {k: state[("w", k)] for k in self.partial_writes}
+        for sm in (*head_sums, *post_sums):
+            self.acc[sm] = state[("sum", sm)]
+            self.one_stage.add(sm)
+
+    def _send(
+        self,
+        sends: list[tuple[int, int, int]],
+        flowing: list[int],
+        values: Sequence[SSAValue],
+        kind: str,
+        state: dict[tuple[str, object], SSAValue],
+    ) -> None:
+        """Hand each sender's value to its neighbour, which keeps it for its microbatch."""
+        if not sends:
+            return
+        b = self.b
+        pairs = [(s, r) for s, r, _ in sends]
+        arriving = [-1] * self.S
+        for _, r, m in sends:
+            arriving[r] = m
+        m = b.of_stage(arriving, self.stage)
+        valid = b.cmp(m, b.const(0), "GE")
+        index = b.clamp(m, 0, self.M - 1)
+        for k, value in zip(flowing, values, strict=True):
+            got = b.add(CollectivePermuteOp(value, [self.axis], pairs)).results[0]
+            state[(kind, k)] = b.store(state[(kind, k)], got, index, valid)
+
+    def _head(
+        self,
+        m: int,
+        clone: Operation,
+        now: dict[tuple[str, object], SSAValue],
+        flowing_b: list[int],
+        sums: list[Operation],
+    ) -> None:
+        """On the last stage, the head on microbatch `m`'s output: the seed of
+        its backward, and the head's share of the sums."""
+        b, f, bw = self.b, self.forward.op, self.backward.op
         values = dict(self.per_mb[m])
-        values.update(zip(bwd.results, clone.results, strict=True))
+        values.update(zip(f.results, clone.results, strict=True))
+        keys = [("seed", k) for k in flowing_b] + [("sum", s) for s in sums]
+
+        def taken() -> list[SSAValue]:
+            mapping = dict(values)
+            made = b.clone(self.head, mapping)
+            self._own_parts(made, m)
+            out = [b.put(now[("seed", k)], mapping[bw.operands[k]], m) for k in flowing_b]
+            return out + [b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums]
+
+        varying = [self._state_axes(k) for k in keys]
+        results = b.if_(self.last, taken, lambda: [now[k] for k in keys], varying)
+        now.update(zip(keys, results, strict=True))
+
+    def _post(
+        self, m: int, clone: Operation, now: dict[tuple[str, object], SSAValue], sums: list[Operation]
+    ) -> None:
+        """On the first stage, the ops after the backward loop on microbatch `m`'s
+        gradient: their share of the sums."""
+        b, bw = self.b, self.backward.op
         for op in self.post:
             for v in op.operands:
                 if isinstance(v.owner, Operation) and v.owner in self.head:
@@ -629,14 +655,48 @@ class Pipelining:
                         f"{op_name(op)} after the backward loop reads a value of the head; "
                         "the head runs on the last stage and this op on the first"
                     )
-        contributions = [s for s in self.sums if self._made_in(s.operands[0], self.post, bwd)]
-        if not contributions:
-            return
-        outs = [s.operands[0] for s in contributions]
-        results = self.b.if_(first, self.post, values, outs, self._axes_of)
-        self._own_parts([results[0].owner], m)
-        for s, r in zip(contributions, results, strict=True):
-            self._add(s, r)
+        values = dict(self.per_mb[m])
+        values.update(zip(bw.results, clone.results, strict=True))
+        keys = [("sum", s) for s in sums]
+
+        def taken() -> list[SSAValue]:
+            mapping = dict(values)
+            made = b.clone(self.post, mapping)
+            self._own_parts(made, m)
+            return [b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums]
+
+        varying = [self._state_axes(k) for k in keys]
+        results = b.if_(self.first, taken, lambda: [now[k] for k in keys], varying)
+        now.update(zip(keys, results, strict=True))
+
+    def _state_axes(self, key: tuple[str, object]) -> tuple[str, ...]:
+        """The mesh axes a value the schedule keeps differs over: its own
+        distribution's (without the microbatch axis), and the stage axis."""
+        kind, at = key
+        if kind == "act":
+            return self._carried_axes(self.forward.op, at)  # type: ignore[arg-type]
+        if kind in ("grad", "seed", "w"):
+            return self._carried_axes(self.backward.op, at)  # type: ignore[arg-type]
+        if kind == "res":
+            return self._carried_axes(self.forward.op, at)  # type: ignore[arg-type]
+        assert isinstance(at, Operation)
+        return self._dist_axes(at.operands[0])
+
+    def _carried_axes(self, loop: Operation, k: int) -> tuple[str, ...]:
+        carried = loop.attributes.get(CARRIED)
+        entry = carried.data[k] if isinstance(carried, ArrayAttr) else None
+        axes = entry.distribution.axes if isinstance(entry, DTensorType) else ()
+        return (*(a for a in axes if a != self.mb), self.axis)
+
+    def _dist_axes(self, value: SSAValue) -> tuple[str, ...]:
+        owner = value.owner
+        dist = owner.attributes.get(DIST) if isinstance(owner, Operation) else None
+        axes = dist.distribution.axes if isinstance(dist, DTensorType) else ()
+        return (*(a for a in axes if a != self.mb), self.axis)
+
+    def _made_in(self, value: SSAValue, segment: list[Operation], loop: Operation) -> bool:
+        owner = value.owner
+        return owner is loop or (isinstance(owner, Operation) and owner in segment)
 
     # --- the sums over microbatches ------------------------------------------------------
 
@@ -737,7 +797,7 @@ class _Builder:
         return op
 
     def const(self, n: int) -> SSAValue:
-        key = ("i32", n)
+        key = ("i32", n, id(self.block))
         if key not in self.memo:
             self.memo[key] = self.add(splat(TensorType(i32, []), n)).results[0]
         return self.memo[key]
@@ -913,35 +973,64 @@ class _Builder:
         clone.attributes[VARYING] = ArrayAttr([StringAttr(a) for a in varying])
         return self.add(clone)
 
+    def region(self, build: Callable[[], list[SSAValue]]) -> tuple[Region, list[Attribute]]:
+        """A region running what `build` adds, returning what it gives."""
+        saved, self.block = self.block, Block()
+        try:
+            outs = build()
+            self.add(shlo.ReturnOp(list(outs)))
+            return Region(self.block), [v.type for v in outs]
+        finally:
+            self.block = saved
+
+    def case(
+        self,
+        index: SSAValue,
+        branches: Sequence[Callable[[], list[SSAValue]]],
+        varying: Sequence[Sequence[str]],
+    ) -> list[SSAValue]:
+        """`stablehlo.case` of `branches` (each gives the same types)."""
+        built = [self.region(build) for build in branches]
+        op = shlo.CaseOp.create(
+            operands=[index], result_types=built[0][1], regions=[r for r, _ in built]
+        )
+        op.attributes[VARYING] = _per_result(varying)
+        return list(self.add(op).results)
+
     def if_(
         self,
         pred: SSAValue,
-        ops: Sequence[Operation],
-        values: dict[SSAValue, SSAValue],
-        outs: Sequence[SSAValue],
-        axes_of,  # noqa: ANN001
+        taken: Callable[[], list[SSAValue]],
+        other: Callable[[], list[SSAValue]],
+        varying: Sequence[Sequence[str]],
     ) -> list[SSAValue]:
-        """`ops` run under `pred` (cloned reading `values`), giving `outs`; zeros
-        where `pred` does not hold."""
-        taken = Block()
-        mapping = dict(values)
-        for op in ops:
-            taken.add_op(op.clone(value_mapper=mapping))
-        taken.add_op(shlo.ReturnOp([mapping.get(v, v) for v in outs]))
-        other = Block()
-        saved = self.block
-        self.block = other
-        zeros = [self.zeros(mapping.get(v, v).type) for v in outs]
-        self.block = saved
-        other.add_op(shlo.ReturnOp(zeros))
-        op = shlo.IfOp.create(
-            operands=[pred],
-            result_types=[mapping.get(v, v).type for v in outs],
-            regions=[Region(taken), Region(other)],
-        )
-        axes = sorted({a for v in outs for a in axes_of(v)})
-        op.attributes[VARYING] = ArrayAttr([StringAttr(a) for a in axes])
+        """`stablehlo.if`: `taken` where `pred` holds, else `other`."""
+        (yes, types), (no, _) = self.region(taken), self.region(other)
+        op = shlo.IfOp.create(operands=[pred], result_types=types, regions=[yes, no])
+        op.attributes[VARYING] = _per_result(varying)
         return list(self.add(op).results)
+
+    def of_stage(self, table: Sequence[int], stage: SSAValue) -> SSAValue:
+        """`table[stage]` (a constant table indexed by the device's stage)."""
+        ty = TensorType(i32, [len(table)])
+        const = self.add(shlo.ConstantOp(DenseIntOrFPElementsAttr.from_list(ty, list(table))))
+        return self.load(const.results[0], stage)
+
+    def put(self, stack: SSAValue, value: SSAValue, index: SSAValue | int) -> SSAValue:
+        """`stack` with row `index` set to `value`."""
+        at = self.const(index) if isinstance(index, int) else index
+        ty = stack.type
+        assert isinstance(ty, TensorType)
+        return self.add(
+            DynamicUpdateSliceOp.create(
+                operands=[stack, self._lead(value), at, *[self.const(0)] * (ty.get_num_dims() - 1)],
+                result_types=[ty],
+            )
+        ).results[0]
+
+
+def _per_result(varying: Sequence[Sequence[str]]) -> ArrayAttr:
+    return ArrayAttr([ArrayAttr([StringAttr(a) for a in axes]) for axes in varying])
 
 
 def _stacked(ty: Attribute, n: int) -> TensorType:
