@@ -189,11 +189,13 @@ class Pipelining:
         split_rows(self.backward, self.S, self.axis)
         self._build(block, ops)
 
-    def _strip_inner_sums(self) -> set[int]:
+    def _strip_inner_sums(self) -> dict[int, tuple[str, ...]]:
         """Sums over the microbatch axis inside the backward loop (its per-layer
-        gradients) become per-microbatch values the loop writes: the writes
-        they reach are added up over microbatches after it instead."""
-        partial: set[int] = set()
+        gradients, summed over the other data axes too) become per-microbatch
+        values the loop writes: the writes they reach are added up over the
+        microbatches after it, and summed over the other axes once, at the end
+        (a layer's gradient moves once a step, not once a microbatch)."""
+        partial: dict[int, tuple[str, ...]] = {}
         for loop in (self.forward, self.backward):
             body = loop.op.body.block
             returned = body.last_op
@@ -216,16 +218,15 @@ class Pipelining:
                         f"the backward loop sums {op_name(inner.input.owner) if isinstance(inner.input.owner, Operation) else 'a value'} "
                         "over microbatches where it does not only accumulate a layer's gradient"
                     )
-                partial.add(k)
-                rest = [a for a in inner.axis_names if a != self.mb]
-                if rest:
-                    new = AllReduceOp(inner.input, rest)
-                    new.attributes.update(inner.attributes)
-                    Rewriter.replace_op(inner, new)
-                else:
-                    inner.result.replace_all_uses_with(inner.input)
-                    inner.detach()
-                    inner.erase()
+                rest = tuple(a for a in inner.axis_names if a != self.mb)
+                if partial.setdefault(k, rest) != rest:
+                    raise self.error(
+                        "the backward loop sums parts of one gradient over different axes"
+                    )
+                inner.result.replace_all_uses_with(inner.input)
+                inner.detach()
+                inner.erase()
+            _partial_carries(loop.op, {k: v for k, v in partial.items() if v})
         return partial
 
     @staticmethod
@@ -731,6 +732,8 @@ class Pipelining:
                 value = self.b.add(reduced).results[0]
             s.results[0].replace_all_uses_with(value)
         for k, total in self.grads.items():
+            if self.partial_writes[k]:
+                total = self.b.add(AllReduceOp(total, self.partial_writes[k])).results[0]
             self.backward.op.results[k].replace_all_uses_with(total)
         for k in self.backward.reads:
             self.backward.op.results[k].replace_all_uses_with(self.backward.op.operands[k])
@@ -1027,6 +1030,20 @@ class _Builder:
                 result_types=[ty],
             )
         ).results[0]
+
+
+def _partial_carries(loop: Operation, partial: dict[int, tuple[str, ...]]) -> None:
+    """The loop's carried values `partial` names are partial sums over those axes."""
+    carried = loop.attributes.get(CARRIED)
+    if not isinstance(carried, ArrayAttr) or not partial:
+        return
+    entries = list(carried.data)
+    for k, axes in partial.items():
+        t = entries[k]
+        if isinstance(t, DTensorType):
+            d = t.distribution
+            entries[k] = DTensorType.of(t.global_type, Distribution(d.dims, (*d.partial, *axes)))
+    loop.attributes[CARRIED] = ArrayAttr(entries)
 
 
 def _per_result(varying: Sequence[Sequence[str]]) -> ArrayAttr:
