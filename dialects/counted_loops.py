@@ -250,7 +250,6 @@ def _direction(op: Operation) -> str | None:
     return attr.data.value if isinstance(attr, ComparisonDirectionAttr) else None
 
 
-
 def _one_row(op: Operation) -> bool:
     ty = op.operands[0].type
     sizes = op.properties.get("slice_sizes")

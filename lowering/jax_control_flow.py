@@ -65,9 +65,9 @@ def _varying_axes(op: Operation) -> list[tuple[str, ...]] | None:
     more: list[tuple[str, ...]] = [()] * len(op.results)
     if isinstance(extra, ArrayAttr):
         if all(isinstance(e, ArrayAttr) for e in extra.data):  # per result
-            more = [tuple(a.data for a in e.data) for e in extra.data]  # type: ignore[attr-defined]
+            more = [tuple(a.data for a in e.data) for e in extra.data]
         else:  # the same axes for every result
-            more = [tuple(a.data for a in extra.data)] * len(op.results)  # type: ignore[attr-defined]
+            more = [tuple(a.data for a in extra.data)] * len(op.results)
     if not isinstance(carried, ArrayAttr):
         return more if any(more) else None
     axes = [t.distribution.axes if isinstance(t, DTensorType) else () for t in carried]

@@ -98,6 +98,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "partir.partition",
             "partir.passes",
+            "partir.pipeline.builder",
+            "partir.pipeline.program",
+            "partir.pipeline.stage_loops",
             "partir.plan_passes",
             "partir.search",
             "partir.simulation",

@@ -60,7 +60,9 @@ def test_the_scanned_mlp_pipelines_as_jax_jit_with_the_schedule_s_transfers(sche
     schedule and one all-reduce per value the last stage makes (the loss)."""
     step, args, want = _mlp()
     mesh = partir.Mesh({"stage": 4, "batch": 2})
-    jitted = partir.jit(step, mesh=mesh, tactics=[_pipeline(4, schedule), partir.BatchParallel("batch")])
+    jitted = partir.jit(
+        step, mesh=mesh, tactics=[_pipeline(4, schedule), partir.BatchParallel("batch")]
+    )
     lowered = jitted.lower(*args)
     assert_leaves_close(jax.tree.leaves(jitted(*args)), jax.tree.leaves(want), what=schedule)
     assert _transfers(lowered) == 2 * (4 - 1) * 4 == make_schedule(schedule, 4, 4).transfers
@@ -110,7 +112,11 @@ def _sgd_args(layers: int = 4, batch: int = 8) -> tuple[Any, ...]:
         "in": rng.normal(size=(3, 5)).astype(np.float32),
         "layers": rng.normal(size=(layers, 5, 5)).astype(np.float32) / 2,
     }
-    return p, rng.normal(size=(batch, 3)).astype(np.float32), rng.normal(size=(batch, 5)).astype(np.float32)
+    return (
+        p,
+        rng.normal(size=(batch, 3)).astype(np.float32),
+        rng.normal(size=(batch, 5)).astype(np.float32),
+    )
 
 
 def test_batch_parallel_with_inputs_beside_a_pipeline() -> None:
@@ -119,18 +125,22 @@ def test_batch_parallel_with_inputs_beside_a_pipeline() -> None:
     step, args = _sgd_step, _sgd_args(batch=16)
     tactics = [_pipeline(4), partir.BatchParallel("data", inputs=["x", "y"])]
     jitted = partir.jit(step, mesh=partir.Mesh({"stage": 2, "data": 4}), tactics=tactics)
-    assert_leaves_close(jax.tree.leaves(jitted(*args)), jax.tree.leaves(jax.jit(step)(*args)), what="inputs=")
+    assert_leaves_close(
+        jax.tree.leaves(jitted(*args)), jax.tree.leaves(jax.jit(step)(*args)), what="inputs="
+    )
     assert _argument_types(jitted.lower(*args))[2].distribution.dims[0] == ("data",)
 
 
 def test_megatron_inside_each_stage() -> None:
     """The transformer stack, each stage's layers split over "model" by
     Megatron: its all-reduces run inside the stages' loops."""
-    step, args = scanned_stack.train_step, scanned_stack.make_args(layers_=4, batch=8)
+    step, args = scanned_stack.train_step, scanned_stack.make_args(layers_=2, batch=4)
     tactics = [_pipeline(2), partir.Megatron("model")]
     jitted = partir.jit(step, mesh=partir.Mesh({"stage": 2, "model": 2}), tactics=tactics)
     lowered = jitted.lower(*args)
-    assert_leaves_close(jax.tree.leaves(jitted(*args)), jax.tree.leaves(jax.jit(step)(*args)), what="megatron")
+    assert_leaves_close(
+        jax.tree.leaves(jitted(*args)), jax.tree.leaves(jax.jit(step)(*args)), what="megatron"
+    )
     kinds = collections.Counter((c.kind, c.axes) for c in lowered.collectives)
     assert kinds[("all_reduce", ("model",))] > 0 and _transfers(lowered) == 2 * 1 * 2
 
@@ -145,7 +155,7 @@ LIBRARIES = {
 @pytest.mark.parametrize(
     "name",
     [
-        "flax nn.scan",
+        pytest.param("flax nn.scan", marks=pytest.mark.slow),
         pytest.param("haiku layer_stack", marks=pytest.mark.slow),
         pytest.param("equinox lax.scan", marks=pytest.mark.slow),
     ],
@@ -162,7 +172,9 @@ def test_each_library_s_stack_pipelines_as_jax_jit(name: str) -> None:
     tactics = [_pipeline(2), partir.BatchParallel("batch")]
     jitted = partir.jit(client.step, mesh=partir.Mesh({"stage": 2, "batch": 2}), tactics=tactics)
     got = jitted(*args)
-    assert_leaves_close(jax.tree.leaves(got), jax.tree.leaves(jax.jit(client.step)(*args)), what=name)
+    assert_leaves_close(
+        jax.tree.leaves(got), jax.tree.leaves(jax.jit(client.step)(*args)), what=name
+    )
 
 
 _MESH = partir.Mesh({"stage": 2, "data": 2})

@@ -37,28 +37,20 @@ gradient, a per-example result.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
     DenseArrayBase,
-    DenseIntOrFPElementsAttr,
-    IntegerAttr,
     ModuleOp,
-    StringAttr,
     TensorType,
-    i1,
     i32,
-    i64,
 )
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.rewriter import InsertPoint, Rewriter
-from xdsl_jax.dialects import stablehlo as shlo
-from xdsl_jax.dialects.stablehlo.attributes import ComparisonDirection
 
-from dialects.counted_loops import CountedLoop, counted_loop
+from dialects.counted_loops import CountedLoop
 from dialects.distribution import Distribution
 from dialects.escaping import quoted
 from dialects.functions import entry_function
@@ -67,21 +59,20 @@ from dialects.partir import MeshOp
 from dialects.spmd import (
     CARRIED,
     DIST,
-    VARYING,
     AllReduceOp,
     AxisIndexOp,
     CollectiveOp,
     CollectivePermuteOp,
     DTensorType,
-    LocalSliceOp,
     FromLocalOp,
+    LocalSliceOp,
     ToLocalOp,
 )
-from dialects.stablehlo_ext import CompareOp, DynamicUpdateSliceOp, SliceOp
+from partir.pipeline.builder import Builder, stacked
 from partir.pipeline.layer_loops import LayerLoops, PipelineError, find_layer_loops
 from partir.pipeline.schedule import Schedule, make_schedule
-from partir.pipeline.stage_loops import split_rows, stage_rows
-from rewrites.padding import splat
+from partir.pipeline.stage_loops import split_rows
+from rewrites.registry import rule_for
 
 LINEAR = frozenset(
     {"stablehlo.transpose", "stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.convert"}
@@ -107,16 +98,6 @@ RETYPED = frozenset(
 carry no size in a property: a stage's rows retype them."""
 
 
-@dataclass
-class _Step:
-    """What the pipelined program knows while it builds one time step."""
-
-    block: Block
-    stage: SSAValue
-    """This device's stage (i32 scalar)."""
-    values: dict[SSAValue, SSAValue] = field(default_factory=dict)
-
-
 def pipeline(
     module: ModuleOp,
     *,
@@ -128,7 +109,9 @@ def pipeline(
 ) -> None:
     """Rewrite the per-microbatch SPMD `module` (its mesh has `microbatch_axis`)
     as the pipelined program over `axis` (see the module docstring)."""
-    Pipelining(module, axis, stages, microbatch_axis, make_schedule(schedule, stages, microbatches)).run()
+    Pipelining(
+        module, axis, stages, microbatch_axis, make_schedule(schedule, stages, microbatches)
+    ).run()
 
 
 class Pipelining:
@@ -140,7 +123,9 @@ class Pipelining:
         self.entry = entry_function(module)
         self.loops: LayerLoops = find_layer_loops(module, axis)
         if self.loops.backward is None:
-            raise self.error("the step has no backward layer loop; Pipeline pipelines training steps")
+            raise self.error(
+                "the step has no backward layer loop; Pipeline pipelines training steps"
+            )
         self.forward: CountedLoop = self.loops.forward
         self.backward: CountedLoop = self.loops.backward
 
@@ -161,9 +146,24 @@ class Pipelining:
             for i, op in enumerate(ops)
             if i not in (f_at, b_at)
         }
-        self.pre = [op for op in ops if segment.get(op) == "pre" and self._is_varying(op) and not isinstance(op, ToLocalOp)]
-        self.head = [op for op in ops if segment.get(op) == "head" and self._is_varying(op) and op not in sums]
-        self.post = [op for op in ops if segment.get(op) == "post" and self._is_varying(op) and op not in sums and not isinstance(op, FromLocalOp)]
+        self.pre = [
+            op
+            for op in ops
+            if segment.get(op) == "pre" and self._is_varying(op) and not isinstance(op, ToLocalOp)
+        ]
+        self.head = [
+            op
+            for op in ops
+            if segment.get(op) == "head" and self._is_varying(op) and op not in sums
+        ]
+        self.post = [
+            op
+            for op in ops
+            if segment.get(op) == "post"
+            and self._is_varying(op)
+            and op not in sums
+            and not isinstance(op, FromLocalOp)
+        ]
         after = self._after_sums(ops)
         invariant = [
             op
@@ -184,7 +184,7 @@ class Pipelining:
                         "microbatch, or do not pipeline this step"
                     )
         self._check_results(ops)
-        self._retype_stacked(invariant)
+        self._retypestacked(invariant)
         split_rows(self.forward, self.S, self.axis)
         split_rows(self.backward, self.S, self.axis)
         self._build(block, ops)
@@ -206,7 +206,11 @@ class Pipelining:
                 if isinstance(inner, LocalSliceOp):
                     self._check_own_part(inner)
                     continue  # the microbatch's part, taken per time step (`_own_parts`)
-                if not isinstance(inner, AllReduceOp) or inner.combines != "sum" or loop is self.forward:
+                if (
+                    not isinstance(inner, AllReduceOp)
+                    or inner.combines != "sum"
+                    or loop is self.forward
+                ):
                     raise self.error(
                         f"the layer loop's {op_name(inner)} over the microbatch axis combines "
                         "microbatches inside the layers (a batch statistic); compute it per "
@@ -214,9 +218,11 @@ class Pipelining:
                     )
                 k = self._written_linearly(inner, body, returned)
                 if k is None or not _is_zeros(loop.op.operands[k]):
+                    made = inner.input.owner
+                    what = op_name(made) if isinstance(made, Operation) else "a value"
                     raise self.error(
-                        f"the backward loop sums {op_name(inner.input.owner) if isinstance(inner.input.owner, Operation) else 'a value'} "
-                        "over microbatches where it does not only accumulate a layer's gradient"
+                        f"the backward loop sums {what} over microbatches where it does not "
+                        "only accumulate a layer's gradient"
                     )
                 rest = tuple(a for a in inner.axis_names if a != self.mb)
                 if partial.setdefault(k, rest) != rest:
@@ -250,10 +256,10 @@ class Pipelining:
             k = body.args.index(target)
             return k if returned.operands[k] is user.results[0] else None
 
-    def _varying(self, ops: list[Operation]) -> tuple[set[SSAValue], set[Operation]]:
+    def _varying(self, ops: list[Operation]) -> tuple[set[SSAValue], list[Operation]]:
         """The values that differ per microbatch, and the sums over microbatches."""
         varying: set[SSAValue] = set()
-        sums: set[Operation] = set()
+        sums: list[Operation] = []  # in program order: the final all-reduces' order
         for op in ops:
             if isinstance(op, ToLocalOp):
                 ty = op.operands[0].type
@@ -272,11 +278,15 @@ class Pipelining:
                         "contrastive loss, a batch statistic); Pipeline needs each microbatch's "
                         "examples to be computed apart"
                     )
-                sums.add(op)
+                sums.append(op)
                 continue
             if op is self.backward.op:
                 for k, r in enumerate(op.results):
-                    if k not in self.backward.writes and k not in self.backward.reads and k != self.backward.counter:
+                    if (
+                        k not in self.backward.writes
+                        and k not in self.backward.reads
+                        and k != self.backward.counter
+                    ):
                         if reads:
                             varying.add(r)
                 continue
@@ -337,7 +347,7 @@ class Pipelining:
 
     # --- a stage's rows ----------------------------------------------------------------
 
-    def _retype_stacked(self, invariant: Sequence[Operation]) -> None:
+    def _retypestacked(self, invariant: Sequence[Operation]) -> None:
         """Values of the layer class keep a stage's rows."""
         layer_dim = self.layer_dim = dict(self.loops.layer_dim)
         for arg in self.entry.body.block.args:
@@ -354,7 +364,11 @@ class Pipelining:
                 d = layer_dim.get(r)
                 if d is None:
                     continue
-                if op.name not in RETYPED and not _elementwise(op) and op.name != "stablehlo.reduce":
+                if (
+                    op.name not in RETYPED
+                    and not _elementwise(op)
+                    and op.name != "stablehlo.reduce"
+                ):
                     raise self.error(
                         f"{op_name(op)} outside the layer loops has the layers in its shape "
                         "in a way a stage cannot take its own part of; read the stacked "
@@ -384,7 +398,7 @@ class Pipelining:
             )
         for r in op.results[: len(op.results) // 2 or 1]:
             ar = AllReduceOp(r, [self.axis], combiner)
-            Rewriter.insert_op(ar, _after(op))
+            Rewriter.insert_op(ar, InsertPoint.after(op))
             for use in list(r.uses):
                 if use.operation is not ar:
                     use.operation.operands[use.index] = ar.results[0]
@@ -404,7 +418,7 @@ class Pipelining:
             arg.name_hint = old.name_hint
             was[arg] = old.type
             old.replace_all_uses_with(arg)
-        b = _Builder(new)
+        b = Builder(new)
         self.b = b
         # the arguments' parts: a microbatch's rows of each batch-split one
         self.per_mb: list[dict[SSAValue, SSAValue]] = [{} for _ in range(self.M)]
@@ -416,8 +430,7 @@ class Pipelining:
                 d = next(i for i, dim in enumerate(dtensor.distribution.dims) if self.mb in dim)
                 if dtensor.distribution.dims[d][-1] != self.mb:
                     raise self.error("the microbatch axis must split the batch minor to the others")
-                old = op.results[0]
-                part = old.type
+                part = op.results[0].type
                 assert isinstance(part, TensorType)
                 given = op.operands[0].type
                 assert isinstance(given, DTensorType)
@@ -426,7 +439,7 @@ class Pipelining:
                 b.add(whole)
                 n = part.get_shape()[d]
                 for m in range(self.M):
-                    self.per_mb[m][old] = b.rows(whole.results[0], d, m * n, (m + 1) * n)
+                    self.per_mb[m][op.results[0]] = b.rows(whole.results[0], d, m * n, (m + 1) * n)
             else:
                 b.add(op)
         for op in self.before_ops:
@@ -513,12 +526,12 @@ class Pipelining:
         post_sums = [s for s in self.sums if self._made_in(s.operands[0], self.post, bw.op)]
         state: dict[tuple[str, object], SSAValue] = {}
         for k in flowing_f:
-            state[("act", k)] = b.zeros(_stacked(f.op.operands[k].type, self.M))
+            state[("act", k)] = b.zeros(stacked(f.op.operands[k].type, self.M))
         for k in flowing_b:
-            state[("grad", k)] = b.zeros(_stacked(bw.op.operands[k].type, self.M))
-            state[("seed", k)] = b.zeros(_stacked(bw.op.operands[k].type, self.M))
+            state[("grad", k)] = b.zeros(stacked(bw.op.operands[k].type, self.M))
+            state[("seed", k)] = b.zeros(stacked(bw.op.operands[k].type, self.M))
         for j in residuals:
-            state[("res", j)] = b.zeros(_stacked(f.op.results[j].type, self.M))
+            state[("res", j)] = b.zeros(stacked(f.op.results[j].type, self.M))
         for k in sorted(self.partial_writes):
             state[("w", k)] = b.zeros(bw.op.results[k].type)
         for sm in (*head_sums, *post_sums):
@@ -541,7 +554,11 @@ class Pipelining:
                 operands = []
                 for k, v in enumerate(f.op.operands):
                     if k in flowing_f:
-                        operands.append(b.select(self.first, b.load(self.stacks[v], m), b.load(now[("act", k)], m)))
+                        operands.append(
+                            b.select(
+                                self.first, b.load(self.stacks[v], m), b.load(now[("act", k)], m)
+                            )
+                        )
                     elif v in self.varying:
                         operands.append(b.load(self.stacks[v], m))
                     else:
@@ -554,17 +571,25 @@ class Pipelining:
                 if last_action is not None and last_action.phase == "F":
                     self._head(last_action.microbatch, clone, now, flowing_b, head_sums)
                 outs = [now[k] for k in keys]
-                return outs + [clone.results[k] for k in flowing_f] + [b.zeros(ty) for ty in grad_types]
+                return (
+                    outs
+                    + [clone.results[k] for k in flowing_f]
+                    + [b.zeros(ty) for ty in grad_types]
+                )
 
             def backward(t: int = t, m: SSAValue = m, keys: list = keys) -> list[SSAValue]:
                 now = dict(state)
-                f_results = {r: j for j, r in enumerate(f.op.results)}
+                f_results: dict[SSAValue, int] = {r: j for j, r in enumerate(f.op.results)}
                 operands = []
                 for k, v in enumerate(bw.op.operands):
                     if v in f_results:
                         operands.append(b.load(now[("res", f_results[v])], m))
                     elif k in flowing_b:
-                        operands.append(b.select(self.last, b.load(now[("seed", k)], m), b.load(now[("grad", k)], m)))
+                        operands.append(
+                            b.select(
+                                self.last, b.load(now[("seed", k)], m), b.load(now[("grad", k)], m)
+                            )
+                        )
                     elif v in self.varying:
                         operands.append(b.load(self.stacks[v], m))
                     else:
@@ -577,7 +602,9 @@ class Pipelining:
                 if first_action is not None and first_action.phase == "B" and post_sums:
                     self._post(first_action.microbatch, clone, now, post_sums)
                 outs = [now[k] for k in keys]
-                return outs + [b.zeros(ty) for ty in act_types] + [clone.results[k] for k in flowing_b]
+                return (
+                    outs + [b.zeros(ty) for ty in act_types] + [clone.results[k] for k in flowing_b]
+                )
 
             varying = [self._state_axes(k) for k in keys]
             varying += [self._carried_axes(f.op, k) for k in flowing_f]
@@ -608,8 +635,8 @@ class Pipelining:
         b = self.b
         pairs = [(s, r) for s, r, _ in sends]
         arriving = [-1] * self.S
-        for _, r, m in sends:
-            arriving[r] = m
+        for _, r, mb in sends:
+            arriving[r] = mb
         m = b.of_stage(arriving, self.stage)
         valid = b.cmp(m, b.const(0), "GE")
         index = b.clamp(m, 0, self.M - 1)
@@ -637,14 +664,20 @@ class Pipelining:
             made = b.clone(self.head, mapping)
             self._own_parts(made, m)
             out = [b.put(now[("seed", k)], mapping[bw.operands[k]], m) for k in flowing_b]
-            return out + [b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums]
+            return out + [
+                b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums
+            ]
 
         varying = [self._state_axes(k) for k in keys]
         results = b.if_(self.last, taken, lambda: [now[k] for k in keys], varying)
         now.update(zip(keys, results, strict=True))
 
     def _post(
-        self, m: int, clone: Operation, now: dict[tuple[str, object], SSAValue], sums: list[Operation]
+        self,
+        m: int,
+        clone: Operation,
+        now: dict[tuple[str, object], SSAValue],
+        sums: list[Operation],
     ) -> None:
         """On the first stage, the ops after the backward loop on microbatch `m`'s
         gradient: their share of the sums."""
@@ -706,7 +739,10 @@ class Pipelining:
         self.acc: dict[Operation, SSAValue] = {}
         self.one_stage: set[Operation] = set()
         for s in self.sums:
-            if self._made_in(s.operands[0], self.pre, self.pre[0] if self.pre else s) or s.operands[0] in self.per_mb[0]:
+            if (
+                self._made_in(s.operands[0], self.pre, self.pre[0] if self.pre else s)
+                or s.operands[0] in self.per_mb[0]
+            ):
                 for m in range(self.M):
                     self._add(s, self.per_mb[m].get(s.operands[0], s.operands[0]), one_stage=False)
 
@@ -718,7 +754,7 @@ class Pipelining:
         self.acc[s] = self.b.sum(self.acc[s], value)
 
     def _finish_sums(self) -> None:
-        for s in sorted(self.sums, key=lambda op: self._order(op)):
+        for s in self.sums:
             assert isinstance(s, AllReduceOp)
             if s not in self.acc:
                 raise self.error(f"{op_name(s)} over microbatches sums a value no stage makes")
@@ -737,16 +773,6 @@ class Pipelining:
             self.backward.op.results[k].replace_all_uses_with(total)
         for k in self.backward.reads:
             self.backward.op.results[k].replace_all_uses_with(self.backward.op.operands[k])
-
-    def _order(self, op: Operation) -> int:
-        block = op.parent_block()
-        return block.get_operation_index(op) if block is not None else 0
-
-    def _axes_of(self, value: SSAValue) -> tuple[str, ...]:
-        owner = value.owner
-        dist = owner.attributes.get(DIST) if isinstance(owner, Operation) else None
-        axes = dist.distribution.axes if isinstance(dist, DTensorType) else ()
-        return (*(a for a in axes if a != self.mb), self.axis)
 
     # --- the function ------------------------------------------------------------------
 
@@ -787,251 +813,6 @@ class Pipelining:
             _drop_axis(op, self.mb)
 
 
-
-class _Builder:
-    """Appends ops to the pipelined function's block."""
-
-    def __init__(self, block: Block) -> None:
-        self.block = block
-        self.memo: dict[object, SSAValue] = {}
-
-    def add(self, op: Operation) -> Operation:
-        self.block.add_op(op)
-        return op
-
-    def const(self, n: int) -> SSAValue:
-        key = ("i32", n, id(self.block))
-        if key not in self.memo:
-            self.memo[key] = self.add(splat(TensorType(i32, []), n)).results[0]
-        return self.memo[key]
-
-    def zeros(self, ty: Attribute) -> SSAValue:
-        assert isinstance(ty, TensorType)
-        scalar = self.add(splat(TensorType(ty.get_element_type(), []), 0)).results[0]
-        return self.add(
-            shlo.BroadcastInDimOp.create(
-                operands=[scalar],
-                result_types=[ty],
-                properties={"broadcast_dimensions": DenseArrayBase.from_list(i64, [])},
-            )
-        ).results[0]
-
-    def sub(self, x: SSAValue, y: SSAValue) -> SSAValue:
-        return self.add(shlo.SubtractOp(x, y, x.type)).results[0]
-
-    def sum(self, x: SSAValue, y: SSAValue) -> SSAValue:
-        return self.add(shlo.AddOp(x, y, x.type)).results[0]
-
-    def cmp(self, x: SSAValue, y: SSAValue, direction: str) -> SSAValue:
-        return self.add(CompareOp(x, y, ComparisonDirection[direction])).results[0]
-
-    def and_(self, x: SSAValue, y: SSAValue) -> SSAValue:
-        return self.add(shlo.AndOp(x, y, x.type)).results[0]
-
-    def clamp(self, x: SSAValue, low: int, high: int) -> SSAValue:
-        return self.add(
-            shlo.ClampOp.create(operands=[self.const(low), x, self.const(high)], result_types=[x.type])
-        ).results[0]
-
-    def select(self, pred: SSAValue, a: SSAValue, b: SSAValue) -> SSAValue:
-        return self.add(shlo.SelectOp.create(operands=[pred, a, b], result_types=[a.type])).results[0]
-
-    def add_masked(self, acc: SSAValue, value: SSAValue, valid: SSAValue) -> SSAValue:
-        return self.sum(acc, self.select(self._splat_pred(valid, value.type), value, self.zeros(value.type)))
-
-    def _splat_pred(self, pred: SSAValue, ty: Attribute) -> SSAValue:
-        assert isinstance(ty, TensorType)
-        if not ty.get_shape():
-            return pred
-        return self.add(
-            shlo.BroadcastInDimOp.create(
-                operands=[pred],
-                result_types=[TensorType(i1, ty.get_shape())],
-                properties={"broadcast_dimensions": DenseArrayBase.from_list(i64, [])},
-            )
-        ).results[0]
-
-    def rows(self, value: SSAValue, dim: int, start: int, stop: int) -> SSAValue:
-        ty = value.type
-        assert isinstance(ty, TensorType)
-        shape = list(ty.get_shape())
-        starts, limits = [0] * len(shape), list(shape)
-        starts[dim], limits[dim] = start, stop
-        shape[dim] = stop - start
-        return self.add(
-            SliceOp.create(
-                operands=[value],
-                result_types=[TensorType(ty.get_element_type(), shape)],
-                properties={
-                    "start_indices": DenseArrayBase.from_list(i64, starts),
-                    "limit_indices": DenseArrayBase.from_list(i64, limits),
-                    "strides": DenseArrayBase.from_list(i64, [1] * len(shape)),
-                },
-            )
-        ).results[0]
-
-    def _lead(self, value: SSAValue) -> SSAValue:
-        """`value` with a leading dim of 1."""
-        ty = value.type
-        assert isinstance(ty, TensorType)
-        shape = list(ty.get_shape())
-        return self.add(
-            shlo.BroadcastInDimOp.create(
-                operands=[value],
-                result_types=[TensorType(ty.get_element_type(), [1, *shape])],
-                properties={
-                    "broadcast_dimensions": DenseArrayBase.from_list(i64, list(range(1, len(shape) + 1)))
-                },
-            )
-        ).results[0]
-
-    def stack(self, values: Sequence[SSAValue]) -> SSAValue:
-        ty = values[0].type
-        assert isinstance(ty, TensorType)
-        return self.add(
-            shlo.ConcatenateOp.create(
-                operands=[self._lead(v) for v in values],
-                result_types=[_stacked(ty, len(values))],
-                properties={"dimension": IntegerAttr(0, i64)},
-            )
-        ).results[0]
-
-    def load(self, stack: SSAValue, index: SSAValue) -> SSAValue:
-        ty = stack.type
-        assert isinstance(ty, TensorType)
-        _, *shape = ty.get_shape()
-        rows = self.add(
-            shlo.DynamicSliceOp.create(
-                operands=[stack, index, *[self.const(0)] * len(shape)],
-                result_types=[TensorType(ty.get_element_type(), [1, *shape])],
-                properties={"slice_sizes": DenseArrayBase.from_list(i64, [1, *shape])},
-            )
-        ).results[0]
-        return self.add(
-            shlo.ReshapeOp.create(operands=[rows], result_types=[TensorType(ty.get_element_type(), shape)])
-        ).results[0]
-
-    def store(self, stack: SSAValue, value: SSAValue, index: SSAValue, valid: SSAValue) -> SSAValue:
-        kept = self.select(self._splat_pred(valid, value.type), value, self.load(stack, index))
-        ty = stack.type
-        assert isinstance(ty, TensorType)
-        return self.add(
-            DynamicUpdateSliceOp.create(
-                operands=[stack, self._lead(kept), index, *[self.const(0)] * (ty.get_num_dims() - 1)],
-                result_types=[ty],
-            )
-        ).results[0]
-
-    def clone(self, ops: Sequence[Operation], values: dict[SSAValue, SSAValue]) -> list[Operation]:
-        """Clone `ops` in order, reading `values` for the values they map."""
-        return [self.add(op.clone(value_mapper=values)) for op in ops]
-
-    def part(
-        self, value: SSAValue, d: int, n: int, index: SSAValue | int, before: Operation
-    ) -> SSAValue:
-        """Part `index` (of size `n`) of `value` along dim `d`, made before `before`."""
-        ty = value.type
-        assert isinstance(ty, TensorType)
-        shape = list(ty.get_shape())
-        rank = len(shape)
-        shape[d] = n
-        part_type = TensorType(ty.get_element_type(), shape)
-        made: list[Operation] = []
-        if isinstance(index, int):
-            starts, limits = [0] * rank, list(ty.get_shape())
-            starts[d], limits[d] = index * n, (index + 1) * n
-            made.append(
-                SliceOp.create(
-                    operands=[value],
-                    result_types=[part_type],
-                    properties={
-                        "start_indices": DenseArrayBase.from_list(i64, starts),
-                        "limit_indices": DenseArrayBase.from_list(i64, limits),
-                        "strides": DenseArrayBase.from_list(i64, [1] * rank),
-                    },
-                )
-            )
-        else:
-            scalar = TensorType(i32, [])
-            size, zero = splat(scalar, n), splat(scalar, 0)
-            start = shlo.MultiplyOp(index, size.results[0], scalar)
-            indices = [zero.results[0]] * rank
-            indices[d] = start.results[0]
-            made += [
-                size,
-                zero,
-                start,
-                shlo.DynamicSliceOp.create(
-                    operands=[value, *indices],
-                    result_types=[part_type],
-                    properties={"slice_sizes": DenseArrayBase.from_list(i64, shape)},
-                ),
-            ]
-        Rewriter.insert_op(made, InsertPoint.before(before))
-        return made[-1].results[0]
-
-    def clone_loop(self, loop: Operation, operands: Sequence[SSAValue], varying: Sequence[str]) -> Operation:
-        clone = loop.clone()
-        clone.operands = list(operands)
-        clone.attributes[VARYING] = ArrayAttr([StringAttr(a) for a in varying])
-        return self.add(clone)
-
-    def region(self, build: Callable[[], list[SSAValue]]) -> tuple[Region, list[Attribute]]:
-        """A region running what `build` adds, returning what it gives."""
-        saved, self.block = self.block, Block()
-        try:
-            outs = build()
-            self.add(shlo.ReturnOp(list(outs)))
-            return Region(self.block), [v.type for v in outs]
-        finally:
-            self.block = saved
-
-    def case(
-        self,
-        index: SSAValue,
-        branches: Sequence[Callable[[], list[SSAValue]]],
-        varying: Sequence[Sequence[str]],
-    ) -> list[SSAValue]:
-        """`stablehlo.case` of `branches` (each gives the same types)."""
-        built = [self.region(build) for build in branches]
-        op = shlo.CaseOp.create(
-            operands=[index], result_types=built[0][1], regions=[r for r, _ in built]
-        )
-        op.attributes[VARYING] = _per_result(varying)
-        return list(self.add(op).results)
-
-    def if_(
-        self,
-        pred: SSAValue,
-        taken: Callable[[], list[SSAValue]],
-        other: Callable[[], list[SSAValue]],
-        varying: Sequence[Sequence[str]],
-    ) -> list[SSAValue]:
-        """`stablehlo.if`: `taken` where `pred` holds, else `other`."""
-        (yes, types), (no, _) = self.region(taken), self.region(other)
-        op = shlo.IfOp.create(operands=[pred], result_types=types, regions=[yes, no])
-        op.attributes[VARYING] = _per_result(varying)
-        return list(self.add(op).results)
-
-    def of_stage(self, table: Sequence[int], stage: SSAValue) -> SSAValue:
-        """`table[stage]` (a constant table indexed by the device's stage)."""
-        ty = TensorType(i32, [len(table)])
-        const = self.add(shlo.ConstantOp(DenseIntOrFPElementsAttr.from_list(ty, list(table))))
-        return self.load(const.results[0], stage)
-
-    def put(self, stack: SSAValue, value: SSAValue, index: SSAValue | int) -> SSAValue:
-        """`stack` with row `index` set to `value`."""
-        at = self.const(index) if isinstance(index, int) else index
-        ty = stack.type
-        assert isinstance(ty, TensorType)
-        return self.add(
-            DynamicUpdateSliceOp.create(
-                operands=[stack, self._lead(value), at, *[self.const(0)] * (ty.get_num_dims() - 1)],
-                result_types=[ty],
-            )
-        ).results[0]
-
-
 def _partial_carries(loop: Operation, partial: dict[int, tuple[str, ...]]) -> None:
     """The loop's carried values `partial` names are partial sums over those axes."""
     carried = loop.attributes.get(CARRIED)
@@ -1044,15 +825,6 @@ def _partial_carries(loop: Operation, partial: dict[int, tuple[str, ...]]) -> No
             d = t.distribution
             entries[k] = DTensorType.of(t.global_type, Distribution(d.dims, (*d.partial, *axes)))
     loop.attributes[CARRIED] = ArrayAttr(entries)
-
-
-def _per_result(varying: Sequence[Sequence[str]]) -> ArrayAttr:
-    return ArrayAttr([ArrayAttr([StringAttr(a) for a in axes]) for axes in varying])
-
-
-def _stacked(ty: Attribute, n: int) -> TensorType:
-    assert isinstance(ty, TensorType)
-    return TensorType(ty.get_element_type(), [n, *ty.get_shape()])
 
 
 def _drop_axis(op: Operation, axis: str) -> None:
@@ -1071,21 +843,28 @@ def _drop_axis(op: Operation, axis: str) -> None:
             if isinstance(t, DTensorType):
                 d = t.distribution
                 dims = tuple(tuple(a for a in dim if a != axis) for dim in d.dims)
-                t = DTensorType.of(t.global_type, Distribution(dims, tuple(a for a in d.partial if a != axis)))
+                t = DTensorType.of(
+                    t.global_type, Distribution(dims, tuple(a for a in d.partial if a != axis))
+                )
             entries.append(t)
         op.attributes[CARRIED] = ArrayAttr(entries)
 
 
 def _elementwise(op: Operation) -> bool:
-    from rewrites.registry import rule_for
-
     rule = rule_for(op)
-    return rule is not None and all(d == rule.results[0] for d in rule.operands) if op.results else False
+    return (
+        rule is not None and all(d == rule.results[0] for d in rule.operands)
+        if op.results
+        else False
+    )
 
 
 def _is_zeros(value: SSAValue) -> bool:
     owner = value.owner
-    while isinstance(owner, Operation) and owner.name in ("stablehlo.broadcast_in_dim", "spmd.to_local"):
+    while isinstance(owner, Operation) and owner.name in (
+        "stablehlo.broadcast_in_dim",
+        "spmd.to_local",
+    ):
         owner = owner.operands[0].owner
     if not isinstance(owner, Operation) or owner.name != "stablehlo.constant":
         return False
@@ -1099,9 +878,3 @@ def _reducer(op: Operation) -> str | None:
     return {"stablehlo.add": "sum", "stablehlo.maximum": "max", "stablehlo.minimum": "min"}.get(
         combine.name if combine is not None else ""
     )
-
-
-def _after(op: Operation):  # noqa: ANN202
-    from xdsl.rewriter import InsertPoint
-
-    return InsertPoint.after(op)

@@ -35,7 +35,6 @@ from partir.pipeline.schedule import ORDERS
 from partir.plan import Plan, ProgramView, TacticError
 from partir.tactics import BatchParallel, Megatron, Tactic, ZeRO
 
-
 MICROBATCH_AXIS = "microbatch"
 """The axis a pipelined step is partitioned over per microbatch, which the
 schedule turns into time."""
