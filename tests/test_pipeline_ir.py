@@ -34,6 +34,7 @@ from partir.opt import main as partir_opt
 from partir.pipeline.layer_loops import PipelineError
 from partir.pipeline.schedule import make_schedule
 from partir.report import parse_module
+from partir.report.memory import XlaMemory
 from tests import client_models
 from tests.numerics import assert_leaves_close
 
@@ -80,6 +81,22 @@ def test_the_scanned_mlp_pipelines_as_jax_jit_with_the_schedule_s_transfers(sche
 
 def _argument_types(lowered: partir.Lowered) -> list[Any]:
     return list(entry_function(lowered.module).function_type.inputs.data)
+
+
+@pytest.mark.slow
+def test_1f1b_holds_fewer_microbatches_than_gpipe() -> None:
+    """A stage keeps microbatch m in slot m % slots (`Schedule.slots`): every
+    microbatch under GPipe, about the stage count under 1F1B, so XLA's temp
+    buffers per device are smaller (M = 8 on 4 stages)."""
+    step, args, _ = _mlp()
+    mesh = partir.Mesh({"stage": 4, "batch": 2})
+    temps = {}
+    for schedule in ("gpipe", "1f1b"):
+        tactics = [_pipeline(8, schedule), partir.BatchParallel("batch")]
+        lowered = partir.jit(step, mesh=mesh, tactics=tactics).lower(*args)
+        temps[schedule] = XlaMemory.of(lowered.compile(), args).temporaries
+    assert make_schedule("1f1b", 4, 8).slots < make_schedule("gpipe", 4, 8).slots == 8
+    assert temps["1f1b"] < temps["gpipe"]
 
 
 def test_a_pipelined_step_is_a_lowered_like_any_other() -> None:

@@ -184,7 +184,7 @@ class Pipelining:
                         "microbatch, or do not pipeline this step"
                     )
         self._check_results(ops)
-        self._retypestacked(invariant)
+        self._retype_stacked(invariant)
         split_rows(self.forward, self.S, self.axis)
         split_rows(self.backward, self.S, self.axis)
         self._build(block, ops)
@@ -347,7 +347,7 @@ class Pipelining:
 
     # --- a stage's rows ----------------------------------------------------------------
 
-    def _retypestacked(self, invariant: Sequence[Operation]) -> None:
+    def _retype_stacked(self, invariant: Sequence[Operation]) -> None:
         """Values of the layer class keep a stage's rows."""
         layer_dim = self.layer_dim = dict(self.loops.layer_dim)
         for arg in self.entry.body.block.args:
@@ -525,13 +525,14 @@ class Pipelining:
         head_sums = [s for s in self.sums if self._made_in(s.operands[0], self.head, f.op)]
         post_sums = [s for s in self.sums if self._made_in(s.operands[0], self.post, bw.op)]
         state: dict[tuple[str, object], SSAValue] = {}
+        slots = self.slots = sched.slots  # microbatch m is kept in slot m % slots
         for k in flowing_f:
-            state[("act", k)] = b.zeros(stacked(f.op.operands[k].type, self.M))
+            state[("act", k)] = b.zeros(stacked(f.op.operands[k].type, slots))
         for k in flowing_b:
-            state[("grad", k)] = b.zeros(stacked(bw.op.operands[k].type, self.M))
-            state[("seed", k)] = b.zeros(stacked(bw.op.operands[k].type, self.M))
+            state[("grad", k)] = b.zeros(stacked(bw.op.operands[k].type, slots))
+            state[("seed", k)] = b.zeros(stacked(bw.op.operands[k].type, slots))
         for j in residuals:
-            state[("res", j)] = b.zeros(stacked(f.op.results[j].type, self.M))
+            state[("res", j)] = b.zeros(stacked(f.op.results[j].type, slots))
         for k in sorted(self.partial_writes):
             state[("w", k)] = b.zeros(bw.op.results[k].type)
         for sm in (*head_sums, *post_sums):
@@ -544,19 +545,22 @@ class Pipelining:
             kinds = [0 if a is None else 1 if a.phase == "F" else 2 for a in row]
             kind = b.of_stage(kinds, self.stage)
             m = b.of_stage([0 if a is None else a.microbatch for a in row], self.stage)
+            slot = b.of_stage([0 if a is None else a.microbatch % slots for a in row], self.stage)
             keys = list(state)
 
             def idle(keys: list = keys) -> list[SSAValue]:
                 return [state[k] for k in keys] + [b.zeros(ty) for ty in (*act_types, *grad_types)]
 
-            def forward(t: int = t, m: SSAValue = m, keys: list = keys) -> list[SSAValue]:
+            def forward(
+                t: int = t, m: SSAValue = m, slot: SSAValue = slot, keys: list = keys
+            ) -> list[SSAValue]:
                 now = dict(state)
                 operands = []
                 for k, v in enumerate(f.op.operands):
                     if k in flowing_f:
                         operands.append(
                             b.select(
-                                self.first, b.load(self.stacks[v], m), b.load(now[("act", k)], m)
+                                self.first, b.load(self.stacks[v], m), b.load(now[("act", k)], slot)
                             )
                         )
                     elif v in self.varying:
@@ -566,7 +570,7 @@ class Pipelining:
                 clone = b.clone_loop(f.op, operands, [self.axis])
                 self._own_parts([clone], m)
                 for j in residuals:
-                    now[("res", j)] = b.put(now[("res", j)], clone.results[j], m)
+                    now[("res", j)] = b.put(now[("res", j)], clone.results[j], slot)
                 last_action = sched.table[t][self.S - 1]
                 if last_action is not None and last_action.phase == "F":
                     self._head(last_action.microbatch, clone, now, flowing_b, head_sums)
@@ -577,17 +581,21 @@ class Pipelining:
                     + [b.zeros(ty) for ty in grad_types]
                 )
 
-            def backward(t: int = t, m: SSAValue = m, keys: list = keys) -> list[SSAValue]:
+            def backward(
+                t: int = t, m: SSAValue = m, slot: SSAValue = slot, keys: list = keys
+            ) -> list[SSAValue]:
                 now = dict(state)
                 f_results: dict[SSAValue, int] = {r: j for j, r in enumerate(f.op.results)}
                 operands = []
                 for k, v in enumerate(bw.op.operands):
                     if v in f_results:
-                        operands.append(b.load(now[("res", f_results[v])], m))
+                        operands.append(b.load(now[("res", f_results[v])], slot))
                     elif k in flowing_b:
                         operands.append(
                             b.select(
-                                self.last, b.load(now[("seed", k)], m), b.load(now[("grad", k)], m)
+                                self.last,
+                                b.load(now[("seed", k)], slot),
+                                b.load(now[("grad", k)], slot),
                             )
                         )
                     elif v in self.varying:
@@ -636,10 +644,10 @@ class Pipelining:
         pairs = [(s, r) for s, r, _ in sends]
         arriving = [-1] * self.S
         for _, r, mb in sends:
-            arriving[r] = mb
+            arriving[r] = mb % self.slots
         m = b.of_stage(arriving, self.stage)
         valid = b.cmp(m, b.const(0), "GE")
-        index = b.clamp(m, 0, self.M - 1)
+        index = b.clamp(m, 0, self.slots - 1)
         for k, value in zip(flowing, values, strict=True):
             got = b.add(CollectivePermuteOp(value, [self.axis], pairs)).results[0]
             state[(kind, k)] = b.store(state[(kind, k)], got, index, valid)
@@ -663,7 +671,8 @@ class Pipelining:
             mapping = dict(values)
             made = b.clone(self.head, mapping)
             self._own_parts(made, m)
-            out = [b.put(now[("seed", k)], mapping[bw.operands[k]], m) for k in flowing_b]
+            at = m % self.slots
+            out = [b.put(now[("seed", k)], mapping[bw.operands[k]], at) for k in flowing_b]
             return out + [
                 b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums
             ]
