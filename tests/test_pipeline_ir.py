@@ -46,7 +46,7 @@ def _pipeline(microbatches: int, schedule: str = "1f1b") -> partir.Pipeline:
 @functools.cache
 def _mlp() -> tuple[Any, tuple[Any, ...], Any]:
     step = scanned_stack.mlp_train_step
-    args = scanned_stack.mlp_train_args(layers_=8, batch=16)
+    args = scanned_stack.mlp_train_args(layers_=4, batch=16)
     return step, args, jax.jit(step)(*args)
 
 
@@ -75,7 +75,7 @@ def test_the_scanned_mlp_pipelines_as_jax_jit_with_the_schedule_s_transfers(sche
     assert set(on_stage) == {"collective_permute", "all_reduce"}
     assert on_stage["all_reduce"] == 1  # the loss; the stages' layers stay their own
     for arg, x in zip(_argument_types(lowered), jax.tree.leaves(args), strict=True):
-        stacked = np.ndim(x) > 0 and np.shape(x)[0] == 8  # the layers (the batch is 16)
+        stacked = np.ndim(x) > 0 and np.shape(x)[0] == 4  # the layers (the batch is 16)
         assert ("stage" in arg.distribution.dims[0]) == stacked if np.ndim(x) else True
 
 
@@ -88,9 +88,9 @@ def test_1f1b_holds_fewer_microbatches_than_gpipe() -> None:
     """A stage keeps microbatch m in slot m % slots (`Schedule.slots`): every
     microbatch under GPipe, about the stage count under 1F1B, so XLA's temp
     buffers per device are smaller (M = 8 on 4 stages)."""
-    step, args, _ = _mlp()
     mesh = partir.Mesh({"stage": 4, "batch": 2})
     temps = {}
+    step, args = scanned_stack.mlp_train_step, scanned_stack.mlp_train_args(layers_=8, batch=16)
     for schedule in ("gpipe", "1f1b"):
         tactics = [_pipeline(8, schedule), partir.BatchParallel("batch")]
         lowered = partir.jit(step, mesh=mesh, tactics=tactics).lower(*args)
