@@ -66,6 +66,12 @@ CARRIED = "carried"
 holding, per carried value, its `DTensorType`: one distribution on entry, in
 the body and on exit."""
 
+VARYING = "varying"
+"""The attribute on an SPMD loop or conditional naming mesh axes its results
+differ over beyond their distributions (one list for all, or one per result):
+a pipeline stage's values (each stage works on its own microbatch), which no
+distribution describes."""
+
 AxesAttr = ArrayAttr[StringAttr]
 
 

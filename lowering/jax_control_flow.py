@@ -15,7 +15,7 @@ from xdsl.dialects.builtin import ArrayAttr
 from xdsl.ir import Block, Operation
 from xdsl_jax.dialects import stablehlo as shlo
 
-from dialects.spmd import CARRIED, DTensorType
+from dialects.spmd import CARRIED, VARYING, DTensorType
 from lowering.jax_ir import unsupported
 from lowering.jax_literals import axes_literal, tuple_literal
 
@@ -58,11 +58,20 @@ def _carry_function(
 
 
 def _varying_axes(op: Operation) -> list[tuple[str, ...]] | None:
-    """Per carried value, the mesh axes it is split over (`spmd.CARRIED`)."""
+    """Per carried value, the mesh axes it is split over (`spmd.CARRIED`), and
+    those it differs over besides (`spmd.VARYING`)."""
     carried = op.attributes.get(CARRIED)
+    extra = op.attributes.get(VARYING)
+    more: list[tuple[str, ...]] = [()] * len(op.results)
+    if isinstance(extra, ArrayAttr):
+        if all(isinstance(e, ArrayAttr) for e in extra.data):  # per result
+            more = [tuple(a.data for a in e.data) for e in extra.data]
+        else:  # the same axes for every result
+            more = [tuple(a.data for a in extra.data)] * len(op.results)
     if not isinstance(carried, ArrayAttr):
-        return None
-    return [t.distribution.axes if isinstance(t, DTensorType) else () for t in carried]
+        return more if any(more) else None
+    axes = [t.distribution.axes if isinstance(t, DTensorType) else () for t in carried]
+    return [(*a, *(x for x in m if x not in a)) for a, m in zip(axes, more, strict=True)]
 
 
 def _as_varying(em: BodyEmitter, names: list[str], axes: list[tuple[str, ...]] | None) -> list[str]:

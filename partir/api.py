@@ -118,7 +118,8 @@ class PartitionedFunction:
 
     @property
     def _pipelined(self) -> bool:
-        return any(isinstance(t, Pipeline) for t in self.tactics)
+        """A Pipeline on the jaxpr engine (the IR one gives a `Lowered`)."""
+        return any(isinstance(t, Pipeline) and t.engine == "jaxpr" for t in self.tactics)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = self._positional(args, kwargs)

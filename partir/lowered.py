@@ -31,6 +31,8 @@ from partir.keys import KeyBoundary
 from partir.mesh import Mesh
 from partir.partition import Stage, find_stage, partition
 from partir.passes import EmitJaxPass
+from partir.pipeline.program import pipeline as schedule_pipeline
+from partir.pipeline.tactic import MICROBATCH_AXIS, Pipeline
 from partir.report import Report, build_report
 from partir.search import SearchResult
 from partir.tactics import Tactic
@@ -88,6 +90,9 @@ class Lowered:
     """What each `Automatic` searched and chose: `searches[0].schedule_source`
     is the schedule to paste in its place, `.table()` the top candidates. An
     `Automatic` in `tactics` holds its choice, so `stages` replays it."""
+    partition_mesh: Mesh | None = None
+    """The mesh `tactics` partition the step on, where it is not `mesh`: a
+    pipelined step's, with its microbatch axis (`Pipeline.microbatched`)."""
     _source_path: Path | None = field(default=None, repr=False)
     _stages: list[Stage] | None = field(default=None, repr=False)
     _imported: ModuleOp | None = field(default=None, repr=False)
@@ -109,7 +114,11 @@ class Lowered:
         shardings and collectives as the decided path `lower` ran)."""
         if self._stages is None:
             replayed = partition(
-                self.imported.clone(), self.mesh, self.tactics, keep_stages=True, engine="rewrite"
+                self.imported.clone(),
+                self.partition_mesh or self.mesh,
+                self.tactics,
+                keep_stages=True,
+                engine="rewrite",
             )
             self._stages = [*replayed.stages, Stage("spmd", self.module)]
         return self._stages
@@ -193,11 +202,25 @@ def lower(
     fn, args = keys.raw_function(fn), keys.raw(tuple(args))
     imported = import_program(fn, *args, supported_only=True)
     module = imported.module
-    partitioned = partition(module, mesh, tactics)
+    pipe = next((t for t in tactics if isinstance(t, Pipeline)), None)
+    partition_mesh = mesh
+    if pipe is not None:
+        partition_mesh, tactics = pipe.microbatched(mesh, [t for t in tactics if t is not pipe])
+    partitioned = partition(module, partition_mesh, tactics)
     label = name or getattr(fn, "__name__", None) or "program"
     label = "".join(c if c.isalnum() else "_" for c in label) or "program"
     emit = EmitJaxPass(program=label)
-    PassPipeline((LowerToSpmdPass(), emit)).apply(_CONTEXT, module)
+    PassPipeline((LowerToSpmdPass(),)).apply(_CONTEXT, module)
+    if pipe is not None:
+        schedule_pipeline(
+            module,
+            axis=pipe.axis,
+            stages=mesh.axes[pipe.axis],
+            microbatch_axis=MICROBATCH_AXIS,
+            microbatches=pipe.microbatches,
+            schedule=pipe.schedule,
+        )
+    PassPipeline((emit,)).apply(_CONTEXT, module)
     return Lowered(
         imported.source,
         tuple(partitioned.decided),
@@ -210,4 +233,5 @@ def lower(
         label,
         keys,
         searches=partitioned.searches,
+        partition_mesh=partition_mesh,
     )

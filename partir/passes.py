@@ -19,17 +19,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
+from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.passes import ModulePass
+from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import PassFailedException
 
 from dialects.escaping import quoted
 from dialects.functions import entry_function
-from dialects.partir import OriginAttr
+from dialects.partir import MeshOp, OriginAttr
 from lowering.to_jax import emit_jax
 from lowering.to_spmd import LowerToSpmdPass
 from partir.cost.profile import Profile
 from partir.mesh import Mesh
+from partir.pipeline.program import pipeline as schedule_pipeline
+from partir.pipeline.tactic import MICROBATCH_AXIS, Pipeline
 from partir.plan import (
     ProgramView,
     TacticError,
@@ -226,13 +229,80 @@ class EmitJaxPass(ModulePass):
         return self.emitted[0]
 
 
+PIPELINE = "partir.pipeline"
+"""The module attribute `partir-pipeline` leaves for `partir-schedule-pipeline`:
+the stage axis, the microbatches and the schedule."""
+
+
+@dataclass(frozen=True)
+class PipelinePass(ModulePass):
+    """Pipeline the layer loop over `axis`: the batch split over microbatches
+    (then partir-lower-spmd, partir-schedule-pipeline)."""
+
+    name = "partir-pipeline"
+
+    axis: str
+    microbatches: int
+    schedule: str = "1f1b"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        mesh = Mesh(module_mesh(op, "Pipeline").axes)
+        tactic = Pipeline(self.axis, self.microbatches, self.schedule, engine="ir")
+        try:
+            per_microbatch, (split,) = tactic.microbatched(mesh, [])
+            plan = split.plan(ProgramView.of(entry_function(op)), per_microbatch)
+        except TacticError as err:
+            raise PassFailedException(str(err)) from err
+        declared = next(o for o in op.body.block.ops if isinstance(o, MeshOp))
+        Rewriter.replace_op(declared, per_microbatch.to_op())
+        op.attributes[PIPELINE] = DictionaryAttr(
+            {
+                "axis": StringAttr(self.axis),
+                "microbatches": IntegerAttr(self.microbatches, i64),
+                "schedule": StringAttr(self.schedule),
+            }
+        )
+        ApplyPlanPass(plan).apply(ctx, op)
+
+
+@dataclass(frozen=True)
+class SchedulePipelinePass(ModulePass):
+    """Run the SPMD program of a step `partir-pipeline` split into microbatches
+    as its schedule over the stage axis (`partir.pipeline.program`)."""
+
+    name = "partir-schedule-pipeline"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        spec = op.attributes.get(PIPELINE)
+        if not isinstance(spec, DictionaryAttr):
+            raise PassFailedException(
+                "partir-schedule-pipeline: the module has no pipeline to schedule; run "
+                "partir-pipeline{axis=... microbatches=...} before partir-lower-spmd"
+            )
+        axis, count, schedule = (spec.data[k] for k in ("axis", "microbatches", "schedule"))
+        assert isinstance(axis, StringAttr) and isinstance(count, IntegerAttr)
+        assert isinstance(schedule, StringAttr)
+        stages = module_mesh(op, "Pipeline").axes[axis.data]
+        del op.attributes[PIPELINE]
+        schedule_pipeline(
+            op,
+            axis=axis.data,
+            stages=stages,
+            microbatch_axis=MICROBATCH_AXIS,
+            microbatches=count.value.data,
+            schedule=schedule.data,
+        )
+
+
 _PASS_CLASSES: tuple[type[ModulePass], ...] = (
     DeclareMeshPass,
     InlineCallsPass,
     TilePass,
     *TACTIC_PASSES.values(),
     PropagatePass,
+    PipelinePass,
     LowerToSpmdPass,
+    SchedulePipelinePass,
     EmitJaxPass,
 )
 

@@ -63,6 +63,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "partir.pipeline",
             "partir.pipeline.apart",
             "partir.pipeline.equations",
+            "partir.pipeline.layer_loops",
             "partir.pipeline.replay",
             "partir.pipeline.structure",
         ),
@@ -97,6 +98,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "partir.partition",
             "partir.passes",
+            "partir.pipeline.builder",
+            "partir.pipeline.program",
+            "partir.pipeline.stage_loops",
             "partir.plan_passes",
             "partir.search",
             "partir.simulation",

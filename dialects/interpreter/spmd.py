@@ -275,12 +275,20 @@ class Lockstep:
         return self.run(block)[0]
 
     def _branch(self, op: shlo.CaseOp | shlo.IfOp, index: PerDevice) -> list[PerDevice]:
-        """The branch every device's index (or predicate), which must agree,
-        picks (`control_flow.picked_branch`)."""
-        picked = {int(np.asarray(i)) for i in index}
-        if len(picked) != 1:
-            raise InterpretationError(f"{op.name}: the devices disagree on the branch")
-        return self.run(picked_branch(op, picked.pop()).block)[0]
+        """The branch each device's index (or predicate) picks
+        (`control_flow.picked_branch`). Devices may pick different ones (a
+        pipeline stage runs its own action): each branch picked runs on every
+        device, and a device keeps its own branch's results. A collective in a
+        branch then groups devices that took it, as it does on the machine, so
+        long as its groups do not straddle branches."""
+        picked = [int(np.asarray(i)) for i in index]
+        ran = {i: self.run(picked_branch(op, i).block)[0] for i in sorted(set(picked))}
+        if len(ran) == 1:
+            return ran[picked[0]]
+        return [
+            [ran[picked[d]][r][d] for d in range(len(picked))]
+            for r in range(len(op.results))
+        ]
 
     def _while(self, op: shlo.WhileOp, carried: list[PerDevice]) -> list[PerDevice]:
         while True:

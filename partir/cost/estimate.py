@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation
 
+from dialects.counted_loops import trip_count
 from dialects.functions import entry_function
 from dialects.heap import paused_gc
 from dialects.partir import find_mesh
@@ -218,57 +219,6 @@ class _Walk:
         for kind, seconds in other.by_kind.items():
             self.by_kind[kind] += seconds
         self.collectives.update(other.collectives)
-
-
-def trip_count(op: Operation) -> int | None:
-    """A `while`'s trip count when it is JAX's counted loop: the condition
-    compares a carried counter LT a constant, the counter starts at a
-    constant and the body adds one to it. None otherwise."""
-    cond, body = op.regions
-    ret = cond.block.last_op
-    if ret is None or not ret.operands:
-        return None
-    compare = ret.operands[0].owner
-    if not isinstance(compare, Operation) or compare.name != "stablehlo.compare":
-        return None
-    if "LT" not in str(compare.properties.get("comparison_direction")):
-        return None
-    counter, limit = compare.operands
-    if counter.owner is not cond.block:
-        return None
-    index = cond.block.args.index(counter)
-    start, stop = _constant(op.operands[index]), _constant(limit)
-    if start is None or stop is None or not _adds_one(body.block, index):
-        return None
-    return max(stop - start, 0)
-
-
-def _adds_one(body: Block, index: int) -> bool:
-    ret = body.last_op
-    if ret is None or len(ret.operands) <= index:
-        return False
-    step = ret.operands[index].owner
-    if not isinstance(step, Operation) or step.name != "stablehlo.add":
-        return False
-    lhs, rhs = step.operands
-    return lhs is body.args[index] and _constant(rhs) == 1
-
-
-def _constant(value: Any) -> int | None:
-    """The integer a scalar constant holds (through JAX's spmd boundary)."""
-    owner = value.owner
-    while isinstance(owner, Operation) and owner.name == "spmd.to_local":
-        owner = owner.operands[0].owner
-    if not isinstance(owner, Operation) or owner.name != "stablehlo.constant":
-        return None
-    attr = owner.properties.get("value")
-    if not isinstance(attr, DenseIntOrFPElementsAttr):
-        return None
-    values = attr.get_values()
-    if len(set(values)) != 1:
-        return None
-    number = values[0]
-    return int(number) if float(number).is_integer() else None
 
 
 @paused_gc()

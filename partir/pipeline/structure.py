@@ -54,13 +54,10 @@ from partir.pipeline.apart import (
     reads_across,
     reads_across_eqns,
 )
+from partir.pipeline.layer_loops import PipelineError
 from partir.pipeline.replay import replay
 from partir.roles import Roles
 from partir.selectors import display_path, select, slash_path
-
-
-class PipelineError(PartirValueError):
-    """A step `Pipeline` cannot split into stages, with what to change."""
 
 
 def _name(path: str) -> str:

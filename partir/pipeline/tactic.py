@@ -35,6 +35,10 @@ from partir.pipeline.schedule import ORDERS
 from partir.plan import Plan, ProgramView, TacticError
 from partir.tactics import BatchParallel, Megatron, Tactic, ZeRO
 
+MICROBATCH_AXIS = "microbatch"
+"""The axis a pipelined step is partitioned over per microbatch, which the
+schedule turns into time."""
+
 
 @dataclass(frozen=True, repr=False)
 class Pipeline(Tactic):
@@ -47,8 +51,56 @@ class Pipeline(Tactic):
     microbatches: int
     schedule: str = "1f1b"
     stacked: str | Sequence[str] | None = None
+    engine: str = "jaxpr"
+    """"ir": the step is partitioned per microbatch by the tactics beside it and
+    scheduled on its SPMD program (`partir.pipeline.program`), giving the same
+    `Lowered` as any other strategy; "jaxpr": the step's jaxpr is split and run
+    by `partir.pipeline.engine`. (The jaxpr engine goes once the IR one does
+    all it does.)"""
 
     CLI_NAME: ClassVar[str] = "partir-pipeline"
+
+    def microbatched(self, mesh: Mesh, others: Sequence[Tactic]) -> tuple[Mesh, list[Tactic]]:
+        """The mesh and the tactics the step is partitioned with, per
+        microbatch: `others`, then the batch split over a microbatch axis minor
+        to theirs (as the BatchParallel beside it selects it, if any)."""
+        if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int):
+            raise PartirTypeError(
+                f"Pipeline: microbatches is a number, got {self.microbatches!r}; "
+                'e.g. Pipeline("stage", microbatches=8)'
+            )
+        if self.microbatches < 2:
+            raise TacticError(
+                f"Pipeline: microbatches must be at least 2, got {self.microbatches} (a "
+                "pipeline of one microbatch runs its stages one after another)"
+            )
+        if self.schedule not in ORDERS:
+            raise TacticError(
+                f"Pipeline: unknown schedule {self.schedule!r}; the schedules are "
+                + ", ".join(repr(n) for n in ORDERS)
+            )
+        mesh.check_axis(self.axis, "Pipeline")
+        if MICROBATCH_AXIS in mesh:
+            raise TacticError(
+                f"Pipeline: the mesh has an axis named {quoted(MICROBATCH_AXIS)}, the name "
+                "Pipeline gives its microbatches; rename that axis"
+            )
+        if any(isinstance(t, Pipeline) for t in others):
+            raise TacticError("Pipeline: one Pipeline per step; the tactics list two")
+        data = [t for t in others if isinstance(t, BatchParallel)]
+        if any(t.axis == self.axis for t in others if isinstance(t, BatchParallel | ZeRO)):
+            raise TacticError(
+                f"Pipeline owns the axis {quoted(self.axis)}; give the tactics beside it "
+                "other axes of the mesh"
+            )
+        like = data[0] if data else None
+        split = BatchParallel(
+            MICROBATCH_AXIS,
+            inputs=like.inputs if like is not None else None,
+            dim=like.dim if like is not None else 0,
+        )
+        axes = {**dict(mesh.axes), MICROBATCH_AXIS: self.microbatches}
+        return Mesh(axes), [*others, split]
 
     def plan(self, program: ProgramView, mesh: Mesh) -> Plan:
         raise TacticError(

@@ -1,0 +1,297 @@
+"""The ops a pipeline schedule is made of, appended to one block.
+
+Constants, per-microbatch buffers (a stack of M values, read and written at a
+run-time index), a value's part along a dim, and conditionals built from
+Python functions that add their branches' ops (`region`, `case`, `if_`). The
+schedule (`partir.pipeline.program`) says what to build; this says how, in
+StableHLO and the SPMD dialect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    DenseIntOrFPElementsAttr,
+    IntegerAttr,
+    StringAttr,
+    TensorType,
+    i1,
+    i32,
+    i64,
+)
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl_jax.dialects import stablehlo as shlo
+from xdsl_jax.dialects.stablehlo.attributes import ComparisonDirection
+
+from dialects.spmd import VARYING
+from dialects.stablehlo_ext import CompareOp, DynamicUpdateSliceOp, SliceOp
+from rewrites.padding import splat
+
+
+class Builder:
+    """Appends ops to the pipelined function's block."""
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self.memo: dict[object, SSAValue] = {}
+
+    def add(self, op: Operation) -> Operation:
+        self.block.add_op(op)
+        return op
+
+    def const(self, n: int) -> SSAValue:
+        key = ("i32", n, id(self.block))
+        if key not in self.memo:
+            self.memo[key] = self.add(splat(TensorType(i32, []), n)).results[0]
+        return self.memo[key]
+
+    def zeros(self, ty: Attribute) -> SSAValue:
+        assert isinstance(ty, TensorType)
+        scalar = self.add(splat(TensorType(ty.get_element_type(), []), 0)).results[0]
+        return self.add(
+            shlo.BroadcastInDimOp.create(
+                operands=[scalar],
+                result_types=[ty],
+                properties={"broadcast_dimensions": DenseArrayBase.from_list(i64, [])},
+            )
+        ).results[0]
+
+    def sub(self, x: SSAValue, y: SSAValue) -> SSAValue:
+        return self.add(shlo.SubtractOp(x, y, x.type)).results[0]
+
+    def sum(self, x: SSAValue, y: SSAValue) -> SSAValue:
+        return self.add(shlo.AddOp(x, y, x.type)).results[0]
+
+    def cmp(self, x: SSAValue, y: SSAValue, direction: str) -> SSAValue:
+        return self.add(CompareOp(x, y, ComparisonDirection[direction])).results[0]
+
+    def and_(self, x: SSAValue, y: SSAValue) -> SSAValue:
+        return self.add(shlo.AndOp(x, y, x.type)).results[0]
+
+    def clamp(self, x: SSAValue, low: int, high: int) -> SSAValue:
+        return self.add(
+            shlo.ClampOp.create(
+                operands=[self.const(low), x, self.const(high)], result_types=[x.type]
+            )
+        ).results[0]
+
+    def select(self, pred: SSAValue, a: SSAValue, b: SSAValue) -> SSAValue:
+        return self.add(shlo.SelectOp.create(operands=[pred, a, b], result_types=[a.type])).results[
+            0
+        ]
+
+    def _splat_pred(self, pred: SSAValue, ty: Attribute) -> SSAValue:
+        assert isinstance(ty, TensorType)
+        if not ty.get_shape():
+            return pred
+        return self.add(
+            shlo.BroadcastInDimOp.create(
+                operands=[pred],
+                result_types=[TensorType(i1, ty.get_shape())],
+                properties={"broadcast_dimensions": DenseArrayBase.from_list(i64, [])},
+            )
+        ).results[0]
+
+    def rows(self, value: SSAValue, dim: int, start: int, stop: int) -> SSAValue:
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        shape = list(ty.get_shape())
+        starts, limits = [0] * len(shape), list(shape)
+        starts[dim], limits[dim] = start, stop
+        shape[dim] = stop - start
+        return self.add(
+            SliceOp.create(
+                operands=[value],
+                result_types=[TensorType(ty.get_element_type(), shape)],
+                properties={
+                    "start_indices": DenseArrayBase.from_list(i64, starts),
+                    "limit_indices": DenseArrayBase.from_list(i64, limits),
+                    "strides": DenseArrayBase.from_list(i64, [1] * len(shape)),
+                },
+            )
+        ).results[0]
+
+    def _lead(self, value: SSAValue) -> SSAValue:
+        """`value` with a leading dim of 1."""
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        shape = list(ty.get_shape())
+        return self.add(
+            shlo.BroadcastInDimOp.create(
+                operands=[value],
+                result_types=[TensorType(ty.get_element_type(), [1, *shape])],
+                properties={
+                    "broadcast_dimensions": DenseArrayBase.from_list(
+                        i64, list(range(1, len(shape) + 1))
+                    )
+                },
+            )
+        ).results[0]
+
+    def stack(self, values: Sequence[SSAValue]) -> SSAValue:
+        ty = values[0].type
+        assert isinstance(ty, TensorType)
+        return self.add(
+            shlo.ConcatenateOp.create(
+                operands=[self._lead(v) for v in values],
+                result_types=[stacked(ty, len(values))],
+                properties={"dimension": IntegerAttr(0, i64)},
+            )
+        ).results[0]
+
+    def load(self, stack: SSAValue, index: SSAValue) -> SSAValue:
+        ty = stack.type
+        assert isinstance(ty, TensorType)
+        _, *shape = ty.get_shape()
+        rows = self.add(
+            shlo.DynamicSliceOp.create(
+                operands=[stack, index, *[self.const(0)] * len(shape)],
+                result_types=[TensorType(ty.get_element_type(), [1, *shape])],
+                properties={"slice_sizes": DenseArrayBase.from_list(i64, [1, *shape])},
+            )
+        ).results[0]
+        return self.add(
+            shlo.ReshapeOp.create(
+                operands=[rows], result_types=[TensorType(ty.get_element_type(), shape)]
+            )
+        ).results[0]
+
+    def store(self, stack: SSAValue, value: SSAValue, index: SSAValue, valid: SSAValue) -> SSAValue:
+        kept = self.select(self._splat_pred(valid, value.type), value, self.load(stack, index))
+        ty = stack.type
+        assert isinstance(ty, TensorType)
+        return self.add(
+            DynamicUpdateSliceOp.create(
+                operands=[
+                    stack,
+                    self._lead(kept),
+                    index,
+                    *[self.const(0)] * (ty.get_num_dims() - 1),
+                ],
+                result_types=[ty],
+            )
+        ).results[0]
+
+    def clone(self, ops: Sequence[Operation], values: dict[SSAValue, SSAValue]) -> list[Operation]:
+        """Clone `ops` in order, reading `values` for the values they map."""
+        return [self.add(op.clone(value_mapper=values)) for op in ops]
+
+    def part(
+        self, value: SSAValue, d: int, n: int, index: SSAValue | int, before: Operation
+    ) -> SSAValue:
+        """Part `index` (of size `n`) of `value` along dim `d`, made before `before`."""
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        shape = list(ty.get_shape())
+        rank = len(shape)
+        shape[d] = n
+        part_type = TensorType(ty.get_element_type(), shape)
+        made: list[Operation] = []
+        if isinstance(index, int):
+            starts, limits = [0] * rank, list(ty.get_shape())
+            starts[d], limits[d] = index * n, (index + 1) * n
+            made.append(
+                SliceOp.create(
+                    operands=[value],
+                    result_types=[part_type],
+                    properties={
+                        "start_indices": DenseArrayBase.from_list(i64, starts),
+                        "limit_indices": DenseArrayBase.from_list(i64, limits),
+                        "strides": DenseArrayBase.from_list(i64, [1] * rank),
+                    },
+                )
+            )
+        else:
+            scalar = TensorType(i32, [])
+            size, zero = splat(scalar, n), splat(scalar, 0)
+            start = shlo.MultiplyOp(index, size.results[0], scalar)
+            indices = [zero.results[0]] * rank
+            indices[d] = start.results[0]
+            made += [
+                size,
+                zero,
+                start,
+                shlo.DynamicSliceOp.create(
+                    operands=[value, *indices],
+                    result_types=[part_type],
+                    properties={"slice_sizes": DenseArrayBase.from_list(i64, shape)},
+                ),
+            ]
+        Rewriter.insert_op(made, InsertPoint.before(before))
+        return made[-1].results[0]
+
+    def clone_loop(
+        self, loop: Operation, operands: Sequence[SSAValue], varying: Sequence[str]
+    ) -> Operation:
+        clone = loop.clone()
+        clone.operands = list(operands)
+        clone.attributes[VARYING] = ArrayAttr([StringAttr(a) for a in varying])
+        return self.add(clone)
+
+    def region(self, build: Callable[[], list[SSAValue]]) -> tuple[Region, list[Attribute]]:
+        """A region running what `build` adds, returning what it gives."""
+        saved, self.block = self.block, Block()
+        try:
+            outs = build()
+            self.add(shlo.ReturnOp(list(outs)))
+            return Region(self.block), [v.type for v in outs]
+        finally:
+            self.block = saved
+
+    def case(
+        self,
+        index: SSAValue,
+        branches: Sequence[Callable[[], list[SSAValue]]],
+        varying: Sequence[Sequence[str]],
+    ) -> list[SSAValue]:
+        """`stablehlo.case` of `branches` (each gives the same types)."""
+        built = [self.region(build) for build in branches]
+        op = shlo.CaseOp.create(
+            operands=[index], result_types=built[0][1], regions=[r for r, _ in built]
+        )
+        op.attributes[VARYING] = per_result(varying)
+        return list(self.add(op).results)
+
+    def if_(
+        self,
+        pred: SSAValue,
+        taken: Callable[[], list[SSAValue]],
+        other: Callable[[], list[SSAValue]],
+        varying: Sequence[Sequence[str]],
+    ) -> list[SSAValue]:
+        """`stablehlo.if`: `taken` where `pred` holds, else `other`."""
+        (yes, types), (no, _) = self.region(taken), self.region(other)
+        op = shlo.IfOp.create(operands=[pred], result_types=types, regions=[yes, no])
+        op.attributes[VARYING] = per_result(varying)
+        return list(self.add(op).results)
+
+    def of_stage(self, table: Sequence[int], stage: SSAValue) -> SSAValue:
+        """`table[stage]` (a constant table indexed by the device's stage)."""
+        ty = TensorType(i32, [len(table)])
+        const = self.add(shlo.ConstantOp(DenseIntOrFPElementsAttr.from_list(ty, list(table))))
+        return self.load(const.results[0], stage)
+
+    def put(self, stack: SSAValue, value: SSAValue, index: SSAValue | int) -> SSAValue:
+        """`stack` with row `index` set to `value`."""
+        at = self.const(index) if isinstance(index, int) else index
+        ty = stack.type
+        assert isinstance(ty, TensorType)
+        return self.add(
+            DynamicUpdateSliceOp.create(
+                operands=[stack, self._lead(value), at, *[self.const(0)] * (ty.get_num_dims() - 1)],
+                result_types=[ty],
+            )
+        ).results[0]
+
+
+def per_result(varying: Sequence[Sequence[str]]) -> ArrayAttr:
+    return ArrayAttr([ArrayAttr([StringAttr(a) for a in axes]) for axes in varying])
+
+
+def stacked(ty: Attribute, n: int) -> TensorType:
+    assert isinstance(ty, TensorType)
+    return TensorType(ty.get_element_type(), [n, *ty.get_shape()])

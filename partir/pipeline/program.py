@@ -1,0 +1,889 @@
+"""A per-microbatch SPMD program run as a pipeline schedule over a stage axis.
+
+partir pipelines a training step in two moves. First the step is partitioned
+as any other, with every tactic the user gave and one more: the batch split
+over a *microbatch* axis (`BatchParallel`, the axis minor to the others), so
+the engine decides every value's sharding per microbatch and the SPMD
+program is what one microbatch's device runs. Its collectives over that axis
+are where microbatches meet: the gradients and the loss they add up to.
+Second, this pass turns the microbatch axis into time and splits the layer
+loops over the stage axis (`partir.pipeline.layer_loops`, `stage_loops`):
+
+- each stage runs the forward and the backward loop on its own layers
+  (`split_rows`), the stacked values it holds retyped to its rows;
+- per time step of the schedule every stage runs the forward (backward)
+  loop on the microbatch the schedule gives it, the first stage on the
+  step's *pre* ops' output (embedding), the others on what the previous
+  stage sent; the activation goes to the next stage and the gradient to the
+  previous one by `spmd.collective_permute` over the stage axis, whose pairs
+  are exactly the stages that send that step (2 (S - 1) M transfers a step);
+- the last stage runs the *head* (loss and its gradient) on each
+  microbatch's output, the first stage the ops after the backward loop on
+  each microbatch's gradient; both under `stablehlo.if` on the stage index;
+- what the step adds up over microbatches (an all-reduce over the
+  microbatch axis in the per-microbatch program) is added up over the time
+  steps instead, and a value one stage made that every device returns is
+  all-reduced over the stage axis once;
+- the ops that do not depend on the batch (the update) run once, on each
+  stage's own layers.
+
+The schedule is GPipe: every forward, then every backward, the stages of a
+step working on consecutive microbatches (`partir.pipeline.schedule`). What
+does not fit gets a `PipelineError` naming the op: a collective over the
+microbatch axis other than a sum (a batch statistic, a contrastive loss
+across microbatches), a value the backward reads from the head besides its
+gradient, a per-example result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    ModuleOp,
+    TensorType,
+    i32,
+)
+from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from dialects.counted_loops import CountedLoop
+from dialects.distribution import Distribution
+from dialects.escaping import quoted
+from dialects.functions import entry_function
+from dialects.names import op_name
+from dialects.partir import MeshOp
+from dialects.spmd import (
+    CARRIED,
+    DIST,
+    AllReduceOp,
+    AxisIndexOp,
+    CollectiveOp,
+    CollectivePermuteOp,
+    DTensorType,
+    FromLocalOp,
+    LocalSliceOp,
+    ToLocalOp,
+)
+from partir.pipeline.builder import Builder, stacked
+from partir.pipeline.layer_loops import LayerLoops, PipelineError, find_layer_loops
+from partir.pipeline.schedule import Schedule, make_schedule
+from partir.pipeline.stage_loops import split_rows
+from rewrites.registry import rule_for
+
+LINEAR = frozenset(
+    {"stablehlo.transpose", "stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.convert"}
+)
+"""Ops a sum over microbatches passes through unchanged (linear, one operand)."""
+
+RETYPED = frozenset(
+    {
+        "stablehlo.transpose",
+        "stablehlo.reshape",
+        "stablehlo.broadcast_in_dim",
+        "stablehlo.convert",
+        "stablehlo.dot_general",
+        "stablehlo.select",
+        "stablehlo.clamp",
+        "spmd.all_gather",
+        "spmd.all_reduce",
+        "spmd.reduce_scatter",
+        "spmd.to_local",
+    }
+)
+"""Ops besides the elementwise ones whose shapes follow their operands' and
+carry no size in a property: a stage's rows retype them."""
+
+
+def pipeline(
+    module: ModuleOp,
+    *,
+    axis: str,
+    stages: int,
+    microbatch_axis: str,
+    microbatches: int,
+    schedule: str = "gpipe",
+) -> None:
+    """Rewrite the per-microbatch SPMD `module` (its mesh has `microbatch_axis`)
+    as the pipelined program over `axis` (see the module docstring)."""
+    Pipelining(
+        module, axis, stages, microbatch_axis, make_schedule(schedule, stages, microbatches)
+    ).run()
+
+
+class Pipelining:
+    def __init__(
+        self, module: ModuleOp, axis: str, stages: int, mb_axis: str, schedule: Schedule
+    ) -> None:
+        self.module, self.axis, self.mb, self.schedule = module, axis, mb_axis, schedule
+        self.S, self.M = stages, schedule.microbatches
+        self.entry = entry_function(module)
+        self.loops: LayerLoops = find_layer_loops(module, axis)
+        if self.loops.backward is None:
+            raise self.error(
+                "the step has no backward layer loop; Pipeline pipelines training steps"
+            )
+        self.forward: CountedLoop = self.loops.forward
+        self.backward: CountedLoop = self.loops.backward
+
+    def error(self, what: str) -> PipelineError:
+        return PipelineError(f"Pipeline({quoted(self.axis)}): {what}")
+
+    # --- reading the per-microbatch program -----------------------------------------------
+
+    def run(self) -> None:
+        block = self.entry.body.block
+        ops = list(block.ops)
+        self.partial_writes = self._strip_inner_sums()
+        varying, sums = self._varying(ops)
+        self.varying, self.sums = varying, sums
+        f_at, b_at = ops.index(self.forward.op), ops.index(self.backward.op)
+        segment = {
+            op: ("pre" if i < f_at else "head" if i < b_at else "post")
+            for i, op in enumerate(ops)
+            if i not in (f_at, b_at)
+        }
+        self.pre = [
+            op
+            for op in ops
+            if segment.get(op) == "pre" and self._is_varying(op) and not isinstance(op, ToLocalOp)
+        ]
+        self.head = [
+            op
+            for op in ops
+            if segment.get(op) == "head" and self._is_varying(op) and op not in sums
+        ]
+        self.post = [
+            op
+            for op in ops
+            if segment.get(op) == "post"
+            and self._is_varying(op)
+            and op not in sums
+            and not isinstance(op, FromLocalOp)
+        ]
+        after = self._after_sums(ops)
+        invariant = [
+            op
+            for op in ops
+            if not self._is_varying(op)
+            and op not in sums
+            and op not in (self.forward.op, self.backward.op)
+            and not isinstance(op, ToLocalOp | FromLocalOp | func.ReturnOp)
+        ]
+        self.before_ops = [op for op in invariant if op not in after]
+        self.after_ops = [op for op in invariant if op in after]
+        for op in (*self.pre, *self.head, *self.post):
+            for v in op.operands:
+                if v.owner in after:
+                    raise self.error(
+                        f"{op_name(op)} of each microbatch reads a value made from the whole "
+                        "batch's sum (a batch statistic across microbatches); compute it per "
+                        "microbatch, or do not pipeline this step"
+                    )
+        self._check_results(ops)
+        self._retype_stacked(invariant)
+        split_rows(self.forward, self.S, self.axis)
+        split_rows(self.backward, self.S, self.axis)
+        self._build(block, ops)
+
+    def _strip_inner_sums(self) -> dict[int, tuple[str, ...]]:
+        """Sums over the microbatch axis inside the backward loop (its per-layer
+        gradients, summed over the other data axes too) become per-microbatch
+        values the loop writes: the writes they reach are added up over the
+        microbatches after it, and summed over the other axes once, at the end
+        (a layer's gradient moves once a step, not once a microbatch)."""
+        partial: dict[int, tuple[str, ...]] = {}
+        for loop in (self.forward, self.backward):
+            body = loop.op.body.block
+            returned = body.last_op
+            assert returned is not None
+            for inner in list(loop.op.walk()):
+                if not isinstance(inner, CollectiveOp) or self.mb not in inner.axis_names:
+                    continue
+                if isinstance(inner, LocalSliceOp):
+                    self._check_own_part(inner)
+                    continue  # the microbatch's part, taken per time step (`_own_parts`)
+                if (
+                    not isinstance(inner, AllReduceOp)
+                    or inner.combines != "sum"
+                    or loop is self.forward
+                ):
+                    raise self.error(
+                        f"the layer loop's {op_name(inner)} over the microbatch axis combines "
+                        "microbatches inside the layers (a batch statistic); compute it per "
+                        "microbatch, or do not pipeline this step"
+                    )
+                k = self._written_linearly(inner, body, returned)
+                if k is None or not _is_zeros(loop.op.operands[k]):
+                    made = inner.input.owner
+                    what = op_name(made) if isinstance(made, Operation) else "a value"
+                    raise self.error(
+                        f"the backward loop sums {what} over microbatches where it does not "
+                        "only accumulate a layer's gradient"
+                    )
+                rest = tuple(a for a in inner.axis_names if a != self.mb)
+                if partial.setdefault(k, rest) != rest:
+                    raise self.error(
+                        "the backward loop sums parts of one gradient over different axes"
+                    )
+                inner.result.replace_all_uses_with(inner.input)
+                inner.detach()
+                inner.erase()
+            _partial_carries(loop.op, {k: v for k, v in partial.items() if v})
+        return partial
+
+    @staticmethod
+    def _written_linearly(op: Operation, body: Block, returned: Operation) -> int | None:
+        """The carried position a value reaches through linear ops and one
+        row write, or None."""
+        value = op.results[0]
+        while True:
+            uses = list(value.uses)
+            if len(uses) != 1:
+                return None
+            user = uses[0].operation
+            if user.name in LINEAR or (user.name == "stablehlo.reduce" and _reducer(user) == "sum"):
+                value = user.results[0]
+                continue
+            if user.name != "stablehlo.dynamic_update_slice" or uses[0].index != 1:
+                return None
+            target = user.operands[0]
+            if target not in body.args:
+                return None
+            k = body.args.index(target)
+            return k if returned.operands[k] is user.results[0] else None
+
+    def _varying(self, ops: list[Operation]) -> tuple[set[SSAValue], list[Operation]]:
+        """The values that differ per microbatch, and the sums over microbatches."""
+        varying: set[SSAValue] = set()
+        sums: list[Operation] = []  # in program order: the final all-reduces' order
+        for op in ops:
+            if isinstance(op, ToLocalOp):
+                ty = op.operands[0].type
+                if isinstance(ty, DTensorType) and self.mb in ty.distribution.axes:
+                    varying.add(op.results[0])
+                continue
+            reads = any(v in varying for v in op.operands)
+            if isinstance(op, LocalSliceOp) and self.mb in op.axis_names:
+                self._check_own_part(op)
+                varying.add(op.results[0])
+                continue
+            if isinstance(op, CollectiveOp) and self.mb in op.axis_names:
+                if not isinstance(op, AllReduceOp) or op.combines != "sum":
+                    raise self.error(
+                        f"{op_name(op)} over the microbatch axis joins microbatches (a "
+                        "contrastive loss, a batch statistic); Pipeline needs each microbatch's "
+                        "examples to be computed apart"
+                    )
+                sums.append(op)
+                continue
+            if op is self.backward.op:
+                for k, r in enumerate(op.results):
+                    if (
+                        k not in self.backward.writes
+                        and k not in self.backward.reads
+                        and k != self.backward.counter
+                    ):
+                        if reads:
+                            varying.add(r)
+                continue
+            if reads:
+                varying.update(op.results)
+        return varying, sums
+
+    def _check_own_part(self, op: LocalSliceOp) -> None:
+        if op.axis_names != (self.mb,):
+            raise self.error(
+                f"{op_name(op)} takes a device's part over {list(op.axis_names)}, the "
+                "microbatch axis among them; Pipeline takes a microbatch's part alone"
+            )
+
+    def _own_parts(self, ops: Iterable[Operation], index: SSAValue | int) -> None:
+        """Each `spmd.local_slice` over the microbatch axis among `ops` (and in
+        their regions) takes microbatch `index`'s part (a constant, or the
+        stage's microbatch of the time step) instead of a device's."""
+        for top in list(ops):
+            for op in list(top.walk()):
+                if not isinstance(op, LocalSliceOp) or self.mb not in op.axis_names:
+                    continue
+                d = op.dim.value.data
+                ty = op.result.type
+                assert isinstance(ty, TensorType)
+                n = ty.get_shape()[d]
+                part = self.b.part(op.input, d, n, index, before=op)
+                op.result.replace_all_uses_with(part)
+                op.detach()
+                op.erase()
+
+    def _is_varying(self, op: Operation) -> bool:
+        return any(r in self.varying for r in op.results)
+
+    def _after_sums(self, ops: list[Operation]) -> set[Operation]:
+        """The ops that read a sum over microbatches (or the backward's
+        accumulated gradients), directly or not."""
+        tainted: set[SSAValue] = {s.results[0] for s in self.sums}
+        tainted.update(self.backward.op.results[k] for k in self.partial_writes)
+        after: set[Operation] = set()
+        for op in ops:
+            if op in self.sums or op is self.backward.op:
+                continue
+            if any(v in tainted for v in op.operands):
+                after.add(op)
+                tainted.update(op.results)
+        return after
+
+    def _check_results(self, ops: list[Operation]) -> None:
+        returned = ops[-1]
+        assert isinstance(returned, func.ReturnOp)
+        for op in ops:
+            if isinstance(op, FromLocalOp) and op.operands[0] in self.varying:
+                raise self.error(
+                    "the step returns a per-example value; Pipeline returns what the step "
+                    "adds up over the batch (the loss, the updated state)"
+                )
+
+    # --- a stage's rows ----------------------------------------------------------------
+
+    def _retype_stacked(self, invariant: Sequence[Operation]) -> None:
+        """Values of the layer class keep a stage's rows."""
+        layer_dim = self.layer_dim = dict(self.loops.layer_dim)
+        for arg in self.entry.body.block.args:
+            d = layer_dim.get(arg)
+            if d is not None:
+                assert isinstance(arg.type, DTensorType)
+                dist = arg.type.distribution
+                dims = list(dist.dims)
+                dims[d] = (self.axis, *dims[d])
+                new = DTensorType.of(arg.type.global_type, Distribution(tuple(dims), dist.partial))
+                layer_dim[Rewriter.replace_value_with_new_type(arg, new)] = d
+        for op in (*self._to_locals(), *invariant):
+            for r in op.results:
+                d = layer_dim.get(r)
+                if d is None:
+                    continue
+                if (
+                    op.name not in RETYPED
+                    and not _elementwise(op)
+                    and op.name != "stablehlo.reduce"
+                ):
+                    raise self.error(
+                        f"{op_name(op)} outside the layer loops has the layers in its shape "
+                        "in a way a stage cannot take its own part of; read the stacked "
+                        "values elementwise outside the loops"
+                    )
+                ty = r.type
+                assert isinstance(ty, TensorType)
+                shape = list(ty.get_shape())
+                shape[d] //= self.S
+                retyped = TensorType(ty.get_element_type(), shape)
+                layer_dim[Rewriter.replace_value_with_new_type(r, retyped)] = d
+            if op.name == "stablehlo.reduce":
+                self._reduce_across_stages(op)
+
+    def _reduce_across_stages(self, op: Operation) -> None:
+        """A reduction over the layers is a stage's partial one: combine it."""
+        operand = op.operands[0]
+        d = self.layer_dim.get(operand)
+        dims = op.properties.get("dimensions")
+        if d is None or not isinstance(dims, DenseArrayBase) or d not in dims.get_values():
+            return
+        combiner = _reducer(op)
+        if combiner is None:
+            raise self.error(
+                f"{op_name(op)} reduces over the layers with a combiner other than a sum, "
+                "max or min; a stage holds only its own layers"
+            )
+        for r in op.results[: len(op.results) // 2 or 1]:
+            ar = AllReduceOp(r, [self.axis], combiner)
+            Rewriter.insert_op(ar, InsertPoint.after(op))
+            for use in list(r.uses):
+                if use.operation is not ar:
+                    use.operation.operands[use.index] = ar.results[0]
+
+    def _to_locals(self) -> list[Operation]:
+        return [op for op in self.entry.body.block.ops if isinstance(op, ToLocalOp)]
+
+    # --- building the schedule ---------------------------------------------------------
+
+    def _build(self, block: Block, ops: list[Operation]) -> None:
+        mesh_op = next(op for op in self.module.body.block.ops if isinstance(op, MeshOp))
+        axes = {k: v for k, v in mesh_op.axes.items() if k != self.mb}
+        self.mesh_axes = {self.axis: self.S, **axes} if self.axis not in axes else axes
+        new = Block(arg_types=[self._without_mb(a.type) for a in block.args])
+        was: dict[SSAValue, Attribute] = {}
+        for old, arg in zip(block.args, new.args, strict=True):
+            arg.name_hint = old.name_hint
+            was[arg] = old.type
+            old.replace_all_uses_with(arg)
+        b = Builder(new)
+        self.b = b
+        # the arguments' parts: a microbatch's rows of each batch-split one
+        self.per_mb: list[dict[SSAValue, SSAValue]] = [{} for _ in range(self.M)]
+        for op in self._to_locals():
+            op.detach()
+            dtensor = was[op.operands[0]]
+            assert isinstance(dtensor, DTensorType)
+            if self.mb in dtensor.distribution.axes:
+                d = next(i for i, dim in enumerate(dtensor.distribution.dims) if self.mb in dim)
+                if dtensor.distribution.dims[d][-1] != self.mb:
+                    raise self.error("the microbatch axis must split the batch minor to the others")
+                part = op.results[0].type
+                assert isinstance(part, TensorType)
+                given = op.operands[0].type
+                assert isinstance(given, DTensorType)
+                whole = ToLocalOp(op.operands[0], self._local(given))
+                whole.attributes[DIST] = given
+                b.add(whole)
+                n = part.get_shape()[d]
+                for m in range(self.M):
+                    self.per_mb[m][op.results[0]] = b.rows(whole.results[0], d, m * n, (m + 1) * n)
+            else:
+                b.add(op)
+        for op in self.before_ops:
+            op.detach()
+            b.add(op)
+        self.stage = b.add(AxisIndexOp([self.axis], TensorType(i32, []))).results[0]
+        for m in range(self.M):
+            self._own_parts(b.clone(self.pre, self.per_mb[m]), m)
+        self._accumulate_pre_sums()
+        self._run_schedule()
+        self._finish_sums()
+        for op in self.after_ops:
+            op.detach()
+            b.add(op)
+        self._finish(block, new, ops)
+
+    def _local(self, dtensor: DTensorType) -> TensorType:
+        """The local type of `dtensor` on the pipelined mesh."""
+        shape = list(dtensor.global_type.get_shape())
+        for d, dim in enumerate(dtensor.distribution.dims):
+            for a in dim:
+                shape[d] //= self.mesh_axes[a]
+        return TensorType(dtensor.global_type.get_element_type(), shape)
+
+    def _without_mb(self, ty: Attribute) -> Attribute:
+        if not isinstance(ty, DTensorType):
+            return ty
+        dist = ty.distribution
+        dims = tuple(tuple(a for a in d if a != self.mb) for d in dist.dims)
+        partial = tuple(a for a in dist.partial if a != self.mb)
+        return DTensorType.of(ty.global_type, Distribution(dims, partial))
+
+    # --- the schedule --------------------------------------------------------------------
+
+    def _flowing(self, loop: CountedLoop) -> list[int]:
+        """The loop's per-microbatch carried values that change: the activation
+        (the gradient) one stage hands the next."""
+        returned = loop.op.body.block.last_op
+        assert returned is not None
+        return [
+            k
+            for k, v in enumerate(loop.op.operands)
+            if k not in (*loop.reads, *loop.writes, loop.counter)
+            and returned.operands[k] is not loop.op.body.block.args[k]
+            and v in self.varying
+        ]
+
+    def _residuals(self) -> list[int]:
+        """Forward results the backward loop reads (its residuals)."""
+        needed = set(self.backward.op.operands)
+        return [k for k, r in enumerate(self.forward.op.results) if r in needed]
+
+    def _stack_pre_values(self) -> None:
+        """Per pre value a layer loop reads, its microbatches stacked (a stage
+        reads the one it works on)."""
+        self.stacks: dict[SSAValue, SSAValue] = {}
+        f_results = set(self.forward.op.results)
+        for loop in (self.forward, self.backward):
+            for k, v in enumerate(loop.op.operands):
+                if v not in self.varying or v in f_results or v in self.stacks:
+                    continue
+                if loop is self.backward and k in self._flowing(loop):
+                    continue  # the head's seed, passed on by stages
+                if v not in self.per_mb[0]:
+                    raise self.error(
+                        "a layer loop reads a per-microbatch value the step makes after the "
+                        "first loop; Pipeline passes only the activation and its gradient "
+                        "between stages"
+                    )
+                self.stacks[v] = self.b.stack([self.per_mb[m][v] for m in range(self.M)])
+
+    def _run_schedule(self) -> None:
+        b, f, bw, sched = self.b, self.forward, self.backward, self.schedule
+        flowing_f, flowing_b, residuals = self._flowing(f), self._flowing(bw), self._residuals()
+        for k in flowing_b:
+            v = bw.op.operands[k]
+            if not (isinstance(v.owner, Operation) and v.owner in self.head):
+                raise self.error(
+                    "the backward layer loop carries a per-microbatch value that does not "
+                    "come from the head; Pipeline passes only the gradient of the loop's output"
+                )
+        self._stack_pre_values()
+        head_sums = [s for s in self.sums if self._made_in(s.operands[0], self.head, f.op)]
+        post_sums = [s for s in self.sums if self._made_in(s.operands[0], self.post, bw.op)]
+        state: dict[tuple[str, object], SSAValue] = {}
+        slots = self.slots = sched.slots  # microbatch m is kept in slot m % slots
+        for k in flowing_f:
+            state[("act", k)] = b.zeros(stacked(f.op.operands[k].type, slots))
+        for k in flowing_b:
+            state[("grad", k)] = b.zeros(stacked(bw.op.operands[k].type, slots))
+            state[("seed", k)] = b.zeros(stacked(bw.op.operands[k].type, slots))
+        for j in residuals:
+            state[("res", j)] = b.zeros(stacked(f.op.results[j].type, slots))
+        for k in sorted(self.partial_writes):
+            state[("w", k)] = b.zeros(bw.op.results[k].type)
+        for sm in (*head_sums, *post_sums):
+            state[("sum", sm)] = b.zeros(sm.operands[0].type)
+        self.first = b.cmp(self.stage, b.const(0), "EQ")
+        self.last = b.cmp(self.stage, b.const(self.S - 1), "EQ")
+        act_types = [f.op.operands[k].type for k in flowing_f]
+        grad_types = [bw.op.operands[k].type for k in flowing_b]
+        for t, row in enumerate(sched.table):
+            kinds = [0 if a is None else 1 if a.phase == "F" else 2 for a in row]
+            kind = b.of_stage(kinds, self.stage)
+            m = b.of_stage([0 if a is None else a.microbatch for a in row], self.stage)
+            slot = b.of_stage([0 if a is None else a.microbatch % slots for a in row], self.stage)
+            keys = list(state)
+
+            def idle(keys: list = keys) -> list[SSAValue]:
+                return [state[k] for k in keys] + [b.zeros(ty) for ty in (*act_types, *grad_types)]
+
+            def forward(
+                t: int = t, m: SSAValue = m, slot: SSAValue = slot, keys: list = keys
+            ) -> list[SSAValue]:
+                now = dict(state)
+                operands = []
+                for k, v in enumerate(f.op.operands):
+                    if k in flowing_f:
+                        operands.append(
+                            b.select(
+                                self.first, b.load(self.stacks[v], m), b.load(now[("act", k)], slot)
+                            )
+                        )
+                    elif v in self.varying:
+                        operands.append(b.load(self.stacks[v], m))
+                    else:
+                        operands.append(v)
+                clone = b.clone_loop(f.op, operands, [self.axis])
+                self._own_parts([clone], m)
+                for j in residuals:
+                    now[("res", j)] = b.put(now[("res", j)], clone.results[j], slot)
+                last_action = sched.table[t][self.S - 1]
+                if last_action is not None and last_action.phase == "F":
+                    self._head(last_action.microbatch, clone, now, flowing_b, head_sums)
+                outs = [now[k] for k in keys]
+                return (
+                    outs
+                    + [clone.results[k] for k in flowing_f]
+                    + [b.zeros(ty) for ty in grad_types]
+                )
+
+            def backward(
+                t: int = t, m: SSAValue = m, slot: SSAValue = slot, keys: list = keys
+            ) -> list[SSAValue]:
+                now = dict(state)
+                f_results: dict[SSAValue, int] = {r: j for j, r in enumerate(f.op.results)}
+                operands = []
+                for k, v in enumerate(bw.op.operands):
+                    if v in f_results:
+                        operands.append(b.load(now[("res", f_results[v])], slot))
+                    elif k in flowing_b:
+                        operands.append(
+                            b.select(
+                                self.last,
+                                b.load(now[("seed", k)], slot),
+                                b.load(now[("grad", k)], slot),
+                            )
+                        )
+                    elif v in self.varying:
+                        operands.append(b.load(self.stacks[v], m))
+                    else:
+                        operands.append(v)
+                clone = b.clone_loop(bw.op, operands, [self.axis])
+                self._own_parts([clone], m)
+                for k in sorted(self.partial_writes):
+                    now[("w", k)] = b.sum(now[("w", k)], clone.results[k])
+                first_action = sched.table[t][0]
+                if first_action is not None and first_action.phase == "B" and post_sums:
+                    self._post(first_action.microbatch, clone, now, post_sums)
+                outs = [now[k] for k in keys]
+                return (
+                    outs + [b.zeros(ty) for ty in act_types] + [clone.results[k] for k in flowing_b]
+                )
+
+            varying = [self._state_axes(k) for k in keys]
+            varying += [self._carried_axes(f.op, k) for k in flowing_f]
+            varying += [self._carried_axes(bw.op, k) for k in flowing_b]
+            results = b.case(kind, [idle, forward, backward], varying)
+            for key, value in zip(keys, results, strict=False):
+                state[key] = value
+            out_act = results[len(keys) : len(keys) + len(flowing_f)]
+            out_grad = results[len(keys) + len(flowing_f) :]
+            self._send(sched.forward_sends(t), flowing_f, out_act, "act", state)
+            self._send(sched.backward_sends(t), flowing_b, out_grad, "grad", state)
+        self.grads = {k: state[("w", k)] for k in self.partial_writes}
+        for sm in (*head_sums, *post_sums):
+            self.acc[sm] = state[("sum", sm)]
+            self.one_stage.add(sm)
+
+    def _send(
+        self,
+        sends: list[tuple[int, int, int]],
+        flowing: list[int],
+        values: Sequence[SSAValue],
+        kind: str,
+        state: dict[tuple[str, object], SSAValue],
+    ) -> None:
+        """Hand each sender's value to its neighbour, which keeps it for its microbatch."""
+        if not sends:
+            return
+        b = self.b
+        pairs = [(s, r) for s, r, _ in sends]
+        arriving = [-1] * self.S
+        for _, r, mb in sends:
+            arriving[r] = mb % self.slots
+        m = b.of_stage(arriving, self.stage)
+        valid = b.cmp(m, b.const(0), "GE")
+        index = b.clamp(m, 0, self.slots - 1)
+        for k, value in zip(flowing, values, strict=True):
+            got = b.add(CollectivePermuteOp(value, [self.axis], pairs)).results[0]
+            state[(kind, k)] = b.store(state[(kind, k)], got, index, valid)
+
+    def _head(
+        self,
+        m: int,
+        clone: Operation,
+        now: dict[tuple[str, object], SSAValue],
+        flowing_b: list[int],
+        sums: list[Operation],
+    ) -> None:
+        """On the last stage, the head on microbatch `m`'s output: the seed of
+        its backward, and the head's share of the sums."""
+        b, f, bw = self.b, self.forward.op, self.backward.op
+        values = dict(self.per_mb[m])
+        values.update(zip(f.results, clone.results, strict=True))
+        keys = [("seed", k) for k in flowing_b] + [("sum", s) for s in sums]
+
+        def taken() -> list[SSAValue]:
+            mapping = dict(values)
+            made = b.clone(self.head, mapping)
+            self._own_parts(made, m)
+            at = m % self.slots
+            out = [b.put(now[("seed", k)], mapping[bw.operands[k]], at) for k in flowing_b]
+            return out + [
+                b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums
+            ]
+
+        varying = [self._state_axes(k) for k in keys]
+        results = b.if_(self.last, taken, lambda: [now[k] for k in keys], varying)
+        now.update(zip(keys, results, strict=True))
+
+    def _post(
+        self,
+        m: int,
+        clone: Operation,
+        now: dict[tuple[str, object], SSAValue],
+        sums: list[Operation],
+    ) -> None:
+        """On the first stage, the ops after the backward loop on microbatch `m`'s
+        gradient: their share of the sums."""
+        b, bw = self.b, self.backward.op
+        for op in self.post:
+            for v in op.operands:
+                if isinstance(v.owner, Operation) and v.owner in self.head:
+                    raise self.error(
+                        f"{op_name(op)} after the backward loop reads a value of the head; "
+                        "the head runs on the last stage and this op on the first"
+                    )
+        values = dict(self.per_mb[m])
+        values.update(zip(bw.results, clone.results, strict=True))
+        keys = [("sum", s) for s in sums]
+
+        def taken() -> list[SSAValue]:
+            mapping = dict(values)
+            made = b.clone(self.post, mapping)
+            self._own_parts(made, m)
+            return [b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums]
+
+        varying = [self._state_axes(k) for k in keys]
+        results = b.if_(self.first, taken, lambda: [now[k] for k in keys], varying)
+        now.update(zip(keys, results, strict=True))
+
+    def _state_axes(self, key: tuple[str, object]) -> tuple[str, ...]:
+        """The mesh axes a value the schedule keeps differs over: its own
+        distribution's (without the microbatch axis), and the stage axis."""
+        kind, at = key
+        if kind == "act":
+            return self._carried_axes(self.forward.op, at)  # type: ignore[arg-type]
+        if kind in ("grad", "seed", "w"):
+            return self._carried_axes(self.backward.op, at)  # type: ignore[arg-type]
+        if kind == "res":
+            return self._carried_axes(self.forward.op, at)  # type: ignore[arg-type]
+        assert isinstance(at, Operation)
+        return self._dist_axes(at.operands[0])
+
+    def _carried_axes(self, loop: Operation, k: int) -> tuple[str, ...]:
+        carried = loop.attributes.get(CARRIED)
+        entry = carried.data[k] if isinstance(carried, ArrayAttr) else None
+        axes = entry.distribution.axes if isinstance(entry, DTensorType) else ()
+        return (*(a for a in axes if a != self.mb), self.axis)
+
+    def _dist_axes(self, value: SSAValue) -> tuple[str, ...]:
+        owner = value.owner
+        dist = owner.attributes.get(DIST) if isinstance(owner, Operation) else None
+        axes = dist.distribution.axes if isinstance(dist, DTensorType) else ()
+        return (*(a for a in axes if a != self.mb), self.axis)
+
+    def _made_in(self, value: SSAValue, segment: list[Operation], loop: Operation) -> bool:
+        owner = value.owner
+        return owner is loop or (isinstance(owner, Operation) and owner in segment)
+
+    # --- the sums over microbatches ------------------------------------------------------
+
+    def _accumulate_pre_sums(self) -> None:
+        """Sums of the pre ops' values: every stage makes them alike."""
+        self.acc: dict[Operation, SSAValue] = {}
+        self.one_stage: set[Operation] = set()
+        for s in self.sums:
+            if (
+                self._made_in(s.operands[0], self.pre, self.pre[0] if self.pre else s)
+                or s.operands[0] in self.per_mb[0]
+            ):
+                for m in range(self.M):
+                    self._add(s, self.per_mb[m].get(s.operands[0], s.operands[0]), one_stage=False)
+
+    def _add(self, s: Operation, value: SSAValue, one_stage: bool = True) -> None:
+        if one_stage:
+            self.one_stage.add(s)
+        if s not in self.acc:
+            self.acc[s] = self.b.zeros(value.type)
+        self.acc[s] = self.b.sum(self.acc[s], value)
+
+    def _finish_sums(self) -> None:
+        for s in self.sums:
+            assert isinstance(s, AllReduceOp)
+            if s not in self.acc:
+                raise self.error(f"{op_name(s)} over microbatches sums a value no stage makes")
+            rest = [a for a in s.axis_names if a != self.mb]
+            if s in self.one_stage:
+                rest = [self.axis, *rest]
+            value = self.acc[s]
+            if rest:
+                reduced = AllReduceOp(value, rest)
+                reduced.attributes.update({k: v for k, v in s.attributes.items() if k != DIST})
+                value = self.b.add(reduced).results[0]
+            s.results[0].replace_all_uses_with(value)
+        for k, total in self.grads.items():
+            if self.partial_writes[k]:
+                total = self.b.add(AllReduceOp(total, self.partial_writes[k])).results[0]
+            self.backward.op.results[k].replace_all_uses_with(total)
+        for k in self.backward.reads:
+            self.backward.op.results[k].replace_all_uses_with(self.backward.op.operands[k])
+
+    # --- the function ------------------------------------------------------------------
+
+    def _finish(self, block: Block, new: Block, ops: list[Operation]) -> None:
+        b = self.b
+        results = []
+        returned = ops[-1]
+        for op in ops:
+            if isinstance(op, FromLocalOp):
+                value = op.operands[0]
+                d = self.layer_dim.get(value)
+                dtensor = op.results[0].type
+                assert isinstance(dtensor, DTensorType)
+                dist = dtensor.distribution
+                dims = [tuple(a for a in dim if a != self.mb) for dim in dist.dims]
+                if d is not None:
+                    dims[d] = (self.axis, *dims[d])
+                typed = DTensorType.of(dtensor.global_type, Distribution(tuple(dims)))
+                made = b.add(FromLocalOp(value, typed))
+                made.attributes[DIST] = typed
+                op.results[0].replace_all_uses_with(made.results[0])
+        for v in returned.operands:
+            results.append(v)
+        b.add(func.ReturnOp(*results))
+        for op in reversed(ops):
+            if op.parent_block() is block:
+                op.detach()
+                op.erase(safe_erase=False)
+        self.entry.body.detach_block(block)
+        self.entry.body.add_block(new)
+        self.entry.function_type = func.FunctionType.from_lists(
+            [a.type for a in new.args], [v.type for v in results]
+        )
+        for op in list(self.module.body.block.ops):
+            if isinstance(op, MeshOp):
+                Rewriter.replace_op(op, MeshOp(self.mesh_axes))
+        for op in new.walk():
+            _drop_axis(op, self.mb)
+
+
+def _partial_carries(loop: Operation, partial: dict[int, tuple[str, ...]]) -> None:
+    """The loop's carried values `partial` names are partial sums over those axes."""
+    carried = loop.attributes.get(CARRIED)
+    if not isinstance(carried, ArrayAttr) or not partial:
+        return
+    entries = list(carried.data)
+    for k, axes in partial.items():
+        t = entries[k]
+        if isinstance(t, DTensorType):
+            d = t.distribution
+            entries[k] = DTensorType.of(t.global_type, Distribution(d.dims, (*d.partial, *axes)))
+    loop.attributes[CARRIED] = ArrayAttr(entries)
+
+
+def _drop_axis(op: Operation, axis: str) -> None:
+    """`op`'s distribution annotations without `axis`."""
+    dist = op.attributes.get(DIST)
+    if isinstance(dist, DTensorType) and axis in dist.distribution.axes:
+        d = dist.distribution
+        dims = tuple(tuple(a for a in dim if a != axis) for dim in d.dims)
+        op.attributes[DIST] = DTensorType.of(
+            dist.global_type, Distribution(dims, tuple(a for a in d.partial if a != axis))
+        )
+    carried = op.attributes.get(CARRIED)
+    if isinstance(carried, ArrayAttr):
+        entries = []
+        for t in carried.data:
+            if isinstance(t, DTensorType):
+                d = t.distribution
+                dims = tuple(tuple(a for a in dim if a != axis) for dim in d.dims)
+                t = DTensorType.of(
+                    t.global_type, Distribution(dims, tuple(a for a in d.partial if a != axis))
+                )
+            entries.append(t)
+        op.attributes[CARRIED] = ArrayAttr(entries)
+
+
+def _elementwise(op: Operation) -> bool:
+    rule = rule_for(op)
+    return (
+        rule is not None and all(d == rule.results[0] for d in rule.operands)
+        if op.results
+        else False
+    )
+
+
+def _is_zeros(value: SSAValue) -> bool:
+    owner = value.owner
+    while isinstance(owner, Operation) and owner.name in (
+        "stablehlo.broadcast_in_dim",
+        "spmd.to_local",
+    ):
+        owner = owner.operands[0].owner
+    if not isinstance(owner, Operation) or owner.name != "stablehlo.constant":
+        return False
+    values = owner.properties["value"].get_values()  # type: ignore[attr-defined]
+    return all(v == 0 for v in values)
+
+
+def _reducer(op: Operation) -> str | None:
+    body = op.regions[0].block
+    combine = body.first_op
+    return {"stablehlo.add": "sum", "stablehlo.maximum": "max", "stablehlo.minimum": "min"}.get(
+        combine.name if combine is not None else ""
+    )

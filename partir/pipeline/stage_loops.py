@@ -1,0 +1,149 @@
+"""A layer loop split over stages: each stage's loop runs its own rows.
+
+A counted loop over L rows (`dialects.counted_loops`) equals S loops over
+L / S rows run one after another, each on its consecutive rows of every
+value the loop reads or writes a row of, the carried values flowing from one
+to the next (backwards for a reversed loop: the last rows first). That is
+what a pipeline stage runs: `split_rows` turns the loop into the per-stage
+loop in place. Its row-carried values become the stage's rows (L / S of
+dim 0), its condition compares against L / S, and a reversed loop's row
+index is `L / S - 1 - i`; every other value is untouched. The rewrite
+refuses a loop whose body reads a stacked value other than one row at a
+time, since a stage has only its own rows.
+"""
+
+from __future__ import annotations
+
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl_jax.dialects import stablehlo as shlo
+
+from dialects.counted_loops import CountedLoop
+from dialects.escaping import quoted
+from dialects.names import op_name
+from partir.pipeline.layer_loops import PipelineError
+from rewrites.padding import splat
+
+ROW_ACCESSES = {"stablehlo.dynamic_slice": 1, "stablehlo.dynamic_update_slice": 2}
+"""The ops that read or write a row, by the operand position of their row index."""
+
+
+def stage_rows(ty: TensorType, parts: int) -> TensorType:
+    """`ty` with dim 0 cut to one part of `parts`."""
+    rows, *rest = ty.get_shape()
+    return TensorType(ty.get_element_type(), [rows // parts, *rest])
+
+
+def split_rows(loop: CountedLoop, parts: int, axis: str = "stage") -> None:
+    """Make `loop` run one stage's rows of `parts` (in place); see the module."""
+    op = loop.op
+    if loop.reverse is None or loop.start != 0:
+        raise PipelineError(
+            f"Pipeline({quoted(axis)}): the layer loop does not count its rows from 0 one "
+            "by one; write the layers as a lax.scan over the stacked parameters"
+        )
+    if loop.trips % parts:
+        raise PipelineError(
+            f"Pipeline({quoted(axis)}): {loop.trips} layers do not split over {parts} "
+            f"stages; use an axis of a size dividing {loop.trips}, or a stack of a "
+            f"multiple of {parts} layers"
+        )
+    rows = loop.trips // parts
+    body, cond = op.body.block, op.cond.block
+    counter = body.args[loop.counter]
+    carried = sorted({*loop.reads, *loop.writes})
+    for k in carried:
+        _check_row_uses(body.args[k], k, axis)
+        if cond.args[k].uses:
+            raise PipelineError(
+                f"Pipeline({quoted(axis)}): the layer loop's condition reads a stacked "
+                "value; a stage has only its own layers"
+            )
+    for k in carried:
+        ty = op.results[k].type  # the whole rows (its operand may be a stage's already)
+        assert isinstance(ty, TensorType)
+        local = stage_rows(ty, parts)
+        for value in (body.args[k], cond.args[k], op.results[k]):
+            Rewriter.replace_value_with_new_type(value, local)
+        for update in _updates_of(body.args[k]):
+            Rewriter.replace_value_with_new_type(update.results[0], local)
+    _set_limit(op, loop.counter, rows)
+    if loop.reverse:
+        stacked = _row_values(body, carried)
+        for access in list(body.ops):
+            if access.name in ROW_ACCESSES and access.operands[0] in stacked:
+                last = splat(_scalar(counter), rows - 1)
+                index = shlo.SubtractOp(last.results[0], counter, counter.type)
+                Rewriter.insert_op([last, index], InsertPoint.before(access))
+                access.operands[ROW_ACCESSES[access.name]] = index.results[0]
+    _erase_dead(list(body.ops))
+
+
+def _row_values(body: Block, carried: list[int]) -> set[SSAValue]:
+    """The body's stacked values: the row-carried arguments and the rows written into them."""
+    found: set[SSAValue] = set()
+    for k in carried:
+        arg = body.args[k]
+        found.add(arg)
+        found.update(u.results[0] for u in _updates_of(arg))
+    return found
+
+
+def _updates_of(value: SSAValue) -> list[Operation]:
+    """The chain of dynamic_update_slices writing rows into `value`."""
+    chain: list[Operation] = []
+    while True:
+        nxt = [
+            u.operation
+            for u in value.uses
+            if u.operation.name == "stablehlo.dynamic_update_slice" and u.index == 0
+        ]
+        if not nxt:
+            return chain
+        chain.append(nxt[0])
+        value = nxt[0].results[0]
+
+
+def _check_row_uses(arg: SSAValue, k: int, axis: str) -> None:
+    """Refuse a body that uses a stacked value other than row by row."""
+    for value in (arg, *(u.results[0] for u in _updates_of(arg))):
+        for use in value.uses:
+            user = use.operation
+            if user.name in ROW_ACCESSES and use.index == 0:
+                continue
+            if user.name == "stablehlo.return" and use.index == k:
+                continue
+            raise PipelineError(
+                f"Pipeline({quoted(axis)}): the layer loop's {op_name(user)} reads all "
+                f"layers of the stacked value it carries at position {k}; a stage has only "
+                "its own layers: read one layer per step (the scan's xs)"
+            )
+
+
+def _set_limit(op: Operation, counter: int, rows: int) -> None:
+    """The loop's condition compares the counter against `rows`."""
+    assert isinstance(op, shlo.WhileOp)
+    ret = op.cond.block.last_op
+    assert ret is not None
+    compare = ret.operands[0].owner
+    assert isinstance(compare, Operation)
+    limit = splat(_scalar(op.cond.block.args[counter]), rows)
+    Rewriter.insert_op(limit, InsertPoint.before(compare))
+    compare.operands[1] = limit.results[0]
+    _erase_dead(list(op.cond.block.ops))
+
+
+def _scalar(value: SSAValue) -> TensorType:
+    ty = value.type
+    assert isinstance(ty, TensorType)
+    return ty
+
+
+def _erase_dead(ops: list[Operation]) -> None:
+    """Erase the ops (in reverse order) whose results nothing uses any more."""
+    for op in reversed(ops):
+        if op.results and all(not r.uses for r in op.results) and op.name != "stablehlo.return":
+            if op.name in ("stablehlo.constant", "stablehlo.subtract", "stablehlo.add"):
+                op.detach()
+                op.erase()
