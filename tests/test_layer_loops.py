@@ -79,7 +79,7 @@ def test_stacked_arguments_are_the_traced_structure_s(name: str) -> None:
     assert all(np.shape(leaves[i])[0] == loops.layers for i in loops.stacked_arguments)
 
 
-def _sgd_step(p: dict[str, Any], x: Any, y: Any) -> Any:
+def sgd_step(p: dict[str, Any], x: Any, y: Any) -> Any:
     def loss(p: dict[str, Any]) -> Any:
         h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x @ p["in"], p["layers"])
         return jnp.mean((h - y) ** 2)
@@ -100,22 +100,27 @@ def _fori_step(p: dict[str, Any], x: Any, y: Any) -> Any:
     return value, jax.tree.map(lambda a, g: a - 0.1 * g, p, grads)
 
 
-def _sgd_args(layers: int = 6) -> tuple[Any, ...]:
+def sgd_args(layers: int = 6, batch: int = 4) -> tuple[Any, ...]:
+    """(params, x, y) for `sgd_step`: `layers` stacked 5x5 layers, `batch` rows."""
     rng = np.random.default_rng(0)
     p = {
         "in": rng.normal(size=(3, 5)).astype(np.float32),
-        "layers": rng.normal(size=(layers, 5, 5)).astype(np.float32),
+        "layers": rng.normal(size=(layers, 5, 5)).astype(np.float32) / 2,
     }
-    return p, rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=(4, 5)).astype(np.float32)
+    return (
+        p,
+        rng.normal(size=(batch, 3)).astype(np.float32),
+        rng.normal(size=(batch, 5)).astype(np.float32),
+    )
 
 
 def test_loops_read_alike_in_the_import_and_the_spmd_form() -> None:
     """The counter, the rows each loop reads and writes and their direction,
     and the stacked leaves, in both forms; the cost model's trip count is the loop's."""
-    args = _sgd_args()
-    imported = find_layer_loops(partir.import_jax(_sgd_step, *args))
+    args = sgd_args()
+    imported = find_layer_loops(partir.import_jax(sgd_step, *args))
     lowered = partir.jit(
-        _sgd_step, mesh=partir.Mesh({"batch": 2}), tactics=[partir.BatchParallel("batch")]
+        sgd_step, mesh=partir.Mesh({"batch": 2}), tactics=[partir.BatchParallel("batch")]
     ).lower(*args)
     spmd = find_layer_loops(lowered.module)
     for a, b in ((imported.forward, spmd.forward), (imported.backward, spmd.backward)):
@@ -138,7 +143,7 @@ def test_the_gradient_of_a_fori_loop_over_layers_is_refused() -> None:
     """`fori_loop`'s body reading `p["layers"][i]` is a forward layer loop, but
     the backward loop JAX makes of it indexes the layers by the indices the
     forward saved: a stage could not tell its own, so the step is refused."""
-    module = partir.import_jax(_fori_step, *_sgd_args(layers=6))
+    module = partir.import_jax(_fori_step, *sgd_args(layers=6))
     (forward, backward) = [c for op in module.walk() if (c := counted_loop(op)) is not None]
     assert forward.reads == (0,) and forward.reverse is False
     assert backward.writes == ()
@@ -237,7 +242,7 @@ def test_stages_running_their_rows_in_turn_compute_the_whole_loop(name: str, sta
     """Both loops of a training step, each replaced by `stages` per-stage loops
     (`split_rows`) run in turn, give the step's numbers (reference interpreter)."""
     if name == "sgd":
-        step, args = _sgd_step, _sgd_args(layers=6)
+        step, args = sgd_step, sgd_args(layers=6)
     else:
         step, args = scanned_stack.train_step, scanned_stack.make_args(layers_=6, batch=4)
     leaves = jax.tree.leaves(args)

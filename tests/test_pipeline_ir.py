@@ -37,6 +37,7 @@ from partir.report import parse_module
 from partir.report.memory import XlaMemory
 from tests import client_models
 from tests.numerics import assert_leaves_close
+from tests.test_layer_loops import sgd_args, sgd_step
 
 
 def _pipeline(microbatches: int, schedule: str = "1f1b") -> partir.Pipeline:
@@ -103,7 +104,7 @@ def test_a_pipelined_step_is_a_lowered_like_any_other() -> None:
     """Its stages print, parse back and verify; `check=True` runs every stage on
     the interpreters (the SPMD one running each stage's own branch); the
     report names the stage axis."""
-    step, args = _sgd_step, _sgd_args()
+    step, args = sgd_step, sgd_args(layers=4, batch=8)
     jitted = partir.jit(
         step, mesh=partir.Mesh({"stage": 2}), tactics=[_pipeline(2, "gpipe")], check=True
     )
@@ -118,32 +119,10 @@ def test_a_pipelined_step_is_a_lowered_like_any_other() -> None:
     assert "stage=S(0)" in str(lowered.report())
 
 
-def _sgd_step(p: dict[str, Any], x: Any, y: Any) -> Any:
-    def loss(p: dict[str, Any]) -> Any:
-        h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x @ p["in"], p["layers"])
-        return jnp.mean((h - y) ** 2)
-
-    value, grads = jax.value_and_grad(loss)(p)
-    return value, jax.tree.map(lambda a, g: a - 0.1 * g, p, grads)
-
-
-def _sgd_args(layers: int = 4, batch: int = 8) -> tuple[Any, ...]:
-    rng = np.random.default_rng(0)
-    p = {
-        "in": rng.normal(size=(3, 5)).astype(np.float32),
-        "layers": rng.normal(size=(layers, 5, 5)).astype(np.float32) / 2,
-    }
-    return (
-        p,
-        rng.normal(size=(batch, 3)).astype(np.float32),
-        rng.normal(size=(batch, 5)).astype(np.float32),
-    )
-
-
 def test_batch_parallel_with_inputs_beside_a_pipeline() -> None:
     """`BatchParallel(axis, inputs=[...])` selects the data as everywhere else;
     the microbatches split what it selects."""
-    step, args = _sgd_step, _sgd_args(batch=16)
+    step, args = sgd_step, sgd_args(layers=4, batch=16)
     tactics = [_pipeline(4), partir.BatchParallel("data", inputs=["x", "y"])]
     jitted = partir.jit(step, mesh=partir.Mesh({"stage": 2, "data": 4}), tactics=tactics)
     assert_leaves_close(
@@ -238,7 +217,7 @@ def test_a_per_example_result_is_refused() -> None:
 
 
 def test_one_microbatch_and_a_taken_axis_name_are_refused() -> None:
-    step, args = _sgd_step, _sgd_args()
+    step, args = sgd_step, sgd_args(layers=4, batch=8)
     with pytest.raises(partir.TacticError, match="at least 2"):
         partir.jit(step, mesh=partir.Mesh({"stage": 2}), tactics=[_pipeline(1)]).lower(*args)
     mesh = partir.Mesh({"stage": 2, "microbatch": 2})
@@ -252,7 +231,7 @@ def test_partir_opt_pipelines_the_exported_stablehlo_of_a_scanned_step(schedule,
     batch over microbatches, `partir-schedule-pipeline` schedules the SPMD
     stage; it parses back, runs on the SPMD interpreter equal to `jax.jit`,
     and its emitted program does too."""
-    step, args = _sgd_step, _sgd_args()
+    step, args = sgd_step, sgd_args(layers=4, batch=8)
     source, spmd = tmp_path / "step.mlir", tmp_path / "step.spmd.mlir"
     source.write_text(jax.jit(step).lower(*args).as_text())
     passes = (
