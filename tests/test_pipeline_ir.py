@@ -250,3 +250,30 @@ def test_partir_opt_pipelines_the_exported_stablehlo_of_a_scanned_step(schedule,
         for x, spec in zip(jax.tree.leaves(args), program.IN_SPECS, strict=True)
     ]
     assert_leaves_close(list(program.build(mesh)(*placed)), want, what="emitted")
+
+
+def test_reductions_over_every_layer_in_the_update_are_completed_across_stages() -> None:
+    """optax's `clip_by_global_norm` and an all-finite check reduce the stacked
+    gradients over their layers: each stage reduces its own, and one
+    all-reduce over the stage axis (a sum; the check's and as a min) completes it."""
+    optax = pytest.importorskip("optax")
+    p, x, y = sgd_args(layers=4, batch=8)
+    optimizer = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(1e-2))
+
+    def step(p: Any, state: Any, x: Any, y: Any) -> Any:
+        def loss(p: Any) -> Any:
+            h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x @ p["in"], p["layers"])
+            return jnp.mean((h - y) ** 2)
+
+        value, grads = jax.value_and_grad(loss)(p)
+        updates, state = optimizer.update(grads, state, p)
+        finite = jnp.all(jnp.isfinite(grads["layers"]))
+        return value, optax.apply_updates(p, updates), state, finite
+
+    args = (p, optimizer.init(p), x, y)
+    jitted = partir.jit(step, mesh=partir.Mesh({"stage": 2}), tactics=[_pipeline(2)])
+    assert_leaves_close(
+        jax.tree.leaves(jitted(*args)), jax.tree.leaves(jax.jit(step)(*args)), what="clipped"
+    )
+    reductions = [c for c in jitted.lower(*args).collectives if c.kind == "all_reduce"]
+    assert {c.axes for c in reductions} == {("stage",)}

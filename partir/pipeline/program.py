@@ -45,10 +45,12 @@ from xdsl.dialects.builtin import (
     DenseArrayBase,
     ModuleOp,
     TensorType,
+    i1,
     i32,
 )
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.counted_loops import CountedLoop
 from dialects.distribution import Distribution
@@ -350,6 +352,7 @@ class Pipelining:
     def _retype_stacked(self, invariant: Sequence[Operation]) -> None:
         """Values of the layer class keep a stage's rows."""
         layer_dim = self.layer_dim = dict(self.loops.layer_dim)
+        self.completions: dict[Operation, list[Operation]] = {}
         for arg in self.entry.body.block.args:
             d = layer_dim.get(arg)
             if d is not None:
@@ -391,17 +394,32 @@ class Pipelining:
         if d is None or not isinstance(dims, DenseArrayBase) or d not in dims.get_values():
             return
         combiner = _reducer(op)
-        if combiner is None:
+        if combiner is None or len(op.results) != 1:
             raise self.error(
                 f"{op_name(op)} reduces over the layers with a combiner other than a sum, "
-                "max or min; a stage holds only its own layers"
+                "max, min, and or or; a stage holds only its own layers"
             )
-        for r in op.results[: len(op.results) // 2 or 1]:
-            ar = AllReduceOp(r, [self.axis], combiner)
-            Rewriter.insert_op(ar, InsertPoint.after(op))
-            for use in list(r.uses):
-                if use.operation is not ar:
-                    use.operation.operands[use.index] = ar.results[0]
+        result = op.results[0]
+        ty = result.type
+        assert isinstance(ty, TensorType)
+        made: list[Operation] = []
+        value: SSAValue = result
+        uses = list(result.uses)
+        if ty.get_element_type() == i1:  # all / any: min / max of 0 and 1
+            as_int = shlo.ConvertOp.create(
+                operands=[value], result_types=[TensorType(i32, ty.get_shape())]
+            )
+            made.append(as_int)
+            value = as_int.results[0]
+        made.append(AllReduceOp(value, [self.axis], combiner))
+        value = made[-1].results[0]
+        if ty.get_element_type() == i1:
+            made.append(shlo.ConvertOp.create(operands=[value], result_types=[ty]))
+            value = made[-1].results[0]
+        Rewriter.insert_op(made, InsertPoint.after(op))
+        self.completions[op] = made
+        for use in uses:
+            use.operation.operands[use.index] = value
 
     def _to_locals(self) -> list[Operation]:
         return [op for op in self.entry.body.block.ops if isinstance(op, ToLocalOp)]
@@ -442,19 +460,23 @@ class Pipelining:
                     self.per_mb[m][op.results[0]] = b.rows(whole.results[0], d, m * n, (m + 1) * n)
             else:
                 b.add(op)
-        for op in self.before_ops:
-            op.detach()
-            b.add(op)
+        self._move(self.before_ops)
         self.stage = b.add(AxisIndexOp([self.axis], TensorType(i32, []))).results[0]
         for m in range(self.M):
             self._own_parts(b.clone(self.pre, self.per_mb[m]), m)
         self._accumulate_pre_sums()
         self._run_schedule()
         self._finish_sums()
-        for op in self.after_ops:
-            op.detach()
-            b.add(op)
+        self._move(self.after_ops)
         self._finish(block, new, ops)
+
+    def _move(self, ops: Sequence[Operation]) -> None:
+        """Move `ops` to the pipelined function, each with what completes it
+        across stages (`_reduce_across_stages`)."""
+        for op in ops:
+            for moved in (op, *self.completions.get(op, ())):
+                moved.detach()
+                self.b.add(moved)
 
     def _local(self, dtensor: DTensorType) -> TensorType:
         """The local type of `dtensor` on the pipelined mesh."""
@@ -884,6 +906,15 @@ def _is_zeros(value: SSAValue) -> bool:
 def _reducer(op: Operation) -> str | None:
     body = op.regions[0].block
     combine = body.first_op
-    return {"stablehlo.add": "sum", "stablehlo.maximum": "max", "stablehlo.minimum": "min"}.get(
-        combine.name if combine is not None else ""
-    )
+    return _COMBINERS.get(combine.name if combine is not None else "")
+
+
+_COMBINERS = {
+    "stablehlo.add": "sum",
+    "stablehlo.maximum": "max",
+    "stablehlo.minimum": "min",
+    "stablehlo.and": "min",
+    "stablehlo.or": "max",
+}
+"""A reducer's combiner, as the all-reduce that completes stages' partial
+reductions (booleans' and / or as min / max of 0 and 1)."""
