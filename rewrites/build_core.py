@@ -85,9 +85,9 @@ def _refuse(decision: Decision, top: list[int]) -> None:
         op, kind = graph.ops[o], graph.kinds[o]
         if kind in _CARRIERS:
             continue  # carries whole values; its bodies are built as blocks of their own
-        if kind != _RETURN and decision.factors[o] and len(op.results) != 1:
+        if kind != _RETURN and decision.op_mask[o] and len(op.results) != 1:
             raise UnsupportedError(f"build_core: {op.name} has several results and is split")
-        if kind == _OTHER and (decision.factors[o] or decision.inside[o]):
+        if kind == _OTHER and (decision.op_mask[o] or decision.inside[o]):
             raise UnsupportedError(f"build_core: {op.name} has no rule but is split")
         rule = graph.rules[o]
         if rule is not None and rule.regroupable and _regrouped(decision, o, rule):
@@ -95,13 +95,13 @@ def _refuse(decision: Decision, top: list[int]) -> None:
                 f"build_core: {op.name} picks along a split dim (regrouped by the rewrite "
                 "engine); use the rewrite engine"
             )
-        split = set(decision.factors[o].values())
+        split = set(decision.factors_of(o).values())
         if rule is not None and rule.localize is not None and len(split) > 1:
             raise UnsupportedError(  # a localizer reads the op's shapes one factor at a time
                 f"build_core: {op.name} resizes its properties for two split factors; use "
                 "the rewrite engine"
             )
-        for f in decision.factors[o].values():
+        for f in split:
             assert rule is not None
             if any(rule.factors[f].halo):  # a part reads its neighbours' edges too
                 raise UnsupportedError(
@@ -116,7 +116,7 @@ def _regrouped(decision: Decision, o: int, rule: OpRule) -> bool:
     dim), which this builder does not do."""
     graph = decision.graph
     for i, v in enumerate(graph.operands[o]):
-        for dim in decision.split[v].values():
+        for dim in decision.split_of(v).values():
             fs = rule.operands[i][dim] if dim < len(rule.operands[i]) else ()
             if fs and fs[0] in rule.regroupable:
                 return True
@@ -159,7 +159,7 @@ class _Builder:
 
     def _tile_dim(self, o: int, axis: str) -> int | None:
         """The result dim op `o` splits over `axis`, or None (a sum, or not split)."""
-        f = self.d.factors[o].get(axis)
+        f = self.d.factor_of(o, axis)
         rule = self.g.rules[o]
         if f is None or rule is None or rule.factors[f].kind is FactorKind.SUM:
             return None
@@ -174,14 +174,14 @@ class _Builder:
         return found
 
     def _order_axes(self, o: int) -> list[str]:
-        factors = self.d.factors[o]
-        order = sorted(factors, key=lambda a: self.d.op_priority[o].get(a, (1 << 30, None))[0])
+        factors = self.d.factors_of(o)
+        order = sorted(factors, key=lambda a: (self.d.priority_of(o, a) or (1 << 30, None))[0])
         slots: dict[int, list[int]] = {}
         for i, a in enumerate(order):
             slots.setdefault(factors[a], []).append(i)
         out = list(order)
         for f, positions in slots.items():
-            for i, a in zip(positions, self.d.factor_axes[o][f], strict=True):
+            for i, a in zip(positions, self.d.factor_axes_of(o, f), strict=True):
                 out[i] = a
         return out
 
@@ -224,7 +224,9 @@ class _Builder:
                     assert isinstance(ty, TensorType)
                     ty = part_type(ty, dim, self.d.mesh[outer.axis])
             block = Block(arg_types=[RangeType(self.d.mesh[axis])])
-            made = LoopOp(axis, loop_action(rule, self.d.factors[o][axis]), Region(block), ty,
+            factor = self.d.factor_of(o, axis)
+            assert factor is not None
+            made = LoopOp(axis, loop_action(rule, factor), Region(block), ty,
                           _origin(self.d, o, axis))
             made.location = self.g.ops[o].location
             place.frames.append(_Loop(axis, made, block, block.args[0]))
@@ -235,13 +237,14 @@ class _Builder:
         users: list[tuple[_Place, int, int]],
     ) -> bool:
         """Whether op `o` can run inside its users' loop over `axis`."""
-        if axis in self.d.inside[o] and axis not in self.d.factors[o]:
+        if self.d.inside_of(o, axis) and self.d.factor_of(o, axis) is None:
             return True
         dim = self._tile_dim(o, axis)
         if dim is None:
             return False
-        f = self.d.factors[o][axis]
-        major = self.d.factor_axes[o][f]
+        f = self.d.factor_of(o, axis)
+        assert f is not None
+        major = self.d.factor_axes_of(o, f)
         before = major[: major.index(axis)]
         if any(a not in {loop.axis for loop in shared} for a in before):
             return False
@@ -254,17 +257,18 @@ class _Builder:
         (it lost a conflict there) arrives split all the same, as the
         annotation says: a loop slicing it, which every use then reads."""
         v = self.g.ids.get(arg)
-        if v is None or not self.d.nesting[v]:
+        if v is None or not self.d.value_axes[v]:
             return
-        own = {axis: d for d, axes in self.d.nesting[v].items() for axis in axes}
+        nesting = self.d.nesting_of(v)
+        own = {axis: d for d, axes in nesting.items() for axis in axes}
         if all(
             self.g.kinds[o] not in _CARRIERS  # a carrier reads it whole
             and all(self.d.wanted(o, i).get(axis) == d for axis, d in own.items())
             for o, i in self.g.uses[v]
         ):
             return  # each use slices it itself (fused)
-        origins = {axis: self.d.priority[v].get(axis) for axis in own}
-        value = self._tile_loops(arg, self.d.nesting[v], origins)
+        origins = {axis: self.d.value_priority_of(v, axis) for axis in own}
+        value = self._tile_loops(arg, nesting, origins)
         value.name_hint = arg.name_hint
         self.reps[v] = value
 
@@ -323,7 +327,7 @@ class _Builder:
         for axis in self.d.mesh:  # major first, as the mesh orders its axes
             if axis in want:
                 nesting[want[axis]] = (*nesting.get(want[axis], ()), axis)
-        origins = {axis: self.d.carried_priority.get((o, axis)) for axis in want}
+        origins = {axis: self.d.carried_priority_of(o, axis) for axis in want}
         return self._tile_loops(value, nesting, origins)
 
     def build(self, o: int) -> None:
@@ -367,7 +371,7 @@ class _Builder:
     def _slicing_order(self, o: int, place: _Place) -> list[int]:
         """`place`'s frames in the order op `o` took their axes (the engine's:
         an operand's slices, each of the one before, in that order)."""
-        decided = list(self.d.factors[o])
+        decided = list(self.d.factors_of(o))
         return sorted(
             range(len(place.frames)),
             key=lambda k: (decided.index(place.frames[k].axis), k)
@@ -453,7 +457,7 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
         else:  # an op of the program: each operand's slices by the axis order
             # in which the op was split (the engine slices per tiling), then
             # the operand's producer; the operand it arrived through first
-            rank = {axis: k for k, axis in enumerate(decision.factors[o])}
+            rank = {axis: k for k, axis in enumerate(decision.factors_of(o))}
             keyed: list[tuple[int, int, Operation]] = []
             for i, v in enumerate(op.operands):
                 owner = made_here(v)
@@ -464,7 +468,7 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
                     keyed.append((max(len(rank) - 1, 0), i, owner))
             keyed.sort(key=lambda k: (k[0], k[1]))
             found = [k[2] for k in keyed]
-            arrived = decision.arrival[o].get(axis)
+            arrived = decision.arrival_of(o, axis)
             if arrived is not None and arrived < len(op.operands):
                 first = made_here(op.operands[arrived])
                 if first is not None and first in ids:  # an op of the program, not a slice
@@ -513,7 +517,7 @@ def would_be_trivially_dead_after(builder: _Builder, o: int) -> bool:
 
 
 def _origin(decision: Decision, o: int, axis: str) -> dict[str, Attribute]:
-    found = decision.op_priority[o].get(axis)
+    found = decision.priority_of(o, axis)
     if found is None or found[1] is None:
         return {}
     return {"origin": found[1]}
@@ -526,7 +530,7 @@ def _divide_by(parts: int) -> Callable[[int], int]:
 def _counts(decision: Decision, o: int) -> dict[int, int]:
     """Factor -> the parts op `o` splits it into (over all its split axes)."""
     counts: dict[int, int] = {}
-    for axis, f in decision.factors[o].items():
+    for axis, f in decision.factors_of(o).items():
         counts[f] = counts.get(f, 1) * decision.mesh[axis]
     return counts
 
@@ -578,7 +582,7 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
         builder.bodies.setdefault(ids[parent], []).append((block, ops))
     for o in every:
         rule = graph.rules[o]
-        if rule is not None and decision.factors[o]:
+        if rule is not None and decision.op_mask[o]:
             _resize_properties(graph.ops[o], rule, decision, o)
     builder.build_block(entry.body.block, blocks[0][1], arguments=True)
     for o in reversed(every):  # what is left in place is dead
