@@ -81,21 +81,28 @@ def _refuse(decision: Decision, top: list[int]) -> None:
     graph = decision.graph
     if decision.padded:
         raise UnsupportedError("build_core: a dim padded for divisibility; use the rewrite engine")
+    kinds, masks, inside, rules = graph.kinds, decision.op_mask, decision.inside, graph.rules
+    width, factors = len(decision.axes), decision.op_factor
     for o in top:
-        op, kind = graph.ops[o], graph.kinds[o]
+        kind, split_over = kinds[o], masks[o]
         if kind in _CARRIERS:
             continue  # carries whole values; its bodies are built as blocks of their own
-        if kind != _RETURN and decision.op_mask[o] and len(op.results) != 1:
-            raise UnsupportedError(f"build_core: {op.name} has several results and is split")
-        if kind == _OTHER and (decision.op_mask[o] or decision.inside[o]):
-            raise UnsupportedError(f"build_core: {op.name} has no rule but is split")
-        rule = graph.rules[o]
+        if kind != _RETURN and split_over and len(graph.results[o]) != 1:
+            raise UnsupportedError(
+                f"build_core: {graph.ops[o].name} has several results and is split"
+            )
+        if kind == _OTHER and (split_over or inside[o]):
+            raise UnsupportedError(f"build_core: {graph.ops[o].name} has no rule but is split")
+        rule = rules[o]
         if rule is not None and rule.regroupable and _regrouped(decision, o, rule):
             raise UnsupportedError(
-                f"build_core: {op.name} picks along a split dim (regrouped by the rewrite "
-                "engine); use the rewrite engine"
+                f"build_core: {graph.ops[o].name} picks along a split dim (regrouped by the "
+                "rewrite engine); use the rewrite engine"
             )
-        split = set(decision.factors_of(o).values())
+        if not split_over:
+            continue
+        op = graph.ops[o]
+        split = {factors[o * width + a] for a in decision.op_axes[o]}
         if rule is not None and rule.localize is not None and len(split) > 1:
             raise UnsupportedError(  # a localizer reads the op's shapes one factor at a time
                 f"build_core: {op.name} resizes its properties for two split factors; use "
@@ -174,16 +181,22 @@ class _Builder:
         return found
 
     def _order_axes(self, o: int) -> list[str]:
-        factors = self.d.factors_of(o)
-        order = sorted(factors, key=lambda a: (self.d.priority_of(o, a) or (1 << 30, None))[0])
+        d = self.d
+        decided = d.op_axes[o]
+        if len(decided) < 2:
+            return [d.axes[a] for a in decided]
+        base = o * len(d.axes)
+        factors, priority = d.op_factor, d.op_priority
+        order = sorted(decided, key=lambda a: (priority[base + a] or (1 << 30, None))[0])
         slots: dict[int, list[int]] = {}
         for i, a in enumerate(order):
-            slots.setdefault(factors[a], []).append(i)
+            slots.setdefault(factors[base + a], []).append(i)
         out = list(order)
         for f, positions in slots.items():
-            for i, a in zip(positions, self.d.factor_axes_of(o, f), strict=True):
+            major = [a for a in decided if factors[base + a] == f]
+            for i, a in zip(positions, major, strict=True):
                 out[i] = a
-        return out
+        return [d.axes[a] for a in out]
 
     def place(self, o: int) -> None:
         op = self.g.ops[o]
@@ -197,7 +210,7 @@ class _Builder:
             if not self.dead[q] and (place := self.places[q]) is not None
         ]
         shared: list[_Loop] = []
-        if users and len(self.g.results[o]) == 1 and all(
+        if users and users[0][0].frames and len(self.g.results[o]) == 1 and all(
             self.g.ops[q].parent is op.parent for v in self.g.results[o] for q, _ in self.g.uses[v]
         ):  # a use inside a body reads it whole, from outside any loop
             own = self._own_axes(o)
@@ -371,6 +384,8 @@ class _Builder:
     def _slicing_order(self, o: int, place: _Place) -> list[int]:
         """`place`'s frames in the order op `o` took their axes (the engine's:
         an operand's slices, each of the one before, in that order)."""
+        if len(place.frames) < 2:
+            return list(range(len(place.frames)))
         decided = list(self.d.factors_of(o))
         return sorted(
             range(len(place.frames)),
@@ -387,16 +402,6 @@ class _Builder:
         value = self.reps.get(v)
         if value is None:
             value = self.g.values[v]  # an argument of the function
-        p = self.g.producer[v]
-        done: set[str] = set()
-        level = -1  # the value is defined in the block of place.frames[level]
-        if p >= 0:
-            producer = self.places[p]
-            assert producer is not None
-            level = producer.shared - 1
-            for loop in producer.frames[: producer.shared]:
-                if self._tile_dim(p, loop.axis) is not None:
-                    done.add(loop.axis)
         kind = self.g.kinds[o]
         if kind == _RETURN:
             carrier = self.g.carrier_of_return.get(o, -1)
@@ -407,11 +412,25 @@ class _Builder:
             return value
         if kind in _CARRIERS:
             return self._carried(o, i, v, value)
-        want = self.d.wanted(o, i)
-        made = self.slices
+        if not place.frames:
+            return value
+        want = self.d._want(o, i)
+        if not want:
+            return value
+        p = self.g.producer[v]
+        done: set[str] = set()
+        level = -1  # the value is defined in the block of place.frames[level]
+        if p >= 0:
+            producer = self.places[p]
+            assert producer is not None
+            level = producer.shared - 1
+            for loop in producer.frames[: producer.shared]:
+                if self._tile_dim(p, loop.axis) is not None:
+                    done.add(loop.axis)
+        made, index = self.slices, self.d.axis_index
         for k in order:
             loop = place.frames[k]
-            dim = want.get(loop.axis)
+            dim = want.get(index[loop.axis])
             if dim is None or loop.axis in done:
                 continue
             level = max(level, k)  # in the loop whose index it reads (slices hoisted)
@@ -457,7 +476,7 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
         else:  # an op of the program: each operand's slices by the axis order
             # in which the op was split (the engine slices per tiling), then
             # the operand's producer; the operand it arrived through first
-            rank = {axis: k for k, axis in enumerate(decision.factors_of(o))}
+            rank = {decision.axes[a]: k for k, a in enumerate(decision.op_axes[o])}
             keyed: list[tuple[int, int, Operation]] = []
             for i, v in enumerate(op.operands):
                 owner = made_here(v)
@@ -530,8 +549,10 @@ def _divide_by(parts: int) -> Callable[[int], int]:
 def _counts(decision: Decision, o: int) -> dict[int, int]:
     """Factor -> the parts op `o` splits it into (over all its split axes)."""
     counts: dict[int, int] = {}
-    for axis, f in decision.factors_of(o).items():
-        counts[f] = counts.get(f, 1) * decision.mesh[axis]
+    base, factors, sizes = o * len(decision.axes), decision.op_factor, decision.sizes
+    for a in decision.op_axes[o]:
+        f = factors[base + a]
+        counts[f] = counts.get(f, 1) * sizes[a]
     return counts
 
 

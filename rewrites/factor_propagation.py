@@ -503,7 +503,11 @@ class _Propagation:
         self.work: list[int] = []
         self.seeded: dict[int, dict[int, tuple[int, Priority]]] = {}
         """Value id -> axis -> (dim, priority) of the seeds on it."""
-        self.static: dict[tuple[int, int], bool] = {}
+        self.live = 0
+        """The axes seeded so far (every split comes from a seed): no other
+        axis is worth looking for."""
+        self.fuse_user: list[int] = [-2] * m
+        """Per op, the only op reading its only result (-1: none such; -2: not known yet)."""
         self.grown: dict[tuple[tuple[int, ...], int], tuple[int, ...]] = {}
         """(axes, axis) -> axes + (axis,): one tuple per order of axes, shared."""
 
@@ -582,6 +586,7 @@ class _Propagation:
         if size % d.sizes[a]:
             d.padded.add((v, seed.dim))
         self.seeded.setdefault(v, {})[a] = (seed.dim, priority)
+        self.live |= 1 << a
         self.split_value(v, a, seed.dim, priority)
 
     def _read_over(self, v: int, a: int) -> int:
@@ -660,11 +665,7 @@ class _Propagation:
     # --- one op -------------------------------------------------------------------
 
     def tileable(self, o: int, rule: OpRule, factor: int, a: int, padded: bool) -> bool:
-        key = (id(rule), factor)
-        ok = self.static.get(key)
-        if ok is None:
-            ok = self.static[key] = _tileable_somehow(rule, factor)
-        if not ok:
+        if not rule.splittable[factor]:
             return False
         f = rule.factors[factor]
         d = self.d
@@ -685,7 +686,7 @@ class _Propagation:
         rule = g.rules[o]
         assert rule is not None
         self._fuse(o)
-        free = self.every & ~(d.op_mask[o] | d.inside[o])
+        free = self.live & ~(d.op_mask[o] | d.inside[o])
         if not free:
             return  # every axis is taken: nothing to decide
         width = self.width
@@ -858,21 +859,19 @@ class _Propagation:
         """`o`, split over an axis its only user reads it split over alike,
         runs in that user's loops (its loop is fused into the user's:
         `FuseSliceOfTile`, or the user joins it: `PushForward._join_loop`)."""
-        d, g = self.d, self.g
-        results = g.results[o]
-        if len(results) != 1 or not d.op_mask[o]:
+        d = self.d
+        if not d.op_mask[o]:
             return
-        r = results[0]
-        uses = g.uses[r]
-        if not uses:
+        user = self.fuse_user[o]
+        if user == -2:
+            user = self.fuse_user[o] = self._only_user(o)
+        if user < 0:
             return
-        user = uses[0][0]
         loops = d.inside[user] | d.op_mask[user]
         if not loops & ~(d.op_mask[o] | d.inside[o]):
             return  # the user's loops are the op's already
-        for u, _ in uses:
-            if u != user:
-                return
+        r = self.g.results[o][0]
+        uses = self.g.uses[r]
         base, value_dim = r * self.width, d.value_dim
         for _, i in uses:
             want = d._want(user, i)
@@ -882,6 +881,17 @@ class _Propagation:
                     wanted |= 1 << a
                 self._grow_inside(o, loops & ~wanted)
                 return
+
+    def _only_user(self, o: int) -> int:
+        """The one op reading op `o`'s one result (-1: none such)."""
+        results = self.g.results[o]
+        if len(results) != 1:
+            return -1
+        uses = self.g.uses[results[0]]
+        if not uses:
+            return -1
+        user = uses[0][0]
+        return user if all(u == user for u, _ in uses) else -1
 
     def _grow_inside(self, o: int, loops: int) -> None:
         d = self.d
@@ -1003,18 +1013,6 @@ class _Propagation:
                 detail=f"tiled on dim {other} at the other end of {where}",
             )
         )
-
-
-def _tileable_somehow(rule: OpRule, factor: int) -> bool:
-    """The size-independent part of `OpRule.why_not_tileable`."""
-    f = rule.factors[factor]
-    if f.kind is FactorKind.BLOCKED:
-        return False
-    for dims in (*rule.operands, *rule.results):
-        for factors in dims:
-            if factor in factors[1:]:
-                return False
-    return not (f.kind is FactorKind.PARALLEL and rule.result_dim(factor) is None)
 
 
 def decide(module: ModuleOp, mesh: dict[str, int], schedule: Sequence[Sequence[Seed]]) -> Decision:

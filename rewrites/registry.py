@@ -175,6 +175,23 @@ class OpRule:
         """Per result, factor -> the first dim it is the major factor of."""
         return tuple(_majors(dims) for dims in self.results)
 
+    @cached_property
+    def splittable(self) -> tuple[bool, ...]:
+        """Per factor, whether some number of parts may split it: the part of
+        `why_not_tileable` that does not depend on the sizes (propagation
+        asks it for every split it considers)."""
+        return tuple(self._splittable(f) for f in range(len(self.factors)))
+
+    def _splittable(self, factor: int) -> bool:
+        f = self.factors[factor]
+        if f.kind is FactorKind.BLOCKED:
+            return False
+        for dims in (*self.operands, *self.results):
+            for factors in dims:
+                if factor in factors[1:]:
+                    return False
+        return not (f.kind is FactorKind.PARALLEL and self.result_dim(factor) is None)
+
     def tileable_factors(self, parts: int) -> list[int]:
         return [f for f in range(len(self.factors)) if self.why_not_tileable(f, parts) is None]
 
