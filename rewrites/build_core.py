@@ -351,11 +351,16 @@ class _Builder:
         assert place is not None
         rule = self.g.rules[o]
         order = self._slicing_order(o, place)
-        operands = [self._operand(o, i, place, order) for i in range(len(op.operands))]
+        read = self.g.operands[o]
+        operands = [self._operand(o, i, place, order) for i in range(len(read))]
         op.detach()  # moved, not copied: the op keeps its identity, regions and name
         if self.g.kinds[o] != _RETURN:
             _localize(op, rule, self.d, o)
-        op.operands = operands
+        values = self.g.values
+        for i, v in enumerate(read):
+            if operands[i] is not values[v]:  # a part, a slice or a loop's result
+                op.operands = operands
+                break
         built = op
         target = place.frames[-1].block if place.frames else self.block
         target.add_op(built)

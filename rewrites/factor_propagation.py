@@ -143,16 +143,22 @@ class _Graph:
     feeds: dict[int, list[list[int]]] = field(default_factory=dict)
     """Carrier op id -> per carried value, the value ids feeding it."""
 
-    def value(self, value: SSAValue) -> int:
+    known_shapes: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
+    """One tuple per shape, shared by the values of that shape."""
+
+    def value(self, value: SSAValue, producer: int = -1, index: int = 0) -> int:
+        """`value`'s id (a new one, made by op `producer` as its result
+        `index`, where it is new)."""
         found = self.ids.get(value)
         if found is not None:
             return found
         n = self.ids[value] = len(self.values)
         self.values.append(value)
         ty = value.type
-        self.shapes.append(tuple(ty.get_shape()) if isinstance(ty, TensorType) else ())
-        self.producer.append(-1)
-        self.result_index.append(0)
+        shape = tuple(ty.get_shape()) if isinstance(ty, TensorType) else ()
+        self.shapes.append(self.known_shapes.setdefault(shape, shape))
+        self.producer.append(producer)
+        self.result_index.append(index)
         self.uses.append([])
         return n
 
@@ -167,13 +173,18 @@ class _Graph:
         return graph
 
     def _read(self, block: Block) -> None:
+        ids, uses = self.ids, self.uses
         for op in block.ops:
             o = len(self.ops)
             self.ops.append(op)
-            operands = tuple(self.value(v) for v in op.operands)
-            for i, v in enumerate(operands):
-                self.uses[v].append((o, i))
-            self.operands.append(operands)
+            read = []
+            for i, value in enumerate(op.operands):
+                v = ids.get(value)
+                if v is None:  # defined nowhere the walk has been (not in a valid program)
+                    v = self.value(value)
+                uses[v].append((o, i))
+                read.append(v)
+            self.operands.append(tuple(read))
             kind, rule = self._kind(op)
             self.kinds.append(kind)
             self.rules.append(rule)
@@ -183,12 +194,7 @@ class _Graph:
                     for arg in inner.args:
                         self.value(arg)
                     self._read(inner)
-            results = []
-            for r in op.results:
-                v = self.value(r)
-                self.producer[v] = o
-                self.result_index[v] = r.index
-                results.append(v)
+            results = [self.value(r, o, k) for k, r in enumerate(op.results)]
             self.results[o] = tuple(results)
             if kind == _WHILE:
                 assert isinstance(op, shlo.WhileOp)
@@ -722,6 +728,7 @@ class _Propagation:
         if not candidates:
             return
         candidates.sort(key=lambda c: (c.order, c.operand))
+        padded_before = len(d.padded)
         why = self._exchanges(o, rule, candidates, backward)
         chosen: dict[int, _Candidate] = {}
         factors, base = d.op_factor, o * width
@@ -742,6 +749,15 @@ class _Propagation:
                 self._inherit(o)
             d.op_arrival[base + c.axis] = c.operand
             self.assign(o, c.axis, c.factor, c.priority, c.padded)
+        if chosen and self.work and self.work[-1] == o and len(d.padded) == padded_before:
+            # Its results' splits queued `o` again, next: that visit would
+            # find every candidate of this one taken or still not tileable
+            # (nothing it reads changed but its own decisions, and no
+            # padding: a factor's part only shrinks exactly), so only its
+            # fusion into its user is left to do.
+            self.work.pop()
+            self.queued[o] = self.dirty[o] = False
+            self._fuse(o)
 
     def _exchanges(
         self, o: int, rule: OpRule, candidates: list[_Candidate], backward: int
