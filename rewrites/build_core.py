@@ -261,7 +261,8 @@ class _Builder:
         before = major[: major.index(axis)]
         if any(a not in {loop.axis for loop in shared} for a in before):
             return False
-        return all(self.d.wanted(q, i).get(axis) == dim for _, q, i in users)
+        a, want_dim = self.d.axis_index[axis], self.d._want_dim
+        return all(want_dim(q, i, a) == dim for _, q, i in users)
 
     # -- building ----------------------------------------------------------
 
@@ -399,6 +400,21 @@ class _Builder:
             else (len(decided), k),
         )
 
+    def _made_in(self, v: int) -> tuple[set[str], int]:
+        """The axes of the loops value `v`'s producer shares with its users
+        and splits it over (its part there), and the level of the
+        innermost of them (-1: none)."""
+        p = self.g.producer[v]
+        done: set[str] = set()
+        if p < 0:
+            return done, -1
+        producer = self.places[p]
+        assert producer is not None
+        for loop in producer.frames[: producer.shared]:
+            if self._tile_dim(p, loop.axis) is not None:
+                done.add(loop.axis)
+        return done, producer.shared - 1
+
     def _operand(self, o: int, i: int, place: _Place, order: list[int]) -> SSAValue:
         """Operand `i` of op `o` as its part reads it: sliced on the index of
         each of its loops (`order`: the frames in the order the op took
@@ -417,26 +433,19 @@ class _Builder:
             return value
         if kind in _CARRIERS:
             return self._carried(o, i, v, value)
-        if not place.frames:
-            return value
-        want = self.d._want(o, i)
-        if not want:
-            return value
-        p = self.g.producer[v]
-        done: set[str] = set()
+        if not place.frames or not self.d.op_mask[o]:
+            return value  # in no loop, or read whole
+        made, index, want_dim = self.slices, self.d.axis_index, self.d._want_dim
+        done: set[str] | None = None
         level = -1  # the value is defined in the block of place.frames[level]
-        if p >= 0:
-            producer = self.places[p]
-            assert producer is not None
-            level = producer.shared - 1
-            for loop in producer.frames[: producer.shared]:
-                if self._tile_dim(p, loop.axis) is not None:
-                    done.add(loop.axis)
-        made, index = self.slices, self.d.axis_index
         for k in order:
             loop = place.frames[k]
-            dim = want.get(index[loop.axis])
-            if dim is None or loop.axis in done:
+            dim = want_dim(o, i, index[loop.axis])
+            if dim < 0:
+                continue
+            if done is None:
+                done, level = self._made_in(v)
+            if loop.axis in done:
                 continue
             level = max(level, k)  # in the loop whose index it reads (slices hoisted)
             key = (value, dim, loop.index)
@@ -610,15 +619,23 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
         rule = graph.rules[o]
         if rule is not None and decision.op_mask[o]:
             _resize_properties(graph.ops[o], rule, decision, o)
-    builder.build_block(entry.body.block, blocks[0][1], arguments=True)
-    for o in reversed(every):  # what is left in place is dead
-        if builder.dead[o]:
-            graph.ops[o].detach()
-            graph.ops[o].erase(safe_erase=False)
-    for block, _ in blocks:
-        for op in block.ops:
-            if isinstance(op, LoopOp):
-                _in_engine_order(op, decision, ids)
+    body = entry.body.block
+    # Built with the function's block out of its region: xDSL checks, for
+    # every op added to a block, that the op is not among the block's
+    # ancestors, a walk up to the module otherwise.
+    entry.body.detach_block(body)
+    try:
+        builder.build_block(body, blocks[0][1], arguments=True)
+        for o in reversed(every):  # what is left in place is dead
+            if builder.dead[o]:
+                graph.ops[o].detach()
+                graph.ops[o].erase(safe_erase=False)
+        for block, _ in blocks:
+            for op in block.ops:
+                if isinstance(op, LoopOp):
+                    _in_engine_order(op, decision, ids)
+    finally:
+        entry.body.add_block(body)
     LAST_BUILD_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
 
 
