@@ -166,9 +166,12 @@ class _Builder:
 
     def _tile_dim(self, o: int, axis: str) -> int | None:
         """The result dim op `o` splits over `axis`, or None (a sum, or not split)."""
-        f = self.d.factor_of(o, axis)
+        d = self.d
+        f = d.op_factor[o * len(d.axes) + d.axis_index[axis]]
+        if f < 0:
+            return None
         rule = self.g.rules[o]
-        if f is None or rule is None or rule.factors[f].kind is FactorKind.SUM:
+        if rule is None or rule.factors[f].kind is FactorKind.SUM:
             return None
         return rule.result_dim(f)
 
@@ -355,7 +358,7 @@ class _Builder:
         read = self.g.operands[o]
         operands = [self._operand(o, i, place, order) for i in range(len(read))]
         op.detach()  # moved, not copied: the op keeps its identity, regions and name
-        if self.g.kinds[o] != _RETURN:
+        if self.d.op_mask[o] and self.g.kinds[o] != _RETURN:
             _localize(op, rule, self.d, o)
         values = self.g.values
         for i, v in enumerate(read):
