@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
@@ -205,6 +206,9 @@ class _Builder:
         op = self.g.ops[o]
         if op.results and would_be_trivially_dead_after(self, o):
             self.dead[o] = True  # as the rewrite engine's applier erases it
+            return
+        if not self.d.op_mask[o] and not self.d.inside[o]:
+            self.places[o] = _Place()  # in no loop of its own, nor in its users'
             return
         users = [
             (place, q, i)
@@ -489,7 +493,10 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
         o = ids.get(op)
         found: list[Operation] = []
         if o is None:  # a slice, loop or yield: its operands in order
-            found = [p for v in op.operands if (p := made_here(v)) is not None]
+            for v in op.operands:
+                maker = v.owner
+                if id(maker) in here:
+                    found.append(maker)  # type: ignore[arg-type]
         else:  # an op of the program: each operand's slices by the axis order
             # in which the op was split (the engine slices per tiling), then
             # the operand's producer; the operand it arrived through first
@@ -502,7 +509,7 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
                     owner = made_here(owner.operands[0])
                 if owner is not None:  # made in the loop: where the last tiling sliced it
                     keyed.append((max(len(rank) - 1, 0), i, owner))
-            keyed.sort(key=lambda k: (k[0], k[1]))
+            keyed.sort(key=_BY_RANK)
             found = [k[2] for k in keyed]
             arrived = decision.arrival_of(o, axis)
             if arrived is not None and arrived < len(op.operands):
@@ -535,6 +542,10 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
     for op in wanted[first:]:
         op.detach()
         block.add_op(op)
+
+
+_BY_RANK = itemgetter(0, 1)
+"""A slice's or producer's (tiling rank, operand): stable, it keeps a chain's order."""
 
 
 def _axis_of(s: SliceOp) -> str:
