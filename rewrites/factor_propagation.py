@@ -727,9 +727,11 @@ class _Propagation:
             candidates.append(_Candidate(priority[0], backward, a, factor, dim, priority, padded))
         if not candidates:
             return
-        candidates.sort(key=lambda c: (c.order, c.operand))
         padded_before = len(d.padded)
-        why = self._exchanges(o, rule, candidates, backward)
+        why: dict[int, str] = {}
+        if len(candidates) > 1:
+            candidates.sort(key=lambda c: (c.order, c.operand))
+            why = self._exchanges(o, rule, candidates, backward)
         chosen: dict[int, _Candidate] = {}
         factors, base = d.op_factor, o * width
         for c in candidates:
@@ -742,7 +744,7 @@ class _Propagation:
                 ):
                     self._conflict(o, won, c, why.get(c.axis, ""))
                 continue
-            if not self.tileable(o, rule, c.factor, c.axis, c.padded):
+            if chosen and not self.tileable(o, rule, c.factor, c.axis, c.padded):
                 continue  # an axis taken in this visit left the factor too small
             chosen[c.axis] = c
             if c.operand == backward:  # it runs in its users' loops
