@@ -504,6 +504,8 @@ class _Propagation:
         self.width = len(mesh)
         self.every = (1 << self.width) - 1
         self.queued = [False] * m
+        self.in_program = [kind != _OTHER for kind in graph.kinds]
+        """Per op, whether `push_all` queues it (what an op of no kind reads does not matter)."""
         self.dirty = [False] * m
         """Whether something an op's decision reads changed since its last visit."""
         self.work: list[int] = []
@@ -540,8 +542,17 @@ class _Propagation:
         the ops before it decided)."""
         work, queued, dirty, kinds = self.work, self.queued, self.dirty, self.g.kinds
         carrier_of_return = self.g.carrier_of_return
-        while work:
-            o = work.pop()
+        cursor = 0
+        while True:
+            if work:
+                o = work.pop()
+            else:  # the next op in program order something changed for
+                try:
+                    o = dirty.index(True, cursor)
+                except ValueError:
+                    return
+                queued[cursor:o] = [False] * (o - cursor)  # passed by: nothing changed
+                cursor = o + 1
             queued[o] = False
             if not dirty[o]:
                 continue  # a visit would decide what the last one did
@@ -555,12 +566,13 @@ class _Propagation:
                 self.carry(o)
 
     def push_all(self) -> None:
-        """Queue every op, so that they pop in program order (the engine's
-        walker's order); only those something changed for are visited."""
-        for o in range(len(self.g.ops) - 1, -1, -1):
-            if self.g.kinds[o] != _OTHER:
-                self.queued[o] = True
-                self.work.append(o)
+        """Queue every op, so that they come in program order (the engine's
+        walker's order) under whatever is pushed; only those something
+        changed for are visited. They are not on the stack: `run` takes the
+        next one that is dirty when the stack is empty (the ops before it
+        pass as a stack would pop them, clean)."""
+        self.work.clear()
+        self.queued = list(self.in_program)
 
     # --- seeds --------------------------------------------------------------------
 
@@ -1046,8 +1058,6 @@ def decide(module: ModuleOp, mesh: dict[str, int], schedule: Sequence[Sequence[S
     start, start_cpu = time.perf_counter(), time.process_time()
     propagation = _Propagation(graph, mesh)
     for seeds in schedule:
-        propagation.work.clear()
-        propagation.queued = [False] * len(graph.ops)
         propagation.push_all()
         for seed in seeds:
             propagation.seed(seed)
