@@ -138,6 +138,12 @@ class _Graph:
     results: list[tuple[int, ...]] = field(default_factory=list)
     carrier_of_return: dict[int, int] = field(default_factory=dict)
     """A region's `stablehlo.return` op id -> the while or conditional it ends."""
+    returns: list[int] = field(default_factory=list)
+    """The ids of the ops that end a carrier's body or branch."""
+    returned: set[int] = field(default_factory=set)
+    """The values such an op returns."""
+    carried_in: set[int] = field(default_factory=set)
+    """The values a carrier (a while, a case, a barrier) reads."""
     places: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)
     """Carrier op id -> per carried value, the value ids it appears as."""
     feeds: dict[int, list[list[int]]] = field(default_factory=dict)
@@ -186,6 +192,10 @@ class _Graph:
                 read.append(v)
             self.operands.append(tuple(read))
             kind, rule = self._kind(op)
+            if kind == _RETURN:
+                self.returns.append(o)
+            elif kind in (_WHILE, _BRANCH, _BARRIER):
+                self.carried_in.update(read)
             self.kinds.append(kind)
             self.rules.append(rule)
             self.results.append(())
@@ -638,6 +648,8 @@ class _Propagation:
             self.push(o)
 
     def _wake_carrier_of(self, v: int) -> None:
+        if v not in self.g.returned:
+            return
         for o, _ in self.g.uses[v]:
             if self.g.kinds[o] == _RETURN:
                 carrier = self.g.carrier_of_return.get(o)
@@ -657,17 +669,25 @@ class _Propagation:
         d.op_priority[k] = priority
         d.op_axes[o] = self._grow(d.op_axes[o], a)
         d.op_mask[o] |= 1 << a
-        dims = rule.operand_dims(factor)
-        operands = g.operands[o]
-        padded = padded or any(
-            (operands[i], dim) in d.padded for i, dim in enumerate(dims) if dim is not None
-        )
-        for i, dim in enumerate(dims):
-            if dim is not None:
-                v = operands[i]
-                if padded:
-                    d.padded.add((v, dim))
-                self._wake_producer(v)
+        operands, every_padded = g.operands[o], d.padded
+        majors = rule.operand_majors
+        if not padded and every_padded:
+            padded = any(
+                (operands[i], m[factor]) in every_padded
+                for i, m in enumerate(majors) if factor in m
+            )
+        producer, carried_in = g.producer, g.carried_in
+        for i, m in enumerate(majors):
+            dim = m.get(factor)
+            if dim is None:
+                continue
+            v = operands[i]
+            if padded:
+                every_padded.add((v, dim))
+            p = producer[v]
+            if p >= 0:
+                self.push(p)
+            if v in carried_in:
                 for user, _ in g.uses[v]:  # another user may now be the last to agree
                     if g.kinds[user] in (_WHILE, _BRANCH, _BARRIER):
                         self.push(user)
@@ -1049,12 +1069,12 @@ def decide(module: ModuleOp, mesh: dict[str, int], schedule: Sequence[Sequence[S
     """Every value's sharding under `schedule` (per tactic, its seeds in
     order), as a fixpoint; nothing in `module` changes."""
     graph = _Graph.of(entry_function(module).body.block)
-    index = {op: o for o, op in enumerate(graph.ops)}
-    for o, op in enumerate(graph.ops):
-        if graph.kinds[o] == _RETURN:
-            carrier = enclosing_carrier(op)
-            if carrier is not None:
-                graph.carrier_of_return[o] = index[carrier]
+    index = {op: o for o, op in enumerate(graph.ops)} if graph.returns else {}
+    for o in graph.returns:
+        carrier = enclosing_carrier(graph.ops[o])
+        if carrier is not None:
+            graph.carrier_of_return[o] = index[carrier]
+            graph.returned.update(graph.operands[o])
     start, start_cpu = time.perf_counter(), time.process_time()
     propagation = _Propagation(graph, mesh)
     for seeds in schedule:
