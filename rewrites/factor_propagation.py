@@ -151,18 +151,24 @@ class _Graph:
 
     known_shapes: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
     """One tuple per shape, shared by the values of that shape."""
+    shape_of_type: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """id(type) -> its shape: the importer shares equal types, and the
+    module keeps them alive while its graph is read."""
 
-    def value(self, value: SSAValue, producer: int = -1, index: int = 0) -> int:
-        """`value`'s id (a new one, made by op `producer` as its result
-        `index`, where it is new)."""
+    def value(self, value: SSAValue) -> int:
         found = self.ids.get(value)
-        if found is not None:
-            return found
+        return found if found is not None else self._new(value)
+
+    def _new(self, value: SSAValue, producer: int = -1, index: int = 0) -> int:
+        """A new id for `value`, made by op `producer` as its result `index`."""
         n = self.ids[value] = len(self.values)
         self.values.append(value)
         ty = value.type
-        shape = tuple(ty.get_shape()) if isinstance(ty, TensorType) else ()
-        self.shapes.append(self.known_shapes.setdefault(shape, shape))
+        shape = self.shape_of_type.get(id(ty))
+        if shape is None:
+            shape = tuple(ty.get_shape()) if isinstance(ty, TensorType) else ()
+            shape = self.shape_of_type[id(ty)] = self.known_shapes.setdefault(shape, shape)
+        self.shapes.append(shape)
         self.producer.append(producer)
         self.result_index.append(index)
         self.uses.append([])
@@ -172,7 +178,7 @@ class _Graph:
     def of(block: Block) -> _Graph:
         graph = _Graph()
         for arg in block.args:
-            graph.value(arg)
+            graph._new(arg)
         graph._read(block)
         for carrier, places in graph.places.items():
             graph.feeds[carrier] = [graph._feeds(carrier, k) for k in range(len(places))]
@@ -202,9 +208,9 @@ class _Graph:
             for region in op.regions:
                 for inner in region.blocks:
                     for arg in inner.args:
-                        self.value(arg)
+                        self._new(arg)
                     self._read(inner)
-            results = [self.value(r, o, k) for k, r in enumerate(op.results)]
+            results = [self._new(r, o, k) for k, r in enumerate(op.results)]
             self.results[o] = tuple(results)
             if kind == _WHILE:
                 assert isinstance(op, shlo.WhileOp)
@@ -637,8 +643,12 @@ class _Propagation:
         d.value_priority[k] = priority
         d.value_axes[v] = self._grow(d.value_axes[v], a)
         d.value_mask[v] |= 1 << a
-        for o, _ in self.g.uses[v]:
-            self.push(o)
+        dirty, queued, work = self.dirty, self.queued, self.work
+        for o, _ in self.g.uses[v]:  # self.push(o), inline: a split has many users
+            dirty[o] = True
+            if not queued[o]:
+                queued[o] = True
+                work.append(o)
         self._wake_producer(v)
         self._wake_carrier_of(v)
 
@@ -723,7 +733,8 @@ class _Propagation:
             return
         rule = g.rules[o]
         assert rule is not None
-        self._fuse(o)
+        if d.op_mask[o]:
+            self._fuse(o)
         free = self.live & ~(d.op_mask[o] | d.inside[o])
         if not free:
             return  # every axis is taken: nothing to decide
