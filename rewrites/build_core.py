@@ -369,30 +369,30 @@ class _Builder:
             if operands[i] is not values[v]:  # a part, a slice or a loop's result
                 op.operands = operands
                 break
-        built = op
         target = place.frames[-1].block if place.frames else self.block
-        target.add_op(built)
-        if not op.results:
+        target.add_op(op)
+        results = self.g.results[o]
+        if not results:
             for block, ops in self.bodies.get(o, ()):
                 self.build_block(block, ops, arguments=False)
             return
-        inner = built.results[0]
+        whole = inner = values[results[0]]  # the op's own result (its part, in loops)
         for k in range(len(place.frames) - 1, place.shared - 1, -1):
             loop = place.frames[k]
             loop.block.add_op(YieldOp(inner))
             parent = place.frames[k - 1].block if k > 0 else self.block
             parent.add_op(loop.op)
             inner = loop.op.results[0]
-        if len(op.results) == 1:
-            self.reps[self.g.results[o][0]] = inner
+        if len(results) == 1:
+            self.reps[results[0]] = inner
         else:
-            for v, r in zip(self.g.results[o], built.results, strict=True):
-                self.reps[v] = r
+            for v in results:
+                self.reps[v] = values[v]
         for block, ops in self.bodies.get(o, ()):
             self.build_block(block, ops, arguments=False)
-        if inner is not built.results[0] and built.results[0].name_hint:
-            inner.name_hint = built.results[0].name_hint  # the name is the whole value's
-            built.results[0].name_hint = None
+        if inner is not whole and whole.name_hint:
+            inner.name_hint = whole.name_hint  # the name is the whole value's
+            whole.name_hint = None
 
     def _slicing_order(self, o: int, place: _Place) -> list[int]:
         """`place`'s frames in the order op `o` took their axes (the engine's:
@@ -442,12 +442,16 @@ class _Builder:
             return self._carried(o, i, v, value)
         if not place.frames or not self.d.op_mask[o]:
             return value  # in no loop, or read whole
-        made, index, want_dim = self.slices, self.d.axis_index, self.d._want_dim
+        made, index = self.slices, self.d.axis_index
+        rule = self.g.rules[o]
+        assert rule is not None  # a split op without one is refused
+        majors, factors, base = rule.operand_majors[i], self.d.op_factor, o * len(self.d.axes)
         done: set[str] | None = None
         level = -1  # the value is defined in the block of place.frames[level]
         for k in order:
             loop = place.frames[k]
-            dim = want_dim(o, i, index[loop.axis])
+            f = factors[base + index[loop.axis]]  # Decision._want_dim, inline
+            dim = majors.get(f, -1) if f >= 0 else -1
             if dim < 0:
                 continue
             if done is None:
