@@ -469,7 +469,7 @@ class _Builder:
         return value
 
 
-def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]) -> None:
+def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[int, int]) -> None:
     """Order a loop body (and the bodies inside it) as the rewrite engine
     leaves it, from the yield back: each op after what it reads (post-order),
     in operand order (the engine fuses a producer's part where its slice
@@ -494,7 +494,7 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
         return owner if id(owner) in here else None  # type: ignore[return-value]
 
     def reads(op: Operation) -> list[Operation]:
-        o = ids.get(op)
+        o = ids.get(id(op))
         found: list[Operation] = []
         if o is None:  # a slice, loop or yield: its operands in order
             for v in op.operands:
@@ -518,7 +518,7 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
             arrived = decision.arrival_of(o, axis)
             if arrived is not None and arrived < len(op.operands):
                 first = made_here(op.operands[arrived])
-                if first is not None and first in ids:  # an op of the program, not a slice
+                if first is not None and id(first) in ids:  # an op of the program, not a slice
                     found.insert(0, first)
         for region in op.regions:
             for inner in region.walk():
@@ -627,12 +627,12 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
     blocks = _program_blocks(decision, entry.body.block)
     every = [o for _, ops in blocks for o in ops]
     _refuse(decision, every)
-    ids = {graph.ops[o]: o for o in every}
+    ids = {id(graph.ops[o]): o for o in every}  # by identity: an op's hash is a Python call
     builder = _Builder(decision, entry.body.block)  # each op moves to the end as it is built
     for block, ops in blocks[1:]:
         parent = block.parent_op()
         assert parent is not None
-        builder.bodies.setdefault(ids[parent], []).append((block, ops))
+        builder.bodies.setdefault(ids[id(parent)], []).append((block, ops))
     for o in every:
         rule = graph.rules[o]
         if rule is not None and decision.op_mask[o]:
@@ -662,14 +662,19 @@ def _program_blocks(decision: Decision, entry: Block) -> list[tuple[Block, list[
     depth), each with its ops' ids in program order; a reduction's body is
     part of its op, not a block of the program."""
     graph = decision.graph
-    by_block: dict[Block | None, list[int]] = {}
+    by_block: dict[int, list[int]] = {}  # by the block's identity (its hash is a Python call)
+    last, ops = -1, []
     for o, op in enumerate(graph.ops):
-        by_block.setdefault(op.parent, []).append(o)
+        parent = id(op.parent)
+        if parent != last:  # a block's ops come in runs
+            last = parent
+            ops = by_block.setdefault(parent, [])
+        ops.append(o)
     found: list[tuple[Block, list[int]]] = []
     pending = [entry]
     while pending:
         block = pending.pop(0)
-        ops = by_block.get(block, [])
+        ops = by_block.get(id(block), [])
         found.append((block, ops))
         for o in ops:
             if graph.kinds[o] in (_WHILE, _BRANCH):
