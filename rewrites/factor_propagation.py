@@ -885,6 +885,17 @@ class _Propagation:
         g = self.g
         found: list[tuple[int, int, int, int, Priority]] = []
         results = g.results[o]
+        if len(results) == 1 and results[0] not in self.seeded:  # most visits: no demand
+            uses = g.uses[results[0]]
+            if not uses:
+                return found
+            first = uses[0][0]
+            kind = g.kinds[first]
+            if kind == _COMPUTE:
+                if not self.d.op_mask[first] & free:
+                    return found
+            elif kind not in (_WHILE, _BARRIER):
+                return found
         for k, r in enumerate(results):
             for a, dim, priority in self._demand(r, free):
                 fs = rule.results[k][dim]
