@@ -6,7 +6,9 @@ worklist over the use-def graph decides, for every SSA value, the mesh axes
 that split each of its dims and the axes it is a partial sum over
 (`Distribution`), and for every op the axes that split each factor of its
 rule. Nothing here builds IR: the graph is read once into integer tables and
-the loop runs on tuples, dicts and the registry's `OpRule`s.
+the loop runs on ints: mesh axes are numbered (a set of axes is a bit mask),
+and a decision is a few flat lists indexed by value or op id and axis
+(`Decision`), read against the registry's `OpRule`s.
 
 The decisions follow the rewrite engine's (`rewrites.propagation`):
 
@@ -63,7 +65,8 @@ on the same parameters; Megatron over a hidden size its axis does not divide
 `Decision.distribution(value)` is a value's decided sharding;
 `Decision.argument_distribution` what an argument arrives as (the split
 every use of it agrees on, as `lowering.to_spmd.input_dist` reads it off
-the core IR).
+the core IR); `Decision.factors_of`, `split_of`, `nesting_of`,
+`priorities_of` ... give its tables by axis name.
 """
 
 from __future__ import annotations
