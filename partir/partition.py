@@ -348,7 +348,7 @@ def _planned_again(
                 continue
             values = entry.body.block.args if leaf.kind == "argument" else ret.operands
             v = decision.graph.ids.get(values[leaf.index])
-            if v is not None and any(p[0] < first for p in decision.priority[v].values()):
+            if v is not None and any(p[0] < first for p in decision.priorities_of(v)):
                 raise UnsupportedError(
                     f"{tactic.name}: {leaf.name} is split by the tactics before; planned "
                     "again on its per-device shape by the rewrite engine"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
@@ -87,27 +88,34 @@ def _refuse(decision: Decision, top: list[int]) -> None:
     graph = decision.graph
     if decision.padded:
         raise UnsupportedError("build_core: a dim padded for divisibility; use the rewrite engine")
+    kinds, masks, inside, rules = graph.kinds, decision.op_mask, decision.inside, graph.rules
+    width, factors = len(decision.axes), decision.op_factor
     for o in top:
-        op, kind = graph.ops[o], graph.kinds[o]
+        kind, split_over = kinds[o], masks[o]
         if kind in _CARRIERS:
             continue  # carries whole values; its bodies are built as blocks of their own
-        if kind != _RETURN and decision.factors[o] and len(op.results) != 1:
-            raise UnsupportedError(f"build_core: {op.name} has several results and is split")
-        if kind == _OTHER and (decision.factors[o] or decision.inside[o]):
-            raise UnsupportedError(f"build_core: {op.name} has no rule but is split")
-        rule = graph.rules[o]
+        if kind != _RETURN and split_over and len(graph.results[o]) != 1:
+            raise UnsupportedError(
+                f"build_core: {graph.ops[o].name} has several results and is split"
+            )
+        if kind == _OTHER and (split_over or inside[o]):
+            raise UnsupportedError(f"build_core: {graph.ops[o].name} has no rule but is split")
+        rule = rules[o]
         if rule is not None and rule.regroupable and _regrouped(decision, o, rule):
             raise UnsupportedError(
-                f"build_core: {op.name} picks along a split dim (regrouped by the rewrite "
-                "engine); use the rewrite engine"
+                f"build_core: {graph.ops[o].name} picks along a split dim (regrouped by the "
+                "rewrite engine); use the rewrite engine"
             )
-        split = set(decision.factors[o].values())
+        if not split_over:
+            continue
+        op = graph.ops[o]
+        split = {factors[o * width + a] for a in decision.op_axes[o]}
         if rule is not None and rule.localize is not None and len(split) > 1:
             raise UnsupportedError(  # a localizer reads the op's shapes one factor at a time
                 f"build_core: {op.name} resizes its properties for two split factors; use "
                 "the rewrite engine"
             )
-        for f in decision.factors[o].values():
+        for f in split:
             assert rule is not None
             if any(rule.factors[f].halo):  # a part reads its neighbours' edges too
                 raise UnsupportedError(
@@ -122,7 +130,7 @@ def _regrouped(decision: Decision, o: int, rule: OpRule) -> bool:
     dim), which this builder does not do."""
     graph = decision.graph
     for i, v in enumerate(graph.operands[o]):
-        for dim in decision.split[v].values():
+        for dim in decision.split_of(v).values():
             fs = rule.operands[i][dim] if dim < len(rule.operands[i]) else ()
             if fs and fs[0] in rule.regroupable:
                 return True
@@ -167,9 +175,12 @@ class _Builder:
 
     def _tile_dim(self, o: int, axis: str) -> int | None:
         """The result dim op `o` splits over `axis`, or None (a sum, or not split)."""
-        f = self.d.factors[o].get(axis)
+        d = self.d
+        f = d.op_factor[o * len(d.axes) + d.axis_index[axis]]
+        if f < 0:
+            return None
         rule = self.g.rules[o]
-        if f is None or rule is None or rule.factors[f].kind is FactorKind.SUM:
+        if rule is None or rule.factors[f].kind is FactorKind.SUM:
             return None
         return rule.result_dim(f)
 
@@ -182,21 +193,30 @@ class _Builder:
         return found
 
     def _order_axes(self, o: int) -> list[str]:
-        factors = self.d.factors[o]
-        order = sorted(factors, key=lambda a: self.d.op_priority[o].get(a, (1 << 30, None))[0])
+        d = self.d
+        decided = d.op_axes[o]
+        if len(decided) < 2:
+            return [d.axes[a] for a in decided]
+        base = o * len(d.axes)
+        factors, priority = d.op_factor, d.op_priority
+        order = sorted(decided, key=lambda a: (priority[base + a] or (1 << 30, None))[0])
         slots: dict[int, list[int]] = {}
         for i, a in enumerate(order):
-            slots.setdefault(factors[a], []).append(i)
+            slots.setdefault(factors[base + a], []).append(i)
         out = list(order)
         for f, positions in slots.items():
-            for i, a in zip(positions, self.d.factor_axes[o][f], strict=True):
+            major = [a for a in decided if factors[base + a] == f]
+            for i, a in zip(positions, major, strict=True):
                 out[i] = a
-        return out
+        return [d.axes[a] for a in out]
 
     def place(self, o: int) -> None:
         op = self.g.ops[o]
         if op.results and would_be_trivially_dead_after(self, o):
             self.dead[o] = True  # as the rewrite engine's applier erases it
+            return
+        if not self.d.op_mask[o] and not self.d.inside[o]:
+            self.places[o] = _Place()  # in no loop of its own, nor in its users'
             return
         users = [
             (place, q, i)
@@ -205,7 +225,7 @@ class _Builder:
             if not self.dead[q] and (place := self.places[q]) is not None
         ]
         shared: list[_Loop] = []
-        if users and len(self.g.results[o]) == 1 and all(
+        if users and users[0][0].frames and len(self.g.results[o]) == 1 and all(
             self.g.ops[q].parent is op.parent for v in self.g.results[o] for q, _ in self.g.uses[v]
         ):  # a use inside a body reads it whole, from outside any loop
             own = self._own_axes(o)
@@ -232,7 +252,9 @@ class _Builder:
                     assert isinstance(ty, TensorType)
                     ty = part_type(ty, dim, self.d.mesh[outer.axis])
             block = Block(arg_types=[RangeType(self.d.mesh[axis])])
-            made = LoopOp(axis, loop_action(rule, self.d.factors[o][axis]), Region(block), ty,
+            factor = self.d.factor_of(o, axis)
+            assert factor is not None
+            made = LoopOp(axis, loop_action(rule, factor), Region(block), ty,
                           _origin(self.d, o, axis))
             made.location = self.g.ops[o].location
             place.frames.append(_Loop(axis, made, block, block.args[0]))
@@ -243,17 +265,19 @@ class _Builder:
         users: list[tuple[_Place, int, int]],
     ) -> bool:
         """Whether op `o` can run inside its users' loop over `axis`."""
-        if axis in self.d.inside[o] and axis not in self.d.factors[o]:
+        if self.d.inside_of(o, axis) and self.d.factor_of(o, axis) is None:
             return True
         dim = self._tile_dim(o, axis)
         if dim is None:
             return False
-        f = self.d.factors[o][axis]
-        major = self.d.factor_axes[o][f]
+        f = self.d.factor_of(o, axis)
+        assert f is not None
+        major = self.d.factor_axes_of(o, f)
         before = major[: major.index(axis)]
         if any(a not in {loop.axis for loop in shared} for a in before):
             return False
-        return all(self.d.wanted(q, i).get(axis) == dim for _, q, i in users)
+        a, want_dim = self.d.axis_index[axis], self.d._want_dim
+        return all(want_dim(q, i, a) == dim for _, q, i in users)
 
     # -- building ----------------------------------------------------------
 
@@ -262,17 +286,18 @@ class _Builder:
         (it lost a conflict there) arrives split all the same, as the
         annotation says: a loop slicing it, which every use then reads."""
         v = self.g.ids.get(arg)
-        if v is None or not self.d.nesting[v]:
+        if v is None or not self.d.value_axes[v]:
             return
-        own = {axis: d for d, axes in self.d.nesting[v].items() for axis in axes}
+        nesting = self.d.nesting_of(v)
+        own = {axis: d for d, axes in nesting.items() for axis in axes}
         if all(
             self.g.kinds[o] not in _CARRIERS  # a carrier reads it whole
             and all(self.d.wanted(o, i).get(axis) == d for axis, d in own.items())
             for o, i in self.g.uses[v]
         ):
             return  # each use slices it itself (fused)
-        origins = {axis: self.d.priority[v].get(axis) for axis in own}
-        value = self._tile_loops(arg, self.d.nesting[v], origins)
+        origins = {axis: self.d.value_priority_of(v, axis) for axis in own}
+        value = self._tile_loops(arg, nesting, origins)
         value.name_hint = arg.name_hint
         self.reps[v] = value
 
@@ -331,7 +356,7 @@ class _Builder:
         for axis in self.d.mesh:  # major first, as the mesh orders its axes
             if axis in want:
                 nesting[want[axis]] = (*nesting.get(want[axis], ()), axis)
-        origins = {axis: self.d.carried_priority.get((o, axis)) for axis in want}
+        origins = {axis: self.d.carried_priority_of(o, axis) for axis in want}
         return self._tile_loops(value, nesting, origins)
 
     def build(self, o: int) -> None:
@@ -342,49 +367,73 @@ class _Builder:
         assert place is not None
         rule = self.g.rules[o]
         order = self._slicing_order(o, place)
-        operands = [self._operand(o, i, place, order) for i in range(len(op.operands))]
+        read = self.g.operands[o]
+        operands = [self._operand(o, i, place, order) for i in range(len(read))]
         op.detach()  # moved, not copied: the op keeps its identity, regions and name
-        if self.g.kinds[o] != _RETURN:
+        if self.d.op_mask[o] and self.g.kinds[o] != _RETURN:
             _localize(op, rule, self.d, o)
-        op.operands = operands
-        built = op
+        values = self.g.values
+        for i, v in enumerate(read):
+            if operands[i] is not values[v]:  # a part, a slice or a loop's result
+                op.operands = operands
+                break
         target = place.frames[-1].block if place.frames else self.block
-        target.add_op(built)
+        target.add_op(op)
         frames = place.frames
-        axes = tuple(loop.axis for loop in frames) if frames else ()
-        self.relations.built(op, axes, self.d.factors[o], rule)
-        if not op.results:
+        if frames:
+            axes = tuple(loop.axis for loop in frames)
+            factors = tuple(self.d.factor_of(o, a) for a in axes)
+            self.relations.built(op, axes, factors, rule)
+        results = self.g.results[o]
+        if not results:
             for block, ops in self.bodies.get(o, ()):
                 self.build_block(block, ops, arguments=False)
             return
-        inner = built.results[0]
+        whole = inner = values[results[0]]  # the op's own result (its part, in loops)
         for k in range(len(place.frames) - 1, place.shared - 1, -1):
             loop = place.frames[k]
             loop.block.add_op(YieldOp(inner))
             parent = place.frames[k - 1].block if k > 0 else self.block
             parent.add_op(loop.op)
             inner = loop.op.results[0]
-        if len(op.results) == 1:
-            self.reps[self.g.results[o][0]] = inner
+        if len(results) == 1:
+            self.reps[results[0]] = inner
         else:
-            for v, r in zip(self.g.results[o], built.results, strict=True):
-                self.reps[v] = r
+            for v in results:
+                self.reps[v] = values[v]
         for block, ops in self.bodies.get(o, ()):
             self.build_block(block, ops, arguments=False)
-        if inner is not built.results[0] and built.results[0].name_hint:
-            inner.name_hint = built.results[0].name_hint  # the name is the whole value's
-            built.results[0].name_hint = None
+        if inner is not whole and whole.name_hint:
+            inner.name_hint = whole.name_hint  # the name is the whole value's
+            whole.name_hint = None
 
     def _slicing_order(self, o: int, place: _Place) -> list[int]:
         """`place`'s frames in the order op `o` took their axes (the engine's:
         an operand's slices, each of the one before, in that order)."""
-        decided = list(self.d.factors[o])
+        if len(place.frames) < 2:
+            return list(range(len(place.frames)))
+        decided = list(self.d.factors_of(o))
         return sorted(
             range(len(place.frames)),
             key=lambda k: (decided.index(place.frames[k].axis), k)
             if place.frames[k].axis in decided
             else (len(decided), k),
         )
+
+    def _made_in(self, v: int) -> tuple[set[str], int]:
+        """The axes of the loops value `v`'s producer shares with its users
+        and splits it over (its part there), and the level of the
+        innermost of them (-1: none)."""
+        p = self.g.producer[v]
+        done: set[str] = set()
+        if p < 0:
+            return done, -1
+        producer = self.places[p]
+        assert producer is not None
+        for loop in producer.frames[: producer.shared]:
+            if self._tile_dim(p, loop.axis) is not None:
+                done.add(loop.axis)
+        return done, producer.shared - 1
 
     def _operand(self, o: int, i: int, place: _Place, order: list[int]) -> SSAValue:
         """Operand `i` of op `o` as its part reads it: sliced on the index of
@@ -394,16 +443,6 @@ class _Builder:
         value = self.reps.get(v)
         if value is None:
             value = self.g.values[v]  # an argument of the function
-        p = self.g.producer[v]
-        done: set[str] = set()
-        level = -1  # the value is defined in the block of place.frames[level]
-        if p >= 0:
-            producer = self.places[p]
-            assert producer is not None
-            level = producer.shared - 1
-            for loop in producer.frames[: producer.shared]:
-                if self._tile_dim(p, loop.axis) is not None:
-                    done.add(loop.axis)
         kind = self.g.kinds[o]
         if kind == _RETURN:
             carrier = self.g.carrier_of_return.get(o, -1)
@@ -414,12 +453,23 @@ class _Builder:
             return value
         if kind in _CARRIERS:
             return self._carried(o, i, v, value)
-        want = self.d.wanted(o, i)
-        made = self.slices
+        if not place.frames or not self.d.op_mask[o]:
+            return value  # in no loop, or read whole
+        made, index = self.slices, self.d.axis_index
+        rule = self.g.rules[o]
+        assert rule is not None  # a split op without one is refused
+        majors, factors, base = rule.operand_majors[i], self.d.op_factor, o * len(self.d.axes)
+        done: set[str] | None = None
+        level = -1  # the value is defined in the block of place.frames[level]
         for k in order:
             loop = place.frames[k]
-            dim = want.get(loop.axis)
-            if dim is None or loop.axis in done:
+            f = factors[base + index[loop.axis]]  # Decision._want_dim, inline
+            dim = majors.get(f, -1) if f >= 0 else -1
+            if dim < 0:
+                continue
+            if done is None:
+                done, level = self._made_in(v)
+            if loop.axis in done:
                 continue
             level = max(level, k)  # in the loop whose index it reads (slices hoisted)
             key = (value, dim, loop.index)
@@ -432,7 +482,7 @@ class _Builder:
         return value
 
 
-def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]) -> None:
+def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[int, int]) -> None:
     """Order a loop body (and the bodies inside it) as the rewrite engine
     leaves it, from the yield back: each op after what it reads (post-order),
     in operand order (the engine fuses a producer's part where its slice
@@ -457,14 +507,17 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
         return owner if id(owner) in here else None  # type: ignore[return-value]
 
     def reads(op: Operation) -> list[Operation]:
-        o = ids.get(op)
+        o = ids.get(id(op))
         found: list[Operation] = []
         if o is None:  # a slice, loop or yield: its operands in order
-            found = [p for v in op.operands if (p := made_here(v)) is not None]
+            for v in op.operands:
+                maker = v.owner
+                if id(maker) in here:
+                    found.append(maker)  # type: ignore[arg-type]
         else:  # an op of the program: each operand's slices by the axis order
             # in which the op was split (the engine slices per tiling), then
             # the operand's producer; the operand it arrived through first
-            rank = {axis: k for k, axis in enumerate(decision.factors[o])}
+            rank = {decision.axes[a]: k for k, a in enumerate(decision.op_axes[o])}
             keyed: list[tuple[int, int, Operation]] = []
             for i, v in enumerate(op.operands):
                 owner = made_here(v)
@@ -473,12 +526,12 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
                     owner = made_here(owner.operands[0])
                 if owner is not None:  # made in the loop: where the last tiling sliced it
                     keyed.append((max(len(rank) - 1, 0), i, owner))
-            keyed.sort(key=lambda k: (k[0], k[1]))
+            keyed.sort(key=_BY_RANK)
             found = [k[2] for k in keyed]
-            arrived = decision.arrival[o].get(axis)
+            arrived = decision.arrival_of(o, axis)
             if arrived is not None and arrived < len(op.operands):
                 first = made_here(op.operands[arrived])
-                if first is not None and first in ids:  # an op of the program, not a slice
+                if first is not None and id(first) in ids:  # an op of the program, not a slice
                     found.insert(0, first)
         for region in op.regions:
             for inner in region.walk():
@@ -508,6 +561,10 @@ def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[Operation, int]
         block.add_op(op)
 
 
+_BY_RANK = itemgetter(0, 1)
+"""A slice's or producer's (tiling rank, operand): stable, it keeps a chain's order."""
+
+
 def _axis_of(s: SliceOp) -> str:
     """The axis of the loop whose index `s` reads."""
     owner = s.operands[1].owner
@@ -524,7 +581,7 @@ def would_be_trivially_dead_after(builder: _Builder, o: int) -> bool:
 
 
 def _origin(decision: Decision, o: int, axis: str) -> dict[str, Attribute]:
-    found = decision.op_priority[o].get(axis)
+    found = decision.priority_of(o, axis)
     if found is None or found[1] is None:
         return {}
     return {"origin": found[1]}
@@ -537,8 +594,10 @@ def _divide_by(parts: int) -> Callable[[int], int]:
 def _counts(decision: Decision, o: int) -> dict[int, int]:
     """Factor -> the parts op `o` splits it into (over all its split axes)."""
     counts: dict[int, int] = {}
-    for axis, f in decision.factors[o].items():
-        counts[f] = counts.get(f, 1) * decision.mesh[axis]
+    base, factors, sizes = o * len(decision.axes), decision.op_factor, decision.sizes
+    for a in decision.op_axes[o]:
+        f = factors[base + a]
+        counts[f] = counts.get(f, 1) * sizes[a]
     return counts
 
 
@@ -581,26 +640,34 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
     blocks = _program_blocks(decision, entry.body.block)
     every = [o for _, ops in blocks for o in ops]
     _refuse(decision, every)
-    ids = {graph.ops[o]: o for o in every}
+    ids = {id(graph.ops[o]): o for o in every}  # by identity: an op's hash is a Python call
     builder = _Builder(decision, entry.body.block)  # each op moves to the end as it is built
     for block, ops in blocks[1:]:
         parent = block.parent_op()
         assert parent is not None
-        builder.bodies.setdefault(ids[parent], []).append((block, ops))
+        builder.bodies.setdefault(ids[id(parent)], []).append((block, ops))
     for o in every:
         rule = graph.rules[o]
-        if rule is not None and decision.factors[o]:
+        if rule is not None and decision.op_mask[o]:
             _resize_properties(graph.ops[o], rule, decision, o)
-    builder.build_block(entry.body.block, blocks[0][1], arguments=True)
-    for o in reversed(every):  # what is left in place is dead
-        if builder.dead[o]:
-            graph.ops[o].detach()
-            graph.ops[o].erase(safe_erase=False)
-    for block, _ in blocks:
-        for op in block.ops:
-            if isinstance(op, LoopOp):
-                _in_engine_order(op, decision, ids)
-    builder.relations.seal(entry.body.block)  # as built: the lowering may read it
+    body = entry.body.block
+    # Built with the function's block out of its region: xDSL checks, for
+    # every op added to a block, that the op is not among the block's
+    # ancestors, a walk up to the module otherwise.
+    entry.body.detach_block(body)
+    try:
+        builder.build_block(body, blocks[0][1], arguments=True)
+        for o in reversed(every):  # what is left in place is dead
+            if builder.dead[o]:
+                graph.ops[o].detach()
+                graph.ops[o].erase(safe_erase=False)
+        for block, _ in blocks:
+            for op in block.ops:
+                if isinstance(op, LoopOp):
+                    _in_engine_order(op, decision, ids)
+    finally:
+        entry.body.add_block(body)
+    builder.relations.seal(body)  # as built: the lowering may read it
     record_built(entry, builder.relations)
     LAST_BUILD_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
 
@@ -610,14 +677,19 @@ def _program_blocks(decision: Decision, entry: Block) -> list[tuple[Block, list[
     depth), each with its ops' ids in program order; a reduction's body is
     part of its op, not a block of the program."""
     graph = decision.graph
-    by_block: dict[Block | None, list[int]] = {}
+    by_block: dict[int, list[int]] = {}  # by the block's identity (its hash is a Python call)
+    last, ops = -1, []
     for o, op in enumerate(graph.ops):
-        by_block.setdefault(op.parent, []).append(o)
+        parent = id(op.parent)
+        if parent != last:  # a block's ops come in runs
+            last = parent
+            ops = by_block.setdefault(parent, [])
+        ops.append(o)
     found: list[tuple[Block, list[int]]] = []
     pending = [entry]
     while pending:
         block = pending.pop(0)
-        ops = by_block.get(block, [])
+        ops = by_block.get(id(block), [])
         found.append((block, ops))
         for o in ops:
             if graph.kinds[o] in (_WHILE, _BRANCH):

@@ -711,12 +711,18 @@ class BuiltRelations:
         ] = {}
         """One relation object per relation (an op with a body has a rule of its own)."""
 
-    def built(self, op: Operation, axes: tuple[str, ...], factors: dict[str, int],
-              rule: OpRule | None) -> None:
+    def built(
+        self,
+        op: Operation,
+        axes: tuple[str, ...],
+        factors: tuple[int | None, ...],
+        rule: OpRule | None,
+    ) -> None:
         """`op` of the program is built inside loops over `axes` (outermost
-        first), splitting `factors` (axis -> factor of `rule`)."""
+        first), each splitting the factor of `rule` at the same place in
+        `factors` (None: the op runs whole in that loop)."""
         if axes:
-            nest = (axes, tuple(map(factors.get, axes)))
+            nest = (axes, factors)
             self._built[id(op)] = (self._nests.setdefault(nest, nest), rule)
 
     def seal(self, block: Block) -> None:

@@ -175,6 +175,23 @@ class OpRule:
         """Per result, factor -> the first dim it is the major factor of."""
         return tuple(_majors(dims) for dims in self.results)
 
+    @cached_property
+    def splittable(self) -> tuple[bool, ...]:
+        """Per factor, whether some number of parts may split it: the part of
+        `why_not_tileable` that does not depend on the sizes (propagation
+        asks it for every split it considers)."""
+        return tuple(self._splittable(f) for f in range(len(self.factors)))
+
+    def _splittable(self, factor: int) -> bool:
+        f = self.factors[factor]
+        if f.kind is FactorKind.BLOCKED:
+            return False
+        for dims in (*self.operands, *self.results):
+            for factors in dims:
+                if factor in factors[1:]:
+                    return False
+        return not (f.kind is FactorKind.PARALLEL and self.result_dim(factor) is None)
+
     def tileable_factors(self, parts: int) -> list[int]:
         return [f for f in range(len(self.factors)) if self.why_not_tileable(f, parts) is None]
 
@@ -1194,9 +1211,9 @@ def rule_for(op: Operation) -> OpRule | None:
         return None
     operand_types = [v.type for v in op.operands]
     result_types = [r.type for r in op.results]
-    if any(not isinstance(t, TensorType) for t in (*result_types, *operand_types)):
-        return None
     if op.regions or op.name == "stablehlo.constant":
+        if not _all_tensors(operand_types, result_types):
+            return None
         return builder(op)  # the rule reads a body, an init or a value
     properties = tuple(op.properties.items())
     key = (
@@ -1211,9 +1228,15 @@ def rule_for(op: Operation) -> OpRule | None:
         if len(_RULES_BY_SIGNATURE) >= _MAX_SIGNATURES:  # a long-lived process: stay bounded
             _RULES_BY_SIGNATURE.clear()
         # the entry holds the types and properties it names by identity, so
-        # that no other object takes their ids while it is kept
-        found = _RULES_BY_SIGNATURE[key] = (builder(op), operand_types, result_types, properties)
+        # that no other object takes their ids while it is kept; a signature
+        # with a value that is not a tensor has no rule
+        rule = builder(op) if _all_tensors(operand_types, result_types) else None
+        found = _RULES_BY_SIGNATURE[key] = (rule, operand_types, result_types, properties)
     return found[0]
+
+
+def _all_tensors(operand_types: list[Attribute], result_types: list[Attribute]) -> bool:
+    return all(isinstance(t, TensorType) for t in (*result_types, *operand_types))
 
 
 _RULES_BY_SIGNATURE: dict[tuple[object, ...], tuple[OpRule | None, object, object, object]] = {}

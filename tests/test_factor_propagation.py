@@ -171,3 +171,31 @@ def test_automatic_is_refused_with_what_to_pass_instead() -> None:
     module = partir.import_jax(mlp_train_step.program, *mlp_train_step.make_args())
     with pytest.raises(partir.PartirError, match=r"partition\(\.\.\.\)\.decided"):
         decide_partition(module, MESH, [DP, partir.Automatic("model")])
+
+
+def test_the_decision_by_axis_name_reads_its_flat_tables() -> None:
+    """The decision is flat lists by id and axis number; what it gives by
+    axis name (`split_of`, `nesting_of`, `factors_of`, `factor_axes_of`)
+    is what `distribution` says, and equal axis orders share one tuple."""
+    from partir.partition import decide_partition
+
+    module = partir.import_jax(mlp_train_step.program, *mlp_train_step.make_args())
+    decision = decide_partition(module, MESH, [DP, MEGATRON])
+    split_values = 0
+    for v, value in enumerate(decision.graph.values):
+        dist = decision.distribution(value)
+        nesting = decision.nesting_of(v)
+        assert tuple(nesting.get(d, ()) for d in range(len(dist.dims))) == dist.dims
+        assert decision.split_of(v) == {a: d for d, axes in nesting.items() for a in axes}
+        split_values += bool(nesting)
+    assert split_values > 10
+    both = 0
+    for o in range(len(decision.graph.ops)):
+        factors = decision.factors_of(o)
+        assert {a for a in MESH.axes if decision.factor_of(o, a) is not None} == set(factors)
+        for f in set(factors.values()):
+            assert set(decision.factor_axes_of(o, f)) == {a for a, g in factors.items() if g == f}
+        both += len(factors) == 2
+    assert both > 0
+    orders = [axes for axes in decision.value_axes if axes]
+    assert len({id(axes) for axes in orders}) == len(set(orders))
