@@ -59,7 +59,7 @@ def _transfers(lowered: partir.Lowered) -> int:
     )
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", [pytest.param("gpipe", marks=pytest.mark.slow), "1f1b"])
 def test_the_scanned_mlp_pipelines_as_jax_jit_with_the_schedule_s_transfers(schedule: str) -> None:
     """4 stages x 2 data shards, 4 microbatches: jax.jit's loss, parameters and
     Adam state; on the stage axis only the 2 (S - 1) M permutes of the
@@ -131,6 +131,7 @@ def test_batch_parallel_with_inputs_beside_a_pipeline() -> None:
     assert _argument_types(jitted.lower(*args))[2].distribution.dims[0] == ("data",)
 
 
+@pytest.mark.slow
 def test_megatron_inside_each_stage() -> None:
     """The transformer stack, each stage's layers split over "model" by
     Megatron: its all-reduces run inside the stages' loops."""
@@ -225,7 +226,7 @@ def test_one_microbatch_and_a_taken_axis_name_are_refused() -> None:
         partir.jit(step, mesh=mesh, tactics=[_pipeline(2)]).lower(*args)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", pytest.param("1f1b", marks=pytest.mark.slow)])
 def test_partir_opt_pipelines_the_exported_stablehlo_of_a_scanned_step(schedule, tmp_path):
     """JAX's text of the step through `partir-opt`: `partir-pipeline` splits the
     batch over microbatches, `partir-schedule-pipeline` schedules the SPMD

@@ -7,5 +7,5 @@ func.func @main(%x: tensor<8xf32>) -> tensor<8xf32> {
 }
 
 // CHECK-NOT:  Traceback
-// CHECK:      error: Unrecognized passes: ['partir-megatorn']; partir's passes: partir-declare-mesh, inline-calls, partir-tile, partir-batch-parallel, partir-megatron, partir-expert-parallel, partir-zero, partir-manual-partition, partir-auto, partir-annotations, partir-propagate, partir-lower-spmd, partir-emit-jax (partir-opt --help lists all)
+// CHECK:      error: Unrecognized passes: ['partir-megatorn']; partir's passes: partir-declare-mesh, inline-calls, partir-tile, partir-batch-parallel, partir-megatron, partir-expert-parallel, partir-zero, partir-manual-partition, partir-auto, partir-annotations, partir-propagate, partir-pipeline, partir-lower-spmd, partir-schedule-pipeline, partir-emit-jax (partir-opt --help lists all)
 // CHECK-NOT:  Traceback
