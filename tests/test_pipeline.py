@@ -283,7 +283,9 @@ def test_forward_pass_alone_and_megatron_on_the_stage_axis_are_refused() -> None
 
 
 @SHARED
-@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize(
+    "stage", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(3, marks=pytest.mark.slow)]
+)
 def test_zero_beside_the_pipeline_splits_each_stage_s_state_over_the_data_axis(
     stage: int,
 ) -> None:
@@ -333,7 +335,7 @@ def test_zero_beside_the_pipeline_splits_each_stage_s_state_over_the_data_axis(
 
 @pytest.mark.parametrize(("name", "mesh", "schedule"), [
     ("mlp", {"stage": 4, "model": 2}, "1f1b"),
-    ("block", {"stage": 2, "batch": 2, "model": 2}, "gpipe"),
+    pytest.param("block", {"stage": 2, "batch": 2, "model": 2}, "gpipe", marks=pytest.mark.slow),
 ])
 def test_megatron_inside_a_stage(name: str, mesh: dict[str, int], schedule: str) -> None:
     """Pipeline + Megatron(model) (+ BatchParallel): each stage's layers split
@@ -659,8 +661,12 @@ def _rows_step(layer_kind: str, loss_kind: str) -> Any:
     ("batch-norm", "mse", r"the layer loop reads across the examples of the batch"),
     ("dropout", "mse", r"reads across the examples of the batch \(`random_bits`"),
     ("plain", "contrastive", r"the gradient the loss hands the layer loop for one example reads"),
-    ("plain", "batch-scaled", r"the gradient the loss hands the layer loop for one example reads"),
-    ("plain", "shifted", r"the gradient the loss hands the layer loop for one example reads"),
+    pytest.param("plain", "batch-scaled",
+                 r"the gradient the loss hands the layer loop for one example reads",
+                 marks=pytest.mark.slow),
+    pytest.param("plain", "shifted",
+                 r"the gradient the loss hands the layer loop for one example reads",
+                 marks=pytest.mark.slow),
 ])
 def test_steps_whose_examples_depend_on_each_other_are_refused(
     layer_kind: str, loss_kind: str, message: str
