@@ -117,6 +117,8 @@ def test_a_pipelined_step_is_a_lowered_like_any_other() -> None:
     again.verify()
     assert str(again) == text
     assert "stage=S(0)" in str(lowered.report())
+    assert [s.name for s in lowered.stages] == ["import", "Pipeline", "spmd"]
+    assert "BatchParallel" not in lowered.stage("Pipeline")  # the microbatch split's selections
 
 
 def test_batch_parallel_with_inputs_beside_a_pipeline() -> None:

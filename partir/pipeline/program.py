@@ -770,12 +770,10 @@ class Pipelining:
         self.acc: dict[Operation, SSAValue] = {}
         self.one_stage: set[Operation] = set()
         for s in self.sums:
-            if (
-                self._made_in(s.operands[0], self.pre, self.pre[0] if self.pre else s)
-                or s.operands[0] in self.per_mb[0]
-            ):
+            summed = s.operands[0]
+            if summed in self.per_mb[0]:  # a pre op's value, or an argument's rows
                 for m in range(self.M):
-                    self._add(s, self.per_mb[m].get(s.operands[0], s.operands[0]), one_stage=False)
+                    self._add(s, self.per_mb[m][summed], one_stage=False)
 
     def _add(self, s: Operation, value: SSAValue, one_stage: bool = True) -> None:
         if one_stage:

@@ -94,7 +94,7 @@ class Pipeline(Tactic):
                 "other axes of the mesh"
             )
         like = data[0] if data else None
-        split = BatchParallel(
+        split = Microbatches(
             MICROBATCH_AXIS,
             inputs=like.inputs if like is not None else None,
             dim=like.dim if like is not None else 0,
@@ -170,6 +170,17 @@ class Pipeline(Tactic):
             model_parts = mesh.check_axis(megatron.axis, megatron.name)
         zero_stage = zeros[0].stage if zeros else 0
         return Beside(stages, data_axis, parts, zero_stage, megatron, model_parts)
+
+
+@dataclass(frozen=True, repr=False)
+class Microbatches(BatchParallel):
+    """A Pipeline's batch split over its microbatch axis: a `BatchParallel`
+    named after the Pipeline, so its stage, selections and report rows say
+    "Pipeline"."""
+
+    @property
+    def name(self) -> str:
+        return "Pipeline"
 
 
 @dataclass(frozen=True)
