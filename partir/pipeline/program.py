@@ -357,11 +357,8 @@ class Pipelining:
             d = layer_dim.get(arg)
             if d is not None:
                 assert isinstance(arg.type, DTensorType)
-                dist = arg.type.distribution
-                dims = list(dist.dims)
-                dims[d] = (self.axis, *dims[d])
-                new = DTensorType.of(arg.type.global_type, Distribution(tuple(dims), dist.partial))
-                layer_dim[Rewriter.replace_value_with_new_type(arg, new)] = d
+                staged = self._staged(arg.type, d)
+                layer_dim[Rewriter.replace_value_with_new_type(arg, staged)] = d
         for op in (*self._to_locals(), *invariant):
             for r in op.results:
                 d = layer_dim.get(r)
@@ -487,12 +484,15 @@ class Pipelining:
         return TensorType(dtensor.global_type.get_element_type(), shape)
 
     def _without_mb(self, ty: Attribute) -> Attribute:
-        if not isinstance(ty, DTensorType):
+        return _without(ty, self.mb) if isinstance(ty, DTensorType) else ty
+
+    def _staged(self, ty: DTensorType, layer_dim: int | None) -> DTensorType:
+        """`ty` with its layers (dim `layer_dim`, if any) split over the stages, major."""
+        if layer_dim is None:
             return ty
         dist = ty.distribution
-        dims = tuple(tuple(a for a in d if a != self.mb) for d in dist.dims)
-        partial = tuple(a for a in dist.partial if a != self.mb)
-        return DTensorType.of(ty.global_type, Distribution(dims, partial))
+        staged = dist.with_dim(layer_dim, (self.axis, *dist.dims[layer_dim]))
+        return DTensorType.of(ty.global_type, staged)
 
     # --- the schedule --------------------------------------------------------------------
 
@@ -577,20 +577,15 @@ class Pipelining:
                 t: int = t, m: SSAValue = m, slot: SSAValue = slot, keys: list = keys
             ) -> list[SSAValue]:
                 now = dict(state)
-                operands = []
-                for k, v in enumerate(f.op.operands):
-                    if k in flowing_f:
-                        operands.append(
-                            b.select(
-                                self.first, b.load(self.stacks[v], m), b.load(now[("act", k)], slot)
-                            )
-                        )
-                    elif v in self.varying:
-                        operands.append(b.load(self.stacks[v], m))
-                    else:
-                        operands.append(v)
-                clone = b.clone_loop(f.op, operands, [self.axis])
-                self._own_parts([clone], m)
+                received = {
+                    k: b.select(
+                        self.first,
+                        b.load(self.stacks[f.op.operands[k]], m),
+                        b.load(now[("act", k)], slot),
+                    )
+                    for k in flowing_f
+                }
+                clone = self._run_loop(f, m, received)
                 for j in residuals:
                     now[("res", j)] = b.put(now[("res", j)], clone.results[j], slot)
                 last_action = sched.table[t][self.S - 1]
@@ -608,24 +603,15 @@ class Pipelining:
             ) -> list[SSAValue]:
                 now = dict(state)
                 f_results: dict[SSAValue, int] = {r: j for j, r in enumerate(f.op.results)}
-                operands = []
-                for k, v in enumerate(bw.op.operands):
-                    if v in f_results:
-                        operands.append(b.load(now[("res", f_results[v])], slot))
-                    elif k in flowing_b:
-                        operands.append(
-                            b.select(
-                                self.last,
-                                b.load(now[("seed", k)], slot),
-                                b.load(now[("grad", k)], slot),
-                            )
-                        )
-                    elif v in self.varying:
-                        operands.append(b.load(self.stacks[v], m))
-                    else:
-                        operands.append(v)
-                clone = b.clone_loop(bw.op, operands, [self.axis])
-                self._own_parts([clone], m)
+                given = {
+                    k: b.load(now[("res", f_results[v])], slot)
+                    for k, v in enumerate(bw.op.operands)
+                    if v in f_results
+                }
+                for k in flowing_b:
+                    seed, got = b.load(now[("seed", k)], slot), b.load(now[("grad", k)], slot)
+                    given[k] = b.select(self.last, seed, got)
+                clone = self._run_loop(bw, m, given)
                 for k in sorted(self.partial_writes):
                     now[("w", k)] = b.sum(now[("w", k)], clone.results[k])
                 first_action = sched.table[t][0]
@@ -650,6 +636,19 @@ class Pipelining:
         for sm in (*head_sums, *post_sums):
             self.acc[sm] = state[("sum", sm)]
             self.one_stage.add(sm)
+
+    def _run_loop(self, loop: CountedLoop, m: SSAValue, given: dict[int, SSAValue]) -> Operation:
+        """A stage's `loop` on microbatch `m`: the operands `given` by position,
+        microbatch `m`'s part of each per-microbatch value it reads, the rest as
+        they are."""
+        b = self.b
+        operands = [
+            given[k] if k in given else b.load(self.stacks[v], m) if v in self.varying else v
+            for k, v in enumerate(loop.op.operands)
+        ]
+        clone = b.clone_loop(loop.op, operands, [self.axis])
+        self._own_parts([clone], m)
+        return clone
 
     def _send(
         self,
@@ -812,14 +811,9 @@ class Pipelining:
         for op in ops:
             if isinstance(op, FromLocalOp):
                 value = op.operands[0]
-                d = self.layer_dim.get(value)
                 dtensor = op.results[0].type
                 assert isinstance(dtensor, DTensorType)
-                dist = dtensor.distribution
-                dims = [tuple(a for a in dim if a != self.mb) for dim in dist.dims]
-                if d is not None:
-                    dims[d] = (self.axis, *dims[d])
-                typed = DTensorType.of(dtensor.global_type, Distribution(tuple(dims)))
+                typed = self._staged(_without(dtensor, self.mb), self.layer_dim.get(value))
                 made = b.add(FromLocalOp(value, typed))
                 made.attributes[DIST] = typed
                 op.results[0].replace_all_uses_with(made.results[0])
@@ -856,27 +850,20 @@ def _partial_carries(loop: Operation, partial: dict[int, tuple[str, ...]]) -> No
     loop.attributes[CARRIED] = ArrayAttr(entries)
 
 
+def _without(ty: DTensorType, axis: str) -> DTensorType:
+    return DTensorType.of(ty.global_type, ty.distribution.without([axis]))
+
+
 def _drop_axis(op: Operation, axis: str) -> None:
     """`op`'s distribution annotations without `axis`."""
     dist = op.attributes.get(DIST)
-    if isinstance(dist, DTensorType) and axis in dist.distribution.axes:
-        d = dist.distribution
-        dims = tuple(tuple(a for a in dim if a != axis) for dim in d.dims)
-        op.attributes[DIST] = DTensorType.of(
-            dist.global_type, Distribution(dims, tuple(a for a in d.partial if a != axis))
-        )
+    if isinstance(dist, DTensorType):
+        op.attributes[DIST] = _without(dist, axis)
     carried = op.attributes.get(CARRIED)
     if isinstance(carried, ArrayAttr):
-        entries = []
-        for t in carried.data:
-            if isinstance(t, DTensorType):
-                d = t.distribution
-                dims = tuple(tuple(a for a in dim if a != axis) for dim in d.dims)
-                t = DTensorType.of(
-                    t.global_type, Distribution(dims, tuple(a for a in d.partial if a != axis))
-                )
-            entries.append(t)
-        op.attributes[CARRIED] = ArrayAttr(entries)
+        op.attributes[CARRIED] = ArrayAttr(
+            [_without(t, axis) if isinstance(t, DTensorType) else t for t in carried.data]
+        )
 
 
 def _elementwise(op: Operation) -> bool:
