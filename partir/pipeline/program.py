@@ -81,23 +81,6 @@ LINEAR = frozenset(
 )
 """Ops a sum over microbatches passes through unchanged (linear, one operand)."""
 
-RETYPED = frozenset(
-    {
-        "stablehlo.transpose",
-        "stablehlo.reshape",
-        "stablehlo.broadcast_in_dim",
-        "stablehlo.convert",
-        "stablehlo.dot_general",
-        "stablehlo.select",
-        "stablehlo.clamp",
-        "spmd.all_gather",
-        "spmd.all_reduce",
-        "spmd.reduce_scatter",
-        "spmd.to_local",
-    }
-)
-"""Ops besides the elementwise ones whose shapes follow their operands' and
-carry no size in a property: a stage's rows retype them."""
 
 
 def pipeline(
@@ -359,29 +342,35 @@ class Pipelining:
                 assert isinstance(arg.type, DTensorType)
                 staged = self._staged(arg.type, d)
                 layer_dim[Rewriter.replace_value_with_new_type(arg, staged)] = d
-        for op in (*self._to_locals(), *invariant):
-            for r in op.results:
-                d = layer_dim.get(r)
-                if d is None:
-                    continue
-                if (
-                    op.name not in RETYPED
-                    and not _elementwise(op)
-                    and op.name != "stablehlo.reduce"
-                ):
-                    raise self.error(
-                        f"{op_name(op)} outside the layer loops has the layers in its shape "
-                        "in a way a stage cannot take its own part of; read the stacked "
-                        "values elementwise outside the loops"
-                    )
+        ops = [*self._to_locals(), *invariant]
+        rules = {op: rule_for(op) for op in ops}  # read at the whole shapes, before any retype
+        for op in ops:
+            if op.name == "stablehlo.reduce":
+                self._reduce_across_stages(op)
+            layered = [(r, d) for r in op.results if (d := layer_dim.get(r)) is not None]
+            if not layered:
+                continue
+            rule = rules[op]
+            if rule is None and not isinstance(op, CollectiveOp | ToLocalOp):
+                raise self.error(
+                    f"{op_name(op)} outside the layer loops has the layers in its shape, "
+                    "and partir has no rule to give a stage its own part of it; read the "
+                    "stacked values elementwise outside the loops"
+                )
+            for r, d in layered:
+                if rule is not None and rule.localize is not None:  # sizes in its properties
+                    factor = rule.result_factor(r.index, d)
+                    assert factor is not None
+                    op.properties.update(rule.localize(op, factor, self._stage_rows))
                 ty = r.type
                 assert isinstance(ty, TensorType)
                 shape = list(ty.get_shape())
-                shape[d] //= self.S
+                shape[d] = self._stage_rows(shape[d])
                 retyped = TensorType(ty.get_element_type(), shape)
                 layer_dim[Rewriter.replace_value_with_new_type(r, retyped)] = d
-            if op.name == "stablehlo.reduce":
-                self._reduce_across_stages(op)
+
+    def _stage_rows(self, size: int) -> int:
+        return size // self.S
 
     def _reduce_across_stages(self, op: Operation) -> None:
         """A reduction over the layers is a stage's partial one: combine it."""
@@ -864,15 +853,6 @@ def _drop_axis(op: Operation, axis: str) -> None:
         op.attributes[CARRIED] = ArrayAttr(
             [_without(t, axis) if isinstance(t, DTensorType) else t for t in carried.data]
         )
-
-
-def _elementwise(op: Operation) -> bool:
-    rule = rule_for(op)
-    return (
-        rule is not None and all(d == rule.results[0] for d in rule.operands)
-        if op.results
-        else False
-    )
 
 
 def _is_zeros(value: SSAValue) -> bool:
