@@ -25,7 +25,7 @@ from xdsl.passes import ModulePass, PassPipeline
 
 from dialects.context import make_context
 from dialects.errors import PartirValueError, UnsupportedError
-from dialects.functions import entry_function
+from dialects.functions import entry_function, return_whole_over
 from dialects.heap import paused_gc
 from dialects.locations import located_text
 from partir.annotations import annotation_ops, holds_annotations, remove_annotations
@@ -262,7 +262,7 @@ def partition_decided(
         if (
             (keep_stages and chosen != tactics)  # an Automatic's stage is its own
             or searching
-            or any(p.removes_annotations or p.whole for p in plans_built)
+            or any(p.removes_annotations for p in plans_built)
         ):
             # What apply_plan does beyond tiling (taking JAX's constraints out,
             # ZeRO-1's whole results) is the rewrite engine's alone yet; so is
@@ -379,6 +379,10 @@ def _decide_and_build(
             except ActionError as err:
                 raise TacticError(f"{plan.tactic}: {err}") from None
     build_core(module, decision)  # checks what it builds before changing anything
+    entry = entry_function(module)
+    for plan in plans:
+        for kept in plan.whole:
+            return_whole_over(entry, kept.leaf.index, kept.axis)
     result = Partitioned(module, list(plans), decided=list(tactics))
     for plan, planned_seeds in zip(plans, seeds, strict=True):
         take_action_numbers(module, len(plan))

@@ -110,11 +110,6 @@ def _refuse(decision: Decision, top: list[int]) -> None:
             continue
         op = graph.ops[o]
         split = {factors[o * width + a] for a in decision.op_axes[o]}
-        if rule is not None and rule.localize is not None and len(split) > 1:
-            raise UnsupportedError(  # a localizer reads the op's shapes one factor at a time
-                f"build_core: {op.name} resizes its properties for two split factors; use "
-                "the rewrite engine"
-            )
         for f in split:
             assert rule is not None
             if any(rule.factors[f].halo):  # a part reads its neighbours' edges too
@@ -608,7 +603,7 @@ def _resize_properties(op: Operation, rule: OpRule, decision: Decision, o: int) 
     if rule.localize is None:
         return
     for f, parts in _counts(decision, o).items():
-        op.properties.update(rule.localize(op, f, _divide_by(parts)))
+        op.properties.update(rule.localize(op, rule, f, _divide_by(parts)))
 
 
 def _localize(op: Operation, rule: OpRule | None, decision: Decision, o: int) -> None:

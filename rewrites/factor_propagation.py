@@ -1047,7 +1047,10 @@ class _Propagation:
                     priority = d.value_priority[v * width + a]
                     assert priority is not None
                     found.append((a, d.value_dim[v * width + a], priority))
-            found += self._agreed(places[-1], self.every)
+            found += [
+                f for f in self._agreed(places[-1], self.every)
+                if g.kinds[o] != _WHILE or self._made_split(ends[-1], f[1])
+            ]
             found.sort(key=lambda f: f[2][0])
             have = d.carried.setdefault((o, k), {})
             for a, dim, priority in found:
@@ -1065,6 +1068,20 @@ class _Propagation:
                         self.split_value(place, a, dim, priority)
                 if g.kinds[o] != _BRANCH:
                     self._wake_producer(g.operands[o][k])
+
+    def _made_split(self, v: int, dim: int) -> bool:
+        """Whether `v`'s producer can make it split on `dim`: a loop's carry
+        its users want split, whose body makes the value it returns whole
+        along that dim (a row written at a run-time index), is carried whole
+        and split after the loop for free; carried split, every iteration
+        would gather it and slice it again."""
+        g = self.g
+        p = g.producer[v]
+        rule = g.rules[p] if p >= 0 else None
+        if rule is None:
+            return True
+        factor = rule.result_factor(g.result_index[v], dim)
+        return factor is not None and rule.factors[factor].kind is not FactorKind.BLOCKED
 
     def _carry_conflict(
         self, o: int, k: int, a: int, dim: int, other: int, priority: Priority

@@ -275,7 +275,7 @@ class _Rebuild:
         properties = dict(op.properties)
         if rule.localize is not None:
             for f in joined:
-                properties.update(rule.localize(op, f, self.resize))
+                properties.update(rule.localize(op, rule, f, self.resize))
         new = type(op).create(
             operands=operands,
             result_types=result_types,

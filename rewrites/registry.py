@@ -85,9 +85,12 @@ Resize = Callable[[int], int]
 """A dim size over a factor -> its size in the rebuilt op: a part's
 (`size // parts`, tiling) or a padded whole's (padding for divisibility)."""
 
-Localizer = Callable[[Operation, int, Resize], dict[str, Attribute]]
-"""(op, factor, resize) -> properties to replace in the op rebuilt with the
-factor's dims resized (the per-part op; the padded op)."""
+Localizer = Callable[[Operation, "OpRule", int, Resize], dict[str, Attribute]]
+"""(op, its rule, factor, resize) -> properties to replace in the op rebuilt
+with the factor's dims resized (the per-part op; the padded op). The rule is
+the op's as read before any resize: a builder splitting several factors
+resizes the properties one factor at a time, and an op whose properties are
+resized for one factor may read as another rule (a slice's cut dim)."""
 
 Regroup = Callable[[Operation, int, int], tuple[list[Operation], list[SSAValue]] | None]
 """(op, factor, parts) -> new ops and the values replacing `op`'s results: the op
@@ -499,12 +502,14 @@ def _pass_through_or_blocked(
     return tuple(operand), tuple(result)
 
 
-def _slice_localizer(op: Operation, factor: int, resize: Resize) -> dict[str, Attribute]:
+def _slice_localizer(
+    op: Operation, rule: OpRule, factor: int, resize: Resize
+) -> dict[str, Attribute]:
     """A kept dim's limit is the part's size (the bounds are sizes, not a view)."""
     from xdsl.dialects.builtin import DenseArrayBase, i64
 
     assert isinstance(op, SliceOp)
-    d = slice_rule(op).operand_dims(factor)[0]
+    d = rule.operand_dims(factor)[0]
     assert d is not None
     limits = list(ints(op.limit_indices))
     limits[d] = resize(shape(op.operand)[d])
@@ -524,12 +529,14 @@ def slice_rule(op: SliceOp) -> OpRule:
     return b.rule([operand], [result], _slice_localizer)
 
 
-def _dynamic_slice_localizer(op: Operation, factor: int, resize: Resize) -> dict[str, Attribute]:
+def _dynamic_slice_localizer(
+    op: Operation, rule: OpRule, factor: int, resize: Resize
+) -> dict[str, Attribute]:
     """A dim the window spans whole: each part's window spans the part."""
     from xdsl.dialects.builtin import DenseArrayBase, i64
 
     assert isinstance(op, shlo.DynamicSliceOp)
-    d = dynamic_slice_rule(op).operand_dims(factor)[0]
+    d = rule.operand_dims(factor)[0]
     assert d is not None
     sizes = list(ints(op.slice_sizes))
     sizes[d] = resize(shape(op.operand)[d])
@@ -595,7 +602,9 @@ def reverse_rule(op: ReverseOp) -> OpRule:
     return b.rule([dims], [dims])
 
 
-def _convolution_localizer(op: Operation, factor: int, resize: Resize) -> dict[str, Attribute]:
+def _convolution_localizer(
+    op: Operation, rule: OpRule, factor: int, resize: Resize
+) -> dict[str, Attribute]:
     """A tiled group factor (the rule's first, when there are groups): each
     part runs its share of the groups. A tiled spatial factor: each part
     reads its halo instead of the padding, so that dim is no longer padded."""
@@ -604,7 +613,7 @@ def _convolution_localizer(op: Operation, factor: int, resize: Resize) -> dict[s
     if groups > 1 and factor == 0:
         field = "feature_group_count" if op.feature_groups > 1 else "batch_group_count"
         return {field: IntegerAttr(resize(groups), i64)}
-    lhs_dim = convolution_rule(op).operand_dims(factor)[0]
+    lhs_dim = rule.operand_dims(factor)[0]
     lhs = op.layouts[0]
     if lhs_dim not in lhs.spatial:
         return {}
@@ -883,13 +892,13 @@ def iota_rule(op: shlo.IotaOp) -> OpRule:
     return b.rule([], [result])
 
 
-def _splat_localizer(op: Operation, factor: int, resize: Resize) -> dict[str, Attribute]:
+def _splat_localizer(
+    op: Operation, rule: OpRule, factor: int, resize: Resize
+) -> dict[str, Attribute]:
     assert isinstance(op, shlo.ConstantOp)
     value = op.value
     ty = value.type
     local_shape = list(ty.get_shape())
-    rule = constant_rule(op)
-    assert rule is not None
     d = rule.result_dim(factor)
     assert d is not None
     local_shape[d] = resize(local_shape[d])
@@ -907,11 +916,12 @@ def constant_rule(op: shlo.ConstantOp) -> OpRule | None:
     return b.rule([], [_same_shape_dims(b, shape(op.results[0]))], _splat_localizer)
 
 
-def _gather_localizer(op: Operation, factor: int, resize: Resize) -> dict[str, Attribute]:
+def _gather_localizer(
+    op: Operation, rule: OpRule, factor: int, resize: Resize
+) -> dict[str, Attribute]:
     from xdsl.dialects.builtin import DenseArrayBase, i64
 
     assert isinstance(op, shlo.GatherOp)
-    rule = gather_rule(op)
     sizes = list(ints(op.slice_sizes))
     d = rule.operand_dims(factor)[0]
     if d is not None and sizes[d] == shape(op.operand)[d]:

@@ -55,7 +55,7 @@ def part_op(
         result_types.append(part_type(ty, dim, parts) if dim is not None else ty)
     properties = dict(op.properties)
     if rule.localize is not None:
-        properties.update(rule.localize(op, factor, lambda size: size // parts))
+        properties.update(rule.localize(op, rule, factor, lambda size: size // parts))
     give_location([v.owner for v in operands if isinstance(v.owner, _SLICES)], op.location)
     return type(op).create(
         operands=list(operands),

@@ -361,7 +361,7 @@ class Pipelining:
                 if rule is not None and rule.localize is not None:  # sizes in its properties
                     factor = rule.result_factor(r.index, d)
                     assert factor is not None
-                    op.properties.update(rule.localize(op, factor, self._stage_rows))
+                    op.properties.update(rule.localize(op, rule, factor, self._stage_rows))
                 ty = r.type
                 assert isinstance(ty, TensorType)
                 shape = list(ty.get_shape())
