@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass, PassPipeline
 
 from dialects.context import make_context
@@ -30,7 +31,7 @@ from dialects.heap import paused_gc
 from dialects.locations import located_text
 from partir.annotations import annotation_ops, holds_annotations, remove_annotations
 from partir.mesh import Mesh
-from partir.plan import Leaf, TacticError
+from partir.plan import TacticError
 from partir.plan_passes import ApplyPlanPass, AutomaticPass
 from partir.search import SearchResult, decided
 from partir.selections import record_selections
@@ -323,36 +324,63 @@ def _decided_stages(
 
 def _planned_again(
     module: ModuleOp,
+    mesh: Mesh,
     tactics: Sequence[Tactic],
     plans: list[Plan],
     seeds: list[list[Seed]],
     decision: Decision,
-) -> None:
-    """Refuse (`UnsupportedError`: the rewrite engine takes over) where a
-    ZeRO after other tactics names a leaf those tactics split: the engine
-    plans it again on the per-device shape they leave (`ApplyPlanPass`).
-    A split an earlier tactic decided carries an action number below the
-    ZeRO's first (priorities are never overridden), so the decision of the
-    whole schedule tells, without deciding the tactics before again."""
-
+) -> list[Plan] | None:
+    """The plans again where a ZeRO after other tactics plans otherwise on
+    the per-device shapes they leave (as the rewrite engine's
+    `ApplyPlanPass` plans it after them): its dims picked from the local
+    shapes, a parameter those tactics split over its axis returned as it
+    came. None where every plan stands. A split an earlier tactic decided
+    carries an action number below the ZeRO's first (priorities are never
+    overridden), so the decision of the whole schedule tells what the
+    tactics before left, without deciding them again."""
     entry = entry_function(module)
     ret = entry.body.block.last_op
     assert ret is not None
-    for k, (tactic, plan) in enumerate(zip(tactics, plans, strict=True)):
+    view: ProgramView | None = None
+    again = list(plans)
+    for k, tactic in enumerate(tactics):
         if k == 0 or not isinstance(tactic, ZeRO) or not seeds[k]:
             continue
         first = seeds[k][0].origin.action.data
-        named = [t.leaf for t in plan] + [p.leaf for p in plan.passed]
-        for leaf in named:
-            if not isinstance(leaf, Leaf):
-                continue
-            values = entry.body.block.args if leaf.kind == "argument" else ret.operands
-            v = decision.graph.ids.get(values[leaf.index])
-            if v is not None and any(p[0] < first for p in decision.priorities_of(v)):
-                raise UnsupportedError(
-                    f"{tactic.name}: {leaf.name} is split by the tactics before; planned "
-                    "again on its per-device shape by the rewrite engine"
-                )
+        if view is None:
+            view = ProgramView.of(entry)
+        splits = {}
+        for leaf, arg in zip(view.arguments, entry.body.block.args, strict=True):
+            if earlier := _split_before(decision, arg, first, argument=True):
+                splits[leaf.name] = earlier
+        for leaf, value in zip(view.results, ret.operands, strict=True):
+            if earlier := _split_before(decision, value, first, argument=False):
+                splits[leaf.name] = earlier
+        if splits:
+            again[k] = tactic.plan(replace(view, splits=splits), mesh)
+    return again if again != plans else None
+
+
+def _split_before(
+    decision: Decision, value: SSAValue, first: int, *, argument: bool
+) -> tuple[tuple[int, str], ...]:
+    """The (dim, axis) splits of `value` that actions numbered below `first`
+    decided: an argument's as its uses read it, a result's as it is made."""
+    graph = decision.graph
+    v = graph.ids.get(value)
+    if v is None:
+        return ()
+    if not argument:
+        return tuple(
+            (dim, axis) for axis, dim in decision.split_of(v).items()
+            if (p := decision.value_priority_of(v, axis)) is not None and p[0] < first
+        )
+    found: dict[str, int] = {}
+    for o, i in graph.uses[v]:
+        for axis, dim in decision.wanted(o, i).items():
+            if decision.use_priority(o, axis)[0] < first:
+                found.setdefault(axis, dim)
+    return tuple((dim, axis) for axis, dim in found.items())
 
 
 def _decide_and_build(
@@ -370,7 +398,17 @@ def _decide_and_build(
     for action in (a for planned in actions for a in planned):
         check_action(action, mesh_op)  # the engine's errors, before anything changes
     decision = decide(module, dict(mesh.axes), seeds)
-    _planned_again(module, tactics, plans, seeds, decision)
+    again = _planned_again(module, mesh, tactics, plans, seeds, decision)
+    if again is not None:  # decided once more, with the plans made after the tactics before
+        plans = again
+        seeds = plan_seeds(module, plans)
+        actions = [
+            [TileAction(s.value, s.dim, s.axis, s.origin, s.label) for s in planned]
+            for planned in seeds
+        ]
+        for action in (a for planned in actions for a in planned):
+            check_action(action, mesh_op)
+        decision = decide(module, dict(mesh.axes), seeds)
     for plan, planned in zip(plans, actions, strict=True):
         for action in planned:  # a dim the tactics before split too finely
             try:
