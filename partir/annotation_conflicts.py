@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr
-from xdsl.ir import Operation, OpResult
+from xdsl.ir import Operation, OpResult, SSAValue
 
 from dialects.escaping import quoted
 from dialects.functions import NAME_ATTR
@@ -195,6 +195,19 @@ def reshard_conflicts(op: ShardingConstraintOp, refs: dict[Operation, str]) -> l
     return found
 
 
+def _slices_of(value: SSAValue) -> list[SliceOp]:
+    """The slices taking parts of `value`, and of those parts (a value split
+    on two dims is sliced on one inside the other's loop)."""
+    found: list[SliceOp] = []
+    todo = [value]
+    while todo:
+        for use in todo.pop().uses:
+            if isinstance(use.operation, SliceOp):
+                found.append(use.operation)
+                todo.append(use.operation.result)
+    return found
+
+
 def split_whole_dims(entry: func.FuncOp) -> list[Conflict]:
     """A conflict for each dim an annotation keeps whole (`mark_whole_dims`)
     that a loop splits: a marked op's result that is a part along it, an
@@ -209,9 +222,8 @@ def split_whole_dims(entry: func.FuncOp) -> list[Conflict]:
         for reshard in reshards:
             found += reshard_conflicts(reshard, refs)
     for i, name, dims, describe, spec in _leaf_marks(entry.arg_attrs):
-        for use in entry.body.block.args[i].uses:
-            part = use.operation
-            if isinstance(part, SliceOp) and part.dim_index in dims:
+        for part in _slices_of(entry.body.block.args[i]):
+            if part.dim_index in dims:
                 axis = range_axis(part.index)
                 if axis is not None:
                     loop = _enclosing_loop(part, axis)

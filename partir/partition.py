@@ -29,14 +29,16 @@ from dialects.errors import PartirValueError, UnsupportedError
 from dialects.functions import entry_function, return_whole_over
 from dialects.heap import paused_gc
 from dialects.locations import located_text
+from dialects.partir import MeshOp
+from partir.annotation_conflicts import split_whole_dims
 from partir.annotations import annotation_ops, holds_annotations, remove_annotations
 from partir.mesh import Mesh
-from partir.plan import TacticError
+from partir.plan import AnnotatedValue, PlannedTile, TacticError
 from partir.plan_passes import ApplyPlanPass, AutomaticPass
 from partir.search import SearchResult, decided
 from partir.selections import record_selections
 from partir.tactics import Annotations, Automatic, Plan, ProgramView, Tactic, ZeRO
-from partir.tiling import declare_mesh, plan_seeds
+from partir.tiling import declare_mesh, plan_seeds, take_annotations
 from rewrites.actions import (
     ActionError,
     TileAction,
@@ -250,8 +252,9 @@ def partition_decided(
         if searching and not keep_stages:
             # The search partitions its candidates by rewriting (on a copy);
             # what it chose is then built as a pasted schedule would be.
-            searched = _rewrite(module.clone(), mesh, tactics, plans, keep_stages=False,
-                                verify=False)
+            searched = _rewrite(
+                module.clone(), mesh, tactics, plans, keep_stages=False, verify=False
+            )
             result = partition_decided(module, mesh, searched.decided, verify=verify)
             result.searches = searched.searches
             return result
@@ -263,20 +266,24 @@ def partition_decided(
         if (
             (keep_stages and chosen != tactics)  # an Automatic's stage is its own
             or searching
-            or any(p.removes_annotations for p in plans_built)
+            or any(p.removes_annotations for p in plans_built[1:])
         ):
-            # What apply_plan does beyond tiling (taking JAX's constraints out,
-            # ZeRO-1's whole results) is the rewrite engine's alone yet; so is
-            # ZeRO planned again on the per-device shapes the tactics before
-            # left (`_planned_again`, found once decided).
+            # `Annotations` after another tactic (its values may be parts of
+            # that tactic's loops already) is the rewrite engine's alone yet
             return _rewrite(module, mesh, tactics, plans, keep_stages=keep_stages, verify=verify)
         declare_mesh(module, mesh)
         imported = Stage.snapshot("import", module) if keep_stages else None
+        # taking JAX's shardings out changes the module before the builder
+        # may refuse: the rewrite engine then starts from a copy
+        annotated = module.clone() if plans_built and plans_built[0].removes_annotations else None
         try:
             result = _decide_and_build(module, mesh, chosen, plans_built)
         except UnsupportedError:
-            result = _rewrite(module, mesh, chosen, plans_built, keep_stages=keep_stages,
-                              verify=verify)
+            if annotated is not None:
+                _restore(module, annotated)
+            result = _rewrite(
+                module, mesh, chosen, plans_built, keep_stages=keep_stages, verify=verify
+            )
             if chosen != tactics:  # stages are kept only without an Automatic
                 result.decided = list(tactics)
             return result
@@ -286,6 +293,17 @@ def partition_decided(
         if imported is not None:
             result.stages = _decided_stages(imported, module, mesh, tactics, plans)
     return result
+
+
+def _restore(module: ModuleOp, saved: ModuleOp) -> None:
+    """Make `module` (in place: callers hold it) what `saved` is."""
+    block = module.body.block
+    for op in reversed(list(block.ops)):
+        block.erase_op(op, safe_erase=False)
+    for op in list(saved.body.block.ops):
+        op.detach()
+        block.add_op(op)
+    module.attributes = dict(saved.attributes)
 
 
 def _with_choices(tactics: list[Tactic]) -> list[Tactic]:
@@ -303,7 +321,7 @@ def _with_choices(tactics: list[Tactic]) -> list[Tactic]:
 def _decided_stages(
     imported: Stage, module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic], plans: list[Plan]
 ) -> list[Stage]:
-    """"import" and, per tactic, the first k tactics' decision built on a copy
+    """ "import" and, per tactic, the first k tactics' decision built on a copy
     of the import (`module` is the last)."""
     names = stage_names(tactics)
     stages = [imported]
@@ -372,7 +390,8 @@ def _split_before(
         return ()
     if not argument:
         return tuple(
-            (dim, axis) for axis, dim in decision.split_of(v).items()
+            (dim, axis)
+            for axis, dim in decision.split_of(v).items()
             if (p := decision.value_priority_of(v, axis)) is not None and p[0] < first
         )
     found: dict[str, int] = {}
@@ -383,6 +402,32 @@ def _split_before(
     return tuple((dim, axis) for axis, dim in found.items())
 
 
+def _checked_actions(
+    plans: list[Plan], seeds: list[list[Seed]], mesh_op: MeshOp
+) -> list[list[TileAction]]:
+    """Each plan's seeds as tile actions, checked as the rewrite engine
+    checks them before anything changes (its errors, naming the tactic
+    and, for an annotation, the annotation)."""
+    actions = []
+    for plan, planned in zip(plans, seeds, strict=True):
+        actions.append([TileAction(s.value, s.dim, s.axis, s.origin, s.label) for s in planned])
+        for tile, action in zip(plan, actions[-1], strict=True):
+            try:
+                check_action(action, mesh_op)
+            except ActionError as err:
+                if not isinstance(tile.leaf, AnnotatedValue):
+                    raise
+                raise _tactic_error(plan, tile, err) from None
+    return actions
+
+
+def _tactic_error(plan: Plan, tile: PlannedTile, err: ActionError) -> TacticError:
+    """`err` as `apply_plan` reports it: the tactic's, with the annotation's reason."""
+    if isinstance(tile.leaf, AnnotatedValue):
+        return TacticError(f"{plan.tactic}: {tile.reason}: {err}")
+    return TacticError(f"{plan.tactic}: {err}")
+
+
 def _decide_and_build(
     module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic], plans: list[Plan]
 ) -> Partitioned:
@@ -390,32 +435,28 @@ def _decide_and_build(
     core IR once, recording the actions' numbers, selections and conflicts
     as the rewrite engine's passes do."""
     mesh_op = declare_mesh(module, mesh)  # declared already: the module's own
-    seeds = plan_seeds(module, plans)
-    actions = [
-        [TileAction(s.value, s.dim, s.axis, s.origin, s.label) for s in planned]
-        for planned in seeds
-    ]
-    for action in (a for planned in actions for a in planned):
-        check_action(action, mesh_op)  # the engine's errors, before anything changes
+    annotated = {}
+    if plans and plans[0].removes_annotations:
+        annotated = take_annotations(module, plans[0])
+    seeds = plan_seeds(module, plans, annotated)
+    actions = _checked_actions(plans, seeds, mesh_op)
     decision = decide(module, dict(mesh.axes), seeds)
     again = _planned_again(module, mesh, tactics, plans, seeds, decision)
     if again is not None:  # decided once more, with the plans made after the tactics before
         plans = again
-        seeds = plan_seeds(module, plans)
-        actions = [
-            [TileAction(s.value, s.dim, s.axis, s.origin, s.label) for s in planned]
-            for planned in seeds
-        ]
-        for action in (a for planned in actions for a in planned):
-            check_action(action, mesh_op)
+        seeds = plan_seeds(module, plans, annotated)
+        actions = _checked_actions(plans, seeds, mesh_op)
         decision = decide(module, dict(mesh.axes), seeds)
     for plan, planned in zip(plans, actions, strict=True):
-        for action in planned:  # a dim the tactics before split too finely
+        for tile, action in zip(plan, planned, strict=True):  # a dim split too finely before
             try:
-                check_size(action, decision.part_type(action.value, action.dim, action.axis),
-                           mesh.axes[action.axis])
+                check_size(
+                    action,
+                    decision.part_type(action.value, action.dim, action.axis),
+                    mesh.axes[action.axis],
+                )
             except ActionError as err:
-                raise TacticError(f"{plan.tactic}: {err}") from None
+                raise _tactic_error(plan, tile, err) from None
     build_core(module, decision)  # checks what it builds before changing anything
     entry = entry_function(module)
     for plan in plans:
@@ -434,6 +475,9 @@ def _decide_and_build(
         )
     for planned in actions:
         result.actions += planned
-    record_conflicts(module, decision.conflicts)
-    result.conflicts = list(decision.conflicts)
+    conflicts = list(decision.conflicts)
+    if plans and plans[0].removes_annotations:
+        conflicts += split_whole_dims(entry_function(module))  # what an annotation keeps whole
+    record_conflicts(module, conflicts)
+    result.conflicts = conflicts
     return result

@@ -8,6 +8,7 @@ either path records the same origins.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from xdsl.dialects import func
@@ -159,15 +160,9 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
             for tile in plan
             if isinstance(tile.leaf, ReferencedValue)
         }
-        if plan.removes_annotations:  # each annotated value, then no constraints
-            for tile in plan:
-                if isinstance(tile.leaf, AnnotatedValue):
-                    leaf = tile.leaf
-                    referenced[leaf] = annotated_value(
-                        entry, leaf.kind, leaf.ordinal, leaf.position
-                    )
-            mark_whole_dims(entry)
-            remove_annotations(module)
+        if plan.removes_annotations:
+            for leaf, value in take_annotations(module, plan).items():
+                referenced[leaf] = value
         actions = []
         dims: dict[tuple[str, int], int] = {}
         for number, tile in enumerate(plan, start=first):
@@ -200,10 +195,32 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
     return actions
 
 
-def plan_seeds(module: ModuleOp, plans: list[Plan]) -> list[list[Seed]]:
+def take_annotations(module: ModuleOp, plan: Plan) -> dict[AnnotatedValue, SSAValue]:
+    """Take JAX's shardings out of `module` for a plan that makes actions of
+    them (`Plan.removes_annotations`): each annotated value the plan names,
+    read first; what each annotation keeps whole, marked
+    (`mark_whole_dims`, checked by `split_whole_dims` once the plan's
+    splits are made); then no constraints."""
+    entry = entry_function(module)
+    found: dict[AnnotatedValue, SSAValue] = {}
+    for tile in plan:
+        if isinstance(tile.leaf, AnnotatedValue):
+            leaf = tile.leaf
+            found[leaf] = annotated_value(entry, leaf.kind, leaf.ordinal, leaf.position)
+    mark_whole_dims(entry)
+    remove_annotations(module)
+    return found
+
+
+def plan_seeds(
+    module: ModuleOp,
+    plans: list[Plan],
+    annotated: Mapping[AnnotatedValue, SSAValue] | None = None,
+) -> list[list[Seed]]:
     """Each plan's tiles as `rewrites.factor_propagation` seeds, numbered as
     `apply_plan` numbers their actions (after any the module has taken),
-    against the module as it is (nothing is rewritten)."""
+    against the module as it is (nothing is rewritten); `annotated`: the
+    values `take_annotations` read."""
     entry = entry_function(module)
     current = module.attributes.get(ACTIONS)
     number = current.value.data if isinstance(current, IntegerAttr) else 0
@@ -214,6 +231,8 @@ def plan_seeds(module: ModuleOp, plans: list[Plan]) -> list[list[Seed]]:
             for tile in plan
             if isinstance(tile.leaf, ReferencedValue)
         }
+        for leaf, value in (annotated or {}).items():
+            referenced[leaf] = value
         seeds = []
         for tile in plan:
             number += 1
