@@ -1,9 +1,11 @@
-"""Every `benchmarks/vs_jit.py` row moves what it moved under the rewrite engine.
+"""Every `benchmarks/vs_jit.py` row moves what it moved under the rewrite engine, or less.
 
 The decided path (`partition()`'s default) and the rewrite engine (the
 reference, `engine="rewrite"`) partition each row's program (small shapes)
 with the row's tactics; their SPMD lowerings must have the same collectives
-(kind, axes, count and local type, so the same bytes per device). Rows the
+(kind, axes, count and local type, so the same bytes per device), or
+move fewer bytes per device (the CNN's output-channel split: its second
+convs' partial sums are reduce-scattered onto their channels). Rows the
 decided path hands to the rewrite engine (ZeRO after another tactic, a
 padded dim) pass trivially, and stay listed so that a row that starts being
 built shows here first. One row runs in the default suite, all of them in
@@ -16,6 +18,7 @@ import pytest
 
 import partir
 from benchmarks import vs_jit
+from lowering.collectives import collectives as lowered_collectives
 from partir.partition import partition
 from tests.test_build_core import collectives
 
@@ -50,7 +53,14 @@ def test_a_vs_jit_row_has_the_rewrite_engines_collectives(row: str) -> None:
     engine = partir.import_jax(fn, *args)
     partition(decided, vs_jit.MESH, list(tactics))
     partition(engine, vs_jit.MESH, list(tactics), engine="rewrite")
-    assert collectives(decided) == collectives(engine)
+    ours, theirs = collectives(decided), collectives(engine)
+    if ours != theirs:  # a better plan of the decided path's own: fewer bytes moved
+        assert _bytes(decided) < _bytes(engine), (ours, theirs)
+
+
+def _bytes(module) -> int:
+    """Bytes per device the SPMD lowering's collectives move (`Lowered.collectives`)."""
+    return sum(c.bytes_per_device for c in lowered_collectives(module))
 
 
 def test_the_rows_are_the_benchmarks() -> None:

@@ -1,0 +1,135 @@
+"""What used to fall back to the rewrite engine is decided and built once.
+
+`partition`'s default path hands a program to the rewrite-at-a-time engine
+only for what the builder does not build yet (a dim padded for
+divisibility, a window with a halo, a regrouped argmax), `Annotations`
+placed after another tactic, and `Automatic`'s search. These programs
+reached it before: ZeRO-1's whole results, a ZeRO planned again after a
+tactic that split its leaves, JAX's own shardings, and an op resizing its
+properties for two split factors. Each runs here with the rewrite engine
+made to fail, and matches `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import partir
+from examples import scanned_stack
+from tests.numerics import assert_leaves_close
+
+
+@pytest.fixture
+def no_rewrite_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    partition_module = sys.modules["partir.partition"]  # `partir.partition` is the function
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the default path handed the program to the rewrite engine")
+
+    monkeypatch.setattr(partition_module, "_rewrite", refuse)
+
+
+def _run(step, args, tactics, mesh):
+    fn = partir.jit(step, mesh=partir.Mesh(mesh), tactics=tactics)
+    lowered = fn.lower(*args)
+    assert_leaves_close(
+        jax.tree.leaves(lowered.compile()(*args)), jax.tree.leaves(jax.jit(step)(*args)),
+        what="decided",
+    )
+    return lowered
+
+
+def _gathers_in_loops(lowered) -> int:
+    """all_gathers inside a loop body (run once per iteration)."""
+    return sum(
+        1 for line in str(lowered.module).splitlines()
+        if "spmd.all_gather" in line and "while body" in line
+    )
+
+
+def test_zero1_beside_data_parallelism_carries_gradients_whole_through_the_layer_loop(
+    no_rewrite_engine: None,
+) -> None:
+    """The backward loop writes each layer's gradient row at a run-time
+    index: its accumulator is carried whole (no gather per layer) and split
+    for ZeRO's update after the loop, for free; the updated parameters are
+    gathered once, at the return."""
+    args = scanned_stack.mlp_train_args(layers_=4, batch=8, width=16, hidden=32)
+    tactics = [partir.BatchParallel("batch"), partir.ZeRO("batch", 1)]
+    lowered = _run(scanned_stack.mlp_train_step, args, tactics, {"batch": 4})
+    kinds = collections.Counter(c.kind for c in lowered.collectives)
+    assert _gathers_in_loops(lowered) == 0
+    assert kinds["all_gather"] == len(args[0])  # each updated parameter, whole as it came
+
+
+@pytest.mark.parametrize("second", ["zero1", "megatron"])
+def test_two_batch_axes_with_zero_or_megatron_gather_no_activation(
+    no_rewrite_engine: None, second: str
+) -> None:
+    """The batch split over two axes beside ZeRO-1 or Megatron (a
+    pipeline's microbatch axis is such a second batch axis): per-layer
+    slices split on two factors are built, and no activation is gathered."""
+    if second == "zero1":
+        step, args = scanned_stack.mlp_train_step, scanned_stack.mlp_train_args(
+            layers_=4, batch=8, width=16, hidden=32
+        )
+        tactics = [partir.BatchParallel("batch"), partir.BatchParallel("b2"),
+                   partir.ZeRO("batch", 1)]
+        mesh = {"batch": 2, "b2": 4}
+    else:
+        step, args = scanned_stack.train_step, scanned_stack.make_args(
+            layers_=2, batch=8, seq=4, width=16, mlp_width=32
+        )
+        tactics = [partir.BatchParallel("batch"), partir.BatchParallel("b2"),
+                   partir.Megatron("model")]
+        mesh = {"batch": 2, "b2": 2, "model": 2}
+    lowered = _run(step, args, tactics, mesh)
+    assert _gathers_in_loops(lowered) == 0
+    gathered = [c for c in lowered.collectives if c.kind == "all_gather"]
+    assert all(c.axes == ("batch",) for c in gathered), gathered  # ZeRO-1's returns only
+
+
+def test_zero_after_a_tactic_that_split_its_leaves_is_planned_again_on_the_decision(
+    no_rewrite_engine: None,
+) -> None:
+    """A parameter ManualPartition split over ZeRO's axis comes back split
+    (as it came); its optimizer state is split on the next dim."""
+
+    def momentum(p, v, x):
+        g = jax.grad(lambda p: ((x @ p["w"]) ** 2).mean())(p)
+        v = jax.tree.map(lambda v, g: 0.9 * v + g, v, g)
+        return jax.tree.map(lambda p, v: p - 0.1 * v, p, v), v
+
+    rng = np.random.default_rng(0)
+    args = ({"w": rng.normal(size=(8, 16)).astype(np.float32)},
+            {"w": np.zeros((8, 16), np.float32)}, rng.normal(size=(4, 8)).astype(np.float32))
+    tactics = [partir.ManualPartition({"p/w": {0: "model"}}), partir.ZeRO("model", stage=1)]
+    lowered = _run(momentum, args, tactics, {"model": 2, "batch": 4})
+    assert not [c for c in lowered.collectives if c.kind == "all_gather"]
+
+
+def test_jax_shardings_are_decided_with_the_tactics(no_rewrite_engine: None) -> None:
+    """`with_sharding_constraint` and argument shardings become actions of
+    `Annotations`, placed first, on the decided path; a ManualPartition
+    splitting a dim an annotation keeps whole is still a reported conflict."""
+    mesh = jax.make_mesh((4, 2), ("batch", "model"), axis_types=(AxisType.Auto,) * 2)
+
+    def f(x, w):
+        h = jax.lax.with_sharding_constraint(jax.numpy.tanh(x @ w), NamedSharding(mesh, P("batch")))
+        return (h * 2).sum(axis=1)
+
+    rng = np.random.default_rng(1)
+    args = (rng.normal(size=(8, 6)).astype(np.float32), rng.normal(size=(6, 4)).astype(np.float32))
+    lowered = _run(f, args, [partir.ManualPartition({"w": {1: "model"}})], {"batch": 4, "model": 2})
+    assert isinstance(lowered.tactics[0], partir.Annotations)
+    assert any("keeps" in c.detail for c in lowered.conflicts), lowered.conflicts
