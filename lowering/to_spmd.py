@@ -105,7 +105,10 @@ class LoweringError(ValueError):
 
 
 def input_slices(value: SSAValue) -> list[tuple[int, str]]:
-    """The (dim, axis) slices every use of `value` takes, outermost first."""
+    """The (dim, axis) slices every use of `value` takes, outermost first.
+    Slices of different dims commute (a use slicing dim 1 over "batch" and
+    then dim 2 over "model" reads the part another use slicing them the
+    other way round reads); on one dim their order is the nesting."""
     chains: list[list[tuple[int, str]]] = []
     for use in value.uses:
         op = use.operation
@@ -125,13 +128,32 @@ def input_slices(value: SSAValue) -> list[tuple[int, str]]:
             return []
     if not chains:
         return []
-    common = chains[0]
+    if len(chains) == 1 or all(chain == chains[0] for chain in chains[1:]):
+        return chains[0]
+    common = _per_dim(chains[0])
     for chain in chains[1:]:
-        n = 0
-        while n < min(len(common), len(chain)) and common[n] == chain[n]:
-            n += 1
-        common = common[:n]
-    return common
+        other = _per_dim(chain)
+        for d, axes in common.items():
+            theirs = other.get(d, [])
+            n = 0
+            while n < min(len(axes), len(theirs)) and axes[n] == theirs[n]:
+                n += 1
+            common[d] = axes[:n]
+    kept = {d: len(axes) for d, axes in common.items()}
+    found = []
+    for d, axis in chains[0]:  # the first use's order, as far as every use agrees
+        if kept[d]:
+            kept[d] -= 1
+            found.append((d, axis))
+    return found
+
+
+def _per_dim(chain: list[tuple[int, str]]) -> dict[int, list[str]]:
+    """A slice chain's axes per dim, outermost first."""
+    found: dict[int, list[str]] = {}
+    for d, axis in chain:
+        found.setdefault(d, []).append(axis)
+    return found
 
 
 def slicing_origins(value: SSAValue) -> tuple[tuple[str, OriginAttr], ...]:

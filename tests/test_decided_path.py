@@ -72,7 +72,7 @@ def test_zero1_beside_data_parallelism_carries_gradients_whole_through_the_layer
     assert kinds["all_gather"] == len(args[0])  # each updated parameter, whole as it came
 
 
-@pytest.mark.parametrize("second", ["zero1", "megatron"])
+@pytest.mark.parametrize("second", ["zero1", "megatron", "megatron first"])
 def test_two_batch_axes_with_zero_or_megatron_gather_no_activation(
     no_rewrite_engine: None, second: str
 ) -> None:
@@ -86,12 +86,16 @@ def test_two_batch_axes_with_zero_or_megatron_gather_no_activation(
         tactics = [partir.BatchParallel("batch"), partir.BatchParallel("b2"),
                    partir.ZeRO("batch", 1)]
         mesh = {"batch": 2, "b2": 4}
-    else:
+    else:  # "megatron first": the backward loop reads the saved activations
+        # sliced over "model" then "batch" in one op, the other way round in
+        # another; slices of different dims commute, so they arrive split
         step, args = scanned_stack.train_step, scanned_stack.make_args(
             layers_=2, batch=8, seq=4, width=16, mlp_width=32
         )
         tactics = [partir.BatchParallel("batch"), partir.BatchParallel("b2"),
                    partir.Megatron("model")]
+        if second == "megatron first":
+            tactics = [tactics[2], *tactics[:2]]
         mesh = {"batch": 2, "b2": 2, "model": 2}
     lowered = _run(step, args, tactics, mesh)
     assert _gathers_in_loops(lowered) == 0
