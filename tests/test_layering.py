@@ -116,6 +116,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "partir.report.memory",
             "partir.report.model",
             "partir.report.names",
+            "partir.report.pipeline",
             "partir.report.render",
             "partir.report.replicated",
             "partir.report.rows",
@@ -135,7 +136,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "partir.pipeline.engine",
             "partir.pipeline.lowered",
             "partir.pipeline.megatron",
-            "partir.report.pipeline",
         ),
     ),
     (
