@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from xdsl.interpreter import Interpreter
 from xdsl.dialects.builtin import ModuleOp, TensorType
+from xdsl.interpreter import Interpreter
 from xdsl.ir import Operation, OpResult, Region, SSAValue
 from xdsl_jax.dialects import stablehlo as shlo
 
