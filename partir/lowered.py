@@ -167,7 +167,7 @@ class Lowered:
         (0600) if given.
         Needs the `onnx` extra (`pip install 'partir[onnx]'`)."""
         from partir.onnx_interop.export import export_module
-        from partir.onnx_interop.pipeline import export_pipelined_program
+        from partir.onnx_interop.pipeline import export_pipelined
 
         def replay(module: ModuleOp) -> None:
             partition(module, self.partition_mesh or self.mesh, self.tactics)
@@ -191,7 +191,7 @@ class Lowered:
                     schedule=schedule.name,
                 )
 
-            model = export_pipelined_program(
+            model = export_pipelined(
                 self.imported,
                 self.mesh,
                 replay,

@@ -131,7 +131,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "partir.api",
             "partir.lowered",
-            "partir.cost.pipeline",
             "partir.onnx_interop.pipeline",
             "partir.pipeline.engine",
             "partir.pipeline.lowered",

@@ -1,6 +1,7 @@
 """A pipelined step's `Lowered` is complete (`Pipeline(..., engine="ir")`):
 its report draws the schedule the program records, its estimate has the
-bubble, and its ONNX export places each node on its pipeline stage.
+bubble, and its layer loops unroll on the IR for the ONNX export (whose
+`pipeline_stage` per node is tested in `tests/test_onnx.py`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import functools
 import math
-import stat
 from typing import Any
 
 import jax
@@ -202,100 +202,3 @@ def test_unrolled_layer_loops_compute_what_the_loops_did() -> None:
     leaves = jax.tree.leaves(args)
     for got, want in zip(run_function(unrolled, leaves), run_function(looped, leaves), strict=True):
         np.testing.assert_array_equal(got, want)
-
-
-def _node_stages(model: Any) -> list[int | None]:
-    """Each node's `pipeline_stage`, or None where it has none."""
-    found: list[int | None] = []
-    for node in model.graph.node:
-        stage = [c.pipeline_stage for c in node.device_configurations if c.HasField("pipeline_stage")]
-        found.append(stage[0] if stage else None)
-    return found
-
-
-def _first_staged_producer(model: Any, stages: list[int | None], tensor: str) -> int | None:
-    """The stage of the nearest node with one among those `tensor` is made from
-    (the loss: the head's last op, past the sums over microbatches)."""
-    made_by = {out: k for k, node in enumerate(model.graph.node) for out in node.output}
-    todo, seen = [tensor], set()
-    while todo:
-        k = made_by.get(todo.pop(0))
-        if k is None or k in seen:
-            continue
-        seen.add(k)
-        if stages[k] is not None:
-            return stages[k]
-        todo.extend(model.graph.node[k].input)
-    return None
-
-
-@pytest.mark.parametrize(
-    ("name", "mesh"),
-    [
-        ("mlp", {"stage": 4, "batch": 2}),
-        pytest.param("mlp", {"stage": 2}, marks=pytest.mark.slow),
-        pytest.param("block", {"stage": 4, "batch": 2}, marks=pytest.mark.slow),
-    ],
-)
-def test_a_pipelined_step_exports_each_layer_on_its_stage(
-    name: str, mesh: dict[str, int], tmp_path: Any
-) -> None:
-    """The 8-layer scanned stacks under Pipeline (1F1B, 4 microbatches) through
-    the IR `Lowered.to_onnx`: the graph is the global step with its layer
-    loops unrolled; each read of layer l of a stacked parameter (a Slice of
-    the graph's input at row l) is on stage l // (8 / stages), the head on
-    the last stage as the pipelined program runs it; the stacked results are
-    split over the stages; onnxruntime gives jax.jit's numbers."""
-    onnx = pytest.importorskip("onnx")
-    pytest.importorskip("onnxruntime")
-    from onnx import numpy_helper
-
-    from partir.onnx_interop.sharding import distribution_of
-    from tests.test_onnx import run_onnxruntime
-
-    if name == "mlp":
-        step, args = scanned_stack.mlp_train_step, scanned_stack.mlp_train_args(layers_=8, batch=16)
-    else:
-        step, args = scanned_stack.train_step, scanned_stack.make_args(layers_=8, batch=16)
-    tactics: list[partir.Tactic] = [_pipeline(4, "1f1b")]
-    tactics += [partir.BatchParallel("batch")] if "batch" in mesh else []
-    lowered = partir.jit(step, mesh=partir.Mesh(mesh), tactics=tactics).lower(*args)
-    path = tmp_path / "step.onnx"
-    model = lowered.to_onnx(path)
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    onnx.checker.check_model(model, full_check=True)
-    stages = _node_stages(model)
-    per_stage = 8 // mesh["stage"]
-    assert set(stages) == {None, *range(mesh["stage"])}
-    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
-    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    rows = 0
-    for node, stage in zip(model.graph.node, stages, strict=True):
-        source = node.input[0] if node.input else ""
-        if node.op_type == "Slice" and source in shapes and shapes[source][:1] == [8]:
-            layer = int(constants[node.input[1]][0])
-            assert stage == layer // per_stage, (node.name, source, layer)
-            rows += 1
-    assert rows >= 2 * 8  # each layer's parameters, read by its forward and its backward
-    assert _first_staged_producer(model, stages, model.graph.output[0].name) == mesh["stage"] - 1
-    assert stages.count(None) > 0  # the update runs on every stage, each on its layers
-    # the stacked results (updated layers, their Adam state) are split over the stages
-    outputs = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output}
-    split = [
-        distribution_of(spec, outputs[spec.tensor_name], partir.Mesh(mesh), spec.tensor_name)
-        for node in model.graph.node
-        for c in node.device_configurations
-        for spec in c.sharding_spec
-        if spec.tensor_name in outputs and node.op_type == "Identity"
-    ]
-    stacked = [o for o, shape in outputs.items() if shape[:1] == [8]]
-    assert len(split) >= len(stacked) > 0
-    assert all(d.dims[0] == ("stage",) for d in split if d.dims and d.dims[0])
-    feeds = {
-        i.name: np.asarray(v)
-        for i, v in zip(model.graph.input, jax.tree_util.tree_leaves(args), strict=True)
-    }
-    got = run_onnxruntime(model, feeds)
-    want = jax.tree_util.tree_leaves(jax.jit(step)(*args))
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, np.asarray(w), rtol=2e-4, atol=1e-5)
