@@ -182,6 +182,21 @@ def test_a_pipelined_step_s_estimate_has_the_bubble(schedule: str) -> None:
     assert "idle" in report and "positions over stage" in report
 
 
+def test_1f1b_s_estimated_memory_is_below_gpipe_s() -> None:
+    """The estimate's peak is the pipelined program's liveness: a stage keeps
+    `Schedule.slots` microbatches' buffers, 2 under 1F1B on 2 stages against
+    GPipe's 8, so 1F1B's peak is lower by 6 slots at least (each holds a
+    microbatch's activation, its gradient and the head's seed: 2 rows x 5
+    f32 each; the residuals come on top)."""
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        lowered = _lowered(schedule, stages=2, microbatches=8)
+        peaks[schedule] = lowered.estimate("h100-8").peak_bytes
+    assert make_schedule("1f1b", 2, 8).slots == 2 < make_schedule("gpipe", 2, 8).slots == 8
+    slot = 3 * 2 * 5 * 4
+    assert peaks["1f1b"] + 6 * slot <= peaks["gpipe"]
+
+
 # --- ONNX: each node on its pipeline stage --------------------------------------------------------
 
 
