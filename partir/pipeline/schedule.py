@@ -165,12 +165,17 @@ class Schedule:
             }
         )
 
-    def __str__(self) -> str:
+    @property
+    def summary(self) -> str:
+        """One line: the kind, the sizes, the bubble, the slots and the transfers."""
         return (
             f"{self.name} schedule: {self.stages} stages, {self.microbatches} microbatches, "
             f"{self.steps} time steps, bubble {self.bubble:.1%}, {self.slots} slots per stage, "
-            f"{self.transfers} transfers\n{self.timeline()}"
+            f"{self.transfers} transfers"
         )
+
+    def __str__(self) -> str:
+        return f"{self.summary}\n{self.timeline()}"
 
 
 def recorded_schedule(module: ModuleOp) -> tuple[str, Schedule] | None:

@@ -48,12 +48,9 @@ class PipelineSection:
         return PipelineSection(axis, schedule, sum(pairs), moved)
 
     def title(self) -> str:
-        sched = self.schedule
         return (
-            f"pipeline over {quoted(self.axis)}: {sched.name} schedule, {sched.stages} stages, "
-            f"{sched.microbatches} microbatches, {sched.steps} time steps, bubble "
-            f"{sched.bubble:.1%}, {sched.slots} slots per stage, {self.transfers} transfers "
-            f"({self.transfer_bytes} B)"
+            f"pipeline over {quoted(self.axis)}: {self.schedule.summary}; in the program "
+            f"{self.transfers} permute pairs on {quoted(self.axis)}, {self.transfer_bytes} B"
         )
 
     def table(self) -> Table:
