@@ -59,7 +59,7 @@ def test_report_draws_the_schedule_the_program_records(schedule: str) -> None:
         f'== pipeline over "stage": {schedule} schedule: 4 stages, 4 microbatches, '
         f"{want.steps} time steps, bubble {3 / 7:.1%}"
     )
-    assert head in text and f'in the program 24 permute pairs on "stage"' in text
+    assert head in text and 'in the program 24 permute pairs on "stage"' in text
     rows = text[text.index(head) :].splitlines()
     assert rows[1].split() == ["stage", *map(str, range(want.steps))]
     for s in range(4):  # one row per stage: F<m>, B<m> or "." per time step
