@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+from xdsl.dialects.builtin import DictionaryAttr
 
 import partir
 from dialects.interpreter import run_function
@@ -217,3 +218,19 @@ def test_unrolled_layer_loops_compute_what_the_loops_did() -> None:
     leaves = jax.tree.leaves(args)
     for got, want in zip(run_function(unrolled, leaves), run_function(looped, leaves), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_module_records_its_schedule_with_the_table() -> None:
+    """`Schedule.record` writes the table; what reads it gets the same schedule
+    back, and a record without a table (a pipeline asked for, not scheduled
+    yet) is no schedule."""
+    module = parse_module('builtin.module {\n  partir.mesh @mesh ["stage" = 3]\n}')
+    assert recorded_schedule(module) is None
+    want = make_schedule("1f1b", 3, 5)
+    want.record(module, "stage")
+    assert recorded_schedule(parse_module(str(module))) == ("stage", want)
+    table = module.attributes["partir.pipeline"].data["table"]  # type: ignore[attr-defined]
+    assert [row.data for row in table.data[:3]] == ["F0 . .", "F1 F0 .", "F2 F1 F0"]
+    asked = {k: v for k, v in module.attributes["partir.pipeline"].data.items() if k != "table"}  # type: ignore[attr-defined]
+    module.attributes["partir.pipeline"] = DictionaryAttr(asked)
+    assert recorded_schedule(module) is None

@@ -179,9 +179,10 @@ class Schedule:
 
 
 def recorded_schedule(module: ModuleOp) -> tuple[str, Schedule] | None:
-    """The stage axis and the schedule a pipelined `module` records (`RECORD`), or None."""
+    """The stage axis and the schedule a pipelined `module` records (`RECORD`),
+    or None (none recorded, or a pipeline asked for and not scheduled yet: no table)."""
     record = module.attributes.get(RECORD)
-    if not isinstance(record, DictionaryAttr):
+    if not isinstance(record, DictionaryAttr) or "table" not in record.data:
         return None
     fields = record.data
     axis, name, rows = fields.get("axis"), fields.get("schedule"), fields.get("table")
