@@ -25,7 +25,7 @@ from examples import scanned_stack
 from partir.cost import Device, Link, Profile, estimate
 from partir.pipeline.layer_loops import find_layer_loops
 from partir.pipeline.schedule import make_schedule, recorded_schedule
-from partir.report import parse_module, report_text
+from partir.report import build_report, parse_module, report_text
 from rewrites.unroll import unroll
 from tests.test_layer_loops import sgd_args, sgd_step
 
@@ -44,7 +44,7 @@ def _lowered(schedule: str, stages: int = 4, microbatches: int = 4, layers: int 
     return jitted.lower(*args)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
 def test_report_draws_the_schedule_the_program_records(schedule: str) -> None:
     """The report's schedule is the one the pipelining recorded on the module
     (`partir.pipeline`), so `partir-inspect` draws it from the printed SPMD
@@ -159,7 +159,7 @@ def test_the_estimate_s_bubble_is_the_schedule_s_on_equal_stages(
     assert est.wait_seconds > 0 and "idle" in str(est.summary())
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", [pytest.param("gpipe", marks=pytest.mark.slow), "1f1b"])
 def test_a_pipelined_step_s_estimate_has_the_bubble(schedule: str) -> None:
     """The MLP stack's training step (4 stages, 8 microbatches, 512-wide
     layers): the estimate walks each stage on the branches it runs; its
@@ -181,6 +181,9 @@ def test_a_pipelined_step_s_estimate_has_the_bubble(schedule: str) -> None:
     )
     report = str(lowered.report("cpu-host-8"))
     assert "idle" in report and "positions over stage" in report
+    # what partir-inspect estimates from the printed SPMD stage: the same
+    printed = build_report(parse_module(lowered.stage("spmd")), profile=Profile.load("cpu-host-8"))
+    assert printed.estimate is not None and printed.estimate.positions == est.positions
 
 
 def test_1f1b_s_estimated_memory_is_below_gpipe_s() -> None:
