@@ -32,6 +32,7 @@ from partir.mesh import Mesh
 from partir.partition import Stage, find_stage, partition
 from partir.passes import EmitJaxPass
 from partir.pipeline.program import pipeline as schedule_pipeline
+from partir.pipeline.schedule import recorded_schedule
 from partir.pipeline.tactic import MICROBATCH_AXIS, Pipeline
 from partir.report import Report, build_report
 from partir.search import SearchResult
@@ -161,20 +162,43 @@ class Lowered:
     def to_onnx(self, path: str | Path | None = None) -> Any:
         """This program as an ONNX model (`onnx.ModelProto`) annotated with the
         ONNX multi-device proposal's sharding specs, as partir decided them
-        (`partir.onnx_interop.export`); written to `path` (0600) if given.
+        (`partir.onnx_interop.export`), and for a pipelined step each node's
+        `pipeline_stage` (`partir.onnx_interop.pipeline`); written to `path`
+        (0600) if given.
         Needs the `onnx` extra (`pip install 'partir[onnx]'`)."""
         from partir.onnx_interop.export import export_module
+        from partir.onnx_interop.pipeline import export_pipelined
 
         def replay(module: ModuleOp) -> None:
-            partition(module, self.mesh, self.tactics)
+            partition(module, self.partition_mesh or self.mesh, self.tactics)
 
-        model = export_module(
-            self.imported,
-            self.mesh,
-            replay,
-            name=self.name,
-            expected_collectives=[(c.kind, c.axes, c.bytes_per_device) for c in self.collectives],
-        )
+        expected = [(c.kind, c.axes, c.bytes_per_device) for c in self.collectives]
+        recorded = recorded_schedule(self.module)
+        if recorded is None:
+            model = export_module(
+                self.imported, self.mesh, replay, name=self.name, expected_collectives=expected
+            )
+        else:
+            axis, schedule = recorded
+
+            def scheduled(module: ModuleOp) -> None:
+                schedule_pipeline(
+                    module,
+                    axis=axis,
+                    stages=schedule.stages,
+                    microbatch_axis=MICROBATCH_AXIS,
+                    microbatches=schedule.microbatches,
+                    schedule=schedule.name,
+                )
+
+            model = export_pipelined(
+                self.imported,
+                self.mesh,
+                replay,
+                scheduled,
+                name=self.name,
+                expected_collectives=expected,
+            )
         if path is not None:
             write_private(Path(path), model.SerializeToString())
         return model

@@ -116,6 +116,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "partir.report.memory",
             "partir.report.model",
             "partir.report.names",
+            "partir.report.pipeline",
             "partir.report.render",
             "partir.report.replicated",
             "partir.report.rows",
@@ -130,12 +131,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "partir.api",
             "partir.lowered",
-            "partir.cost.pipeline",
             "partir.onnx_interop.pipeline",
             "partir.pipeline.engine",
             "partir.pipeline.lowered",
             "partir.pipeline.megatron",
-            "partir.report.pipeline",
         ),
     ),
     (

@@ -189,22 +189,47 @@ def export_module(
     `pipeline_stage` (what `partir.onnx_interop.pipeline` gives `build_model`
     for a pipelined step).
     """
+    replay = replayed(imported, partition, expected_collectives=expected_collectives)
+    decided = decided_shardings(replay)
+    chosen = mesh or mesh_of(replay)
+    return build_model(
+        imported,
+        chosen,
+        decided,
+        result_distributions(replay),
+        name=name,
+        pipeline_stages=pipeline_stages,
+    )
+
+
+def replayed(
+    imported: ModuleOp,
+    partition: Callable[[ModuleOp], None],
+    *,
+    scheduled: Callable[[ModuleOp], None] | None = None,
+    expected_collectives: list[tuple[str, tuple[str, ...], int]] | None = None,
+) -> ModuleOp:
+    """The SPMD program of a numbered copy of `imported` (`number_ops`):
+    `partition`ed, lowered, then `scheduled` (a pipeline pass), its
+    collectives checked to be `expected_collectives`."""
     replay = imported.clone()
     number_ops(replay)
     partition(replay)
     PassPipeline((LowerToSpmdPass(),)).apply(make_context(), replay)
+    if scheduled is not None:
+        scheduled(replay)
     if expected_collectives is not None:
         replayed = [(c.kind, c.axes, c.bytes_per_device) for c in collectives(replay)]
         assert replayed == expected_collectives, "the replayed partition differs"
-    decided = decided_shardings(replay)
-    chosen = mesh or mesh_of(replay)
-    results = [
+    return replay
+
+
+def result_distributions(spmd: ModuleOp) -> list[Distribution | None]:
+    """The distribution of each result of the SPMD program's entry function."""
+    return [
         t.distribution if isinstance(t, DTensorType) else None
-        for t in entry_function(replay).function_type.outputs.data
+        for t in entry_function(spmd).function_type.outputs.data
     ]
-    return build_model(
-        imported, chosen, decided, results, name=name, pipeline_stages=pipeline_stages
-    )
 
 
 def build_model(

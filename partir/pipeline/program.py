@@ -93,10 +93,11 @@ def pipeline(
     schedule: str = "gpipe",
 ) -> None:
     """Rewrite the per-microbatch SPMD `module` (its mesh has `microbatch_axis`)
-    as the pipelined program over `axis` (see the module docstring)."""
-    Pipelining(
-        module, axis, stages, microbatch_axis, make_schedule(schedule, stages, microbatches)
-    ).run()
+    as the pipelined program over `axis` (see the module docstring), its
+    schedule recorded on the module (`Schedule.record`)."""
+    table = make_schedule(schedule, stages, microbatches)
+    Pipelining(module, axis, stages, microbatch_axis, table).run()
+    table.record(module, axis)
 
 
 class Pipelining:

@@ -23,7 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
+
 from dialects.errors import PartirValueError
+
+RECORD = "partir.pipeline"
+"""The module attribute a pipelined program records its schedule in
+(`Schedule.record`, `recorded_schedule`): what the report draws and the
+ONNX export places by."""
 
 Phase = Literal["F", "B"]
 
@@ -145,12 +152,64 @@ class Schedule:
             rows.append(f"{s:>5} | " + " ".join(cells))
         return "\n".join(rows)
 
-    def __str__(self) -> str:
+    def record(self, module: ModuleOp, axis: str) -> None:
+        """Record the table on `module` (`RECORD`): one string per time step,
+        each stage's action or "." (idle), e.g. `"F1 F0 . ."`."""
+        rows = [" ".join(str(a) if a else "." for a in row) for row in self.table]
+        module.attributes[RECORD] = DictionaryAttr(
+            {
+                "axis": StringAttr(axis),
+                "schedule": StringAttr(self.name),
+                "microbatches": IntegerAttr(self.microbatches, i64),
+                "table": ArrayAttr([StringAttr(r) for r in rows]),
+            }
+        )
+
+    @property
+    def summary(self) -> str:
+        """One line: the kind, the sizes, the bubble, the slots and the transfers."""
         return (
             f"{self.name} schedule: {self.stages} stages, {self.microbatches} microbatches, "
             f"{self.steps} time steps, bubble {self.bubble:.1%}, {self.slots} slots per stage, "
-            f"{self.transfers} transfers\n{self.timeline()}"
+            f"{self.transfers} transfers"
         )
+
+    def __str__(self) -> str:
+        return f"{self.summary}\n{self.timeline()}"
+
+
+def recorded_schedule(module: ModuleOp) -> tuple[str, Schedule] | None:
+    """The stage axis and the schedule a pipelined `module` records (`RECORD`),
+    or None (none recorded, or a pipeline asked for and not scheduled yet: no table)."""
+    record = module.attributes.get(RECORD)
+    if not isinstance(record, DictionaryAttr) or "table" not in record.data:
+        return None
+    fields = record.data
+    axis, name, rows = fields.get("axis"), fields.get("schedule"), fields.get("table")
+    microbatches = fields.get("microbatches")
+    if not (
+        isinstance(axis, StringAttr)
+        and isinstance(name, StringAttr)
+        and isinstance(rows, ArrayAttr)
+        and isinstance(microbatches, IntegerAttr)
+    ):
+        raise PartirValueError(f"malformed {RECORD} attribute: {record}")
+    table = tuple(
+        tuple(_action(cell) for cell in row.data.split(" "))
+        for row in rows.data
+        if isinstance(row, StringAttr)
+    )
+    stages = len(table[0]) if table else 0
+    return axis.data, Schedule(name.data, stages, microbatches.value.data, table)
+
+
+def _action(cell: str) -> Action | None:
+    if cell == ".":
+        return None
+    phase, microbatch = cell[0], cell[1:]
+    if phase not in ("F", "B") or not microbatch.isdigit():
+        raise PartirValueError(f"malformed action {cell!r} in a {RECORD} table")
+    return Action(int(microbatch), phase)  # type: ignore[arg-type]
 
 
 def _fits(spans: list[tuple[int, int, int]], slots: int) -> bool:

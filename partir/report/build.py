@@ -26,6 +26,7 @@ from partir.cost.memory import estimate_memory, local_type
 from partir.cost.profile import Profile
 from partir.report.model import Report
 from partir.report.names import _partir_name, ssa_names
+from partir.report.pipeline import PipelineSection
 from partir.report.replicated import replicated_ops
 from partir.report.rows import CollectiveInfo, PaddedValue, ValueInfo
 from partir.selections import recorded_selections
@@ -80,6 +81,7 @@ def build_report(
         padding=_padding(spmd_entry, names),
         selections=recorded_selections(module) or (recorded_selections(core) if core else []),
         estimate=predicted,
+        pipeline=PipelineSection.of(module),
     )
 
 

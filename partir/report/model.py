@@ -9,6 +9,7 @@ from dialects.escaping import readable
 from dialects.mesh import Mesh
 from partir.cost.memory import MemoryEstimate
 from partir.report.memory import XlaMemory
+from partir.report.pipeline import PipelineSection
 from partir.report.render import Table, _conflict_json, _counts, _type_text, render_plain
 from partir.report.rows import CollectiveInfo, PaddedValue, ReplicatedOp, ValueInfo
 from partir.selections import Selection, tactic_summaries
@@ -39,6 +40,8 @@ class Report:
     """A predicted step on some profile (`with_estimate`, `partir-inspect --estimate`)."""
     selections: list[Selection] = field(default_factory=list)
     """What each tactic chose for each leaf it looked at, and why (`partir.selections`)."""
+    pipeline: PipelineSection | None = field(default=None)
+    """A pipelined program's schedule, as the program records it."""
 
     def tactic_lines(self) -> list[str]:
         """One line per tactic, in schedule order: "BatchParallel(batch): 2 data
@@ -81,6 +84,7 @@ class Report:
                 for tactic, line in tactic_summaries(self.selections)
             ],
             "selections": [s.to_json() for s in self.selections],
+            "pipeline": None if self.pipeline is None else self.pipeline.to_json(),
         }
 
     def summary(self) -> list[tuple[str, str]]:
@@ -131,6 +135,8 @@ class Report:
         out = [Table("summary", ("", ""), self.summary())]
         if self.estimate is not None:
             out.append(Table("estimate", ("", ""), self.estimate.summary()))
+        if self.pipeline is not None:
+            out.append(self.pipeline.table())
         sharding_headers = ("name", "partir.name", "global", "sharding", "local", "bytes")
         out.append(
             Table(
