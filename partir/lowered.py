@@ -110,16 +110,15 @@ class Lowered:
     def stages(self) -> list[Stage]:
         """"import", one stage per tactic (`partir.partition.stage_names`), "spmd".
 
-        The tactics' stages are replayed by the rewrite engine, one tactic at a
-        time, so they read as `partir-opt`'s tactic passes print them (the same
-        shardings and collectives as the decided path `lower` ran)."""
+        The tactics' stages are replayed on the import as `lower` partitioned
+        it (decided and built once, `partir.partition.partition_decided`):
+        tactic k's stage is the first k tactics' decision, built."""
         if self._stages is None:
             replayed = partition(
                 self.imported.clone(),
                 self.partition_mesh or self.mesh,
                 self.tactics,
                 keep_stages=True,
-                engine="rewrite",
             )
             self._stages = [*replayed.stages, Stage("spmd", self.module)]
         return self._stages

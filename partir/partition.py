@@ -367,16 +367,34 @@ def _planned_again(
         first = seeds[k][0].origin.action.data
         if view is None:
             view = ProgramView.of(entry)
+        returned_whole = {(w.leaf.index, w.axis) for plan in plans[:k] for w in plan.whole}
         splits = {}
         for leaf, arg in zip(view.arguments, entry.body.block.args, strict=True):
             if earlier := _split_before(decision, arg, first, argument=True):
                 splits[leaf.name] = earlier
         for leaf, value in zip(view.results, ret.operands, strict=True):
-            if earlier := _split_before(decision, value, first, argument=False):
+            earlier = _split_before(decision, value, first, argument=False)
+            if earlier := tuple(s for s in earlier if (leaf.index, s[1]) not in returned_whole):
                 splits[leaf.name] = earlier
-        if splits:
+        if _reads(plans[k], tactic, view, splits):
             again[k] = tactic.plan(replace(view, splits=splits), mesh)
     return again if again != plans else None
+
+
+def _reads(plan: Plan, tactic: ZeRO, view: ProgramView, splits: dict[str, tuple]) -> bool:
+    """Whether planning `tactic` on `splits` may plan otherwise than `plan`:
+    a leaf it names (tiled, passed, returned whole) is split, or an
+    argument is split over its axis while it returns parameters whole (a
+    parameter that came split returns split)."""
+    named = {t.leaf.name for t in plan} | {p.leaf.name for p in plan.passed}
+    named |= {w.leaf.name for w in plan.whole}
+    if any(name in named for name in splits):
+        return True
+    arguments = {leaf.name for leaf in view.arguments}
+    return bool(plan.whole) and any(
+        name in arguments and any(axis == tactic.axis for _, axis in split)
+        for name, split in splits.items()
+    )
 
 
 def _split_before(
