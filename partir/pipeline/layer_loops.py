@@ -32,6 +32,7 @@ from dialects.counted_loops import CountedLoop, counted_loop
 from dialects.errors import PartirValueError
 from dialects.escaping import quoted
 from dialects.functions import entry_function
+from dialects.spmd import CollectiveOp, FromLocalOp, ToLocalOp
 from rewrites.registry import rule_for
 
 
@@ -196,8 +197,9 @@ def _same_factor(op: Operation) -> Iterator[tuple[tuple[SSAValue, int], tuple[SS
             for d in range(_rank(result)):
                 yield (operand, d), (result, d)
         return
-    if op.name == "spmd.to_local" or op.name == "spmd.from_local":
-        for d in range(_rank(op.results[0])):
+    if isinstance(op, ToLocalOp | FromLocalOp | CollectiveOp):
+        # a device's part of a value, or a collective over it: each dim keeps its meaning
+        for d in range(min(_rank(op.operands[0]), _rank(op.results[0]))):
             yield (op.operands[0], d), (op.results[0], d)
         return
     rule = rule_for(op)
