@@ -423,6 +423,12 @@ def _stages(model: onnx.ModelProto) -> list[int | None]:
     return found
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a pipelined step's Lowered.to_onnx (pipeline_stage per node) comes with the rewrite "
+    "of partir/onnx_interop/pipeline.py on the IR (another helper's work); the jaxpr engine "
+    "that exported it is gone",
+)
 @pytest.mark.parametrize(("name", "mesh"), [
     ("mlp", {"stage": 4, "batch": 2}), ("mlp", {"stage": 8}), ("block", {"stage": 4, "batch": 2}),
 ])

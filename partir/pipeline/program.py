@@ -37,6 +37,7 @@ gradient, a per-example result.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 from xdsl.dialects import func
@@ -74,7 +75,7 @@ from partir.pipeline.builder import Builder, stacked
 from partir.pipeline.layer_loops import LayerLoops, PipelineError, find_layer_loops
 from partir.pipeline.schedule import Schedule, make_schedule
 from partir.pipeline.stage_loops import split_rows
-from rewrites.registry import rule_for
+from rewrites.registry import FactorKind, OpRule, rule_for
 
 LINEAR = frozenset(
     {"stablehlo.transpose", "stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.convert"}
@@ -106,6 +107,8 @@ class Pipelining:
         self.module, self.axis, self.mb, self.schedule = module, axis, mb_axis, schedule
         self.S, self.M = stages, schedule.microbatches
         self.entry = entry_function(module)
+        mesh_op = next(op for op in module.body.block.ops if isinstance(op, MeshOp))
+        self.mesh_size = dict(mesh_op.axes.items())
         self.loops: LayerLoops = find_layer_loops(module, axis)
         if self.loops.backward is None:
             raise self.error(
@@ -340,13 +343,16 @@ class Pipelining:
             d = layer_dim.get(arg)
             if d is not None:
                 assert isinstance(arg.type, DTensorType)
+                self._check_layers_split(arg.type, d)
                 staged = self._staged(arg.type, d)
                 layer_dim[Rewriter.replace_value_with_new_type(arg, staged)] = d
         ops = [*self._to_locals(), *invariant]
         rules = {op: rule_for(op) for op in ops}  # read at the whole shapes, before any retype
         for op in ops:
             if op.name == "stablehlo.reduce":
-                self._reduce_across_stages(op)
+                self._reduce_across_stages(op, _reducer(op))
+            elif rules[op] is not None and not isinstance(op, CollectiveOp | ToLocalOp):
+                self._check_stage_rows(op, rules[op])  # type: ignore[arg-type]
             layered = [(r, d) for r in op.results if (d := layer_dim.get(r)) is not None]
             if not layered:
                 continue
@@ -369,17 +375,60 @@ class Pipelining:
                 retyped = TensorType(ty.get_element_type(), shape)
                 layer_dim[Rewriter.replace_value_with_new_type(r, retyped)] = d
 
+    def _check_layers_split(self, ty: DTensorType, d: int) -> None:
+        layers, axes = ty.global_type.get_shape()[d], ty.distribution.dims[d]
+        parts = self.S * math.prod(self.mesh_size[a] for a in axes)
+        if layers % parts:
+            more = f" x {parts // self.S} parts over {', '.join(map(quoted, axes))}" if axes else ""
+            raise self.error(
+                f"{layers} layers do not split over {self.S} stages{more}: give the stack a "
+                "layer count they divide"
+            )
+
     def _stage_rows(self, size: int) -> int:
         return size // self.S
 
-    def _reduce_across_stages(self, op: Operation) -> None:
+    def _check_stage_rows(self, op: Operation, rule: OpRule) -> None:
+        """Whether a stage's rows of the layers run `op` as the whole does, by
+        its rule: each factor over a layer dim tileable into the stages' parts
+        (a sum factor completed across stages), and a value made along the
+        layers the same on every row (a broadcast, a splat)."""
+        layered = {
+            f
+            for j, v in enumerate(op.operands)
+            if (d := self.layer_dim.get(v)) is not None
+            and (f := rule.operand_factor(j, d)) is not None
+        }
+        made = {
+            f
+            for r in op.results
+            if (d := self.layer_dim.get(r)) is not None
+            and (f := rule.result_factor(r.index, d)) is not None
+        } - layered
+        for f in sorted(layered | made):
+            why = rule.why_not_tileable(f, self.S)
+            if why is not None:
+                raise self.error(
+                    f"{op_name(op)} outside the layer loops combines the layers of a stacked "
+                    f"value ({why}); a stage holds only its own layers: compute it inside "
+                    "the loop, or per layer"
+                )
+            if f in made and not (op.name == "stablehlo.broadcast_in_dim" or _is_splat(op)):
+                raise self.error(
+                    f"{op_name(op)} outside the layer loop makes a value along the layers "
+                    "that differs per layer; a stage would make its own rows as the first "
+                    "stage's: pass it in as an argument, or make it inside the loop"
+                )
+        if any(rule.factors[f].kind is FactorKind.SUM for f in layered):
+            self._reduce_across_stages(op, "sum")
+
+    def _reduce_across_stages(self, op: Operation, combiner: str | None) -> None:
         """A reduction over the layers is a stage's partial one: combine it."""
-        operand = op.operands[0]
-        d = self.layer_dim.get(operand)
-        dims = op.properties.get("dimensions")
-        if d is None or not isinstance(dims, DenseArrayBase) or d not in dims.get_values():
-            return
-        combiner = _reducer(op)
+        if op.name == "stablehlo.reduce":
+            d = self.layer_dim.get(op.operands[0])
+            dims = op.properties.get("dimensions")
+            if d is None or not isinstance(dims, DenseArrayBase) or d not in dims.get_values():
+                return
         if combiner is None or len(op.results) != 1:
             raise self.error(
                 f"{op_name(op)} reduces over the layers with a combiner other than a sum, "
@@ -413,8 +462,7 @@ class Pipelining:
     # --- building the schedule ---------------------------------------------------------
 
     def _build(self, block: Block, ops: list[Operation]) -> None:
-        mesh_op = next(op for op in self.module.body.block.ops if isinstance(op, MeshOp))
-        axes = {k: v for k, v in mesh_op.axes.items() if k != self.mb}
+        axes = {k: v for k, v in self.mesh_size.items() if k != self.mb}
         self.mesh_axes = {self.axis: self.S, **axes} if self.axis not in axes else axes
         new = Block(arg_types=[self._without_mb(a.type) for a in block.args])
         was: dict[SSAValue, Attribute] = {}
@@ -866,6 +914,11 @@ def _is_zeros(value: SSAValue) -> bool:
         return False
     values = owner.properties["value"].get_values()  # type: ignore[attr-defined]
     return all(v == 0 for v in values)
+
+
+def _is_splat(op: Operation) -> bool:
+    value = op.properties.get("value")
+    return op.name == "stablehlo.constant" and len(set(value.get_values())) <= 1  # type: ignore[union-attr]
 
 
 def _reducer(op: Operation) -> str | None:
