@@ -400,7 +400,7 @@ def _fixed_length_stack(blocks: Any, x: Any) -> Any:
     return jax.lax.scan(step, x, blocks, length=LAYERS)[0]
 
 
-def test_step_that_fixes_its_layer_count_runs_as_its_jaxpr_at_each_stage() -> None:
+def test_step_that_fixes_its_scan_length_pipelines() -> None:
     """Called with a stage's layers the step would fail (`lax.scan` gets length
     8 and 4 layers); the IR splits the loop's trip count with its rows, so it
     pipelines with jax.jit's numbers, ZeRO-3 included."""

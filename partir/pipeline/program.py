@@ -583,6 +583,12 @@ class Pipelining:
         self._stack_pre_values()
         head_sums = [s for s in self.sums if self._made_in(s.operands[0], self.head, f.op)]
         post_sums = [s for s in self.sums if self._made_in(s.operands[0], self.post, bw.op)]
+        for op in self.post if post_sums else ():
+            if any(isinstance(v.owner, Operation) and v.owner in self.head for v in op.operands):
+                raise self.error(
+                    f"{op_name(op)} after the backward loop reads a value of the head; "
+                    "the head runs on the last stage and this op on the first"
+                )
         state: dict[tuple[str, object], SSAValue] = {}
         slots = self.slots = sched.slots  # microbatch m is kept in slot m % slots
         for k in flowing_f:
@@ -627,7 +633,9 @@ class Pipelining:
                     now[("res", j)] = b.put(now[("res", j)], clone.results[j], slot)
                 last_action = sched.table[t][self.S - 1]
                 if last_action is not None and last_action.phase == "F":
-                    self._head(last_action.microbatch, clone, now, flowing_b, head_sums)
+                    m_last = last_action.microbatch
+                    self._segment(self.last, self.head, m_last, f.op, clone, now, head_sums,
+                                  flowing_b)
                 outs = [now[k] for k in keys]
                 return (
                     outs
@@ -653,7 +661,8 @@ class Pipelining:
                     now[("w", k)] = b.sum(now[("w", k)], clone.results[k])
                 first_action = sched.table[t][0]
                 if first_action is not None and first_action.phase == "B" and post_sums:
-                    self._post(first_action.microbatch, clone, now, post_sums)
+                    self._segment(self.first, self.post, first_action.microbatch, bw.op,
+                                  clone, now, post_sums)
                 outs = [now[k] for k in keys]
                 return (
                     outs + [b.zeros(ty) for ty in act_types] + [clone.results[k] for k in flowing_b]
@@ -710,64 +719,36 @@ class Pipelining:
             got = b.add(CollectivePermuteOp(value, [self.axis], pairs)).results[0]
             state[(kind, k)] = b.store(state[(kind, k)], got, index, valid)
 
-    def _head(
+    def _segment(
         self,
+        on: SSAValue,
+        ops: Sequence[Operation],
         m: int,
+        loop: Operation,
         clone: Operation,
         now: dict[tuple[str, object], SSAValue],
-        flowing_b: list[int],
         sums: list[Operation],
+        seeds: Sequence[int] = (),
     ) -> None:
-        """On the last stage, the head on microbatch `m`'s output: the seed of
-        its backward, and the head's share of the sums."""
-        b, f, bw = self.b, self.forward.op, self.backward.op
+        """Where `on` holds (the last stage: the head; the first: the ops after
+        the backward loop), `ops` on microbatch `m`, `loop`'s results as its
+        `clone` made them: the backward's `seeds` kept in their slot, and the
+        segment's share of `sums`."""
+        b, bw = self.b, self.backward.op
         values = dict(self.per_mb[m])
-        values.update(zip(f.results, clone.results, strict=True))
-        keys = [("seed", k) for k in flowing_b] + [("sum", s) for s in sums]
+        values.update(zip(loop.results, clone.results, strict=True))
+        keys = [("seed", k) for k in seeds] + [("sum", s) for s in sums]
 
         def taken() -> list[SSAValue]:
             mapping = dict(values)
-            made = b.clone(self.head, mapping)
-            self._own_parts(made, m)
-            at = m % self.slots
-            out = [b.put(now[("seed", k)], mapping[bw.operands[k]], at) for k in flowing_b]
+            self._own_parts(b.clone(ops, mapping), m)
+            out = [b.put(now[("seed", k)], mapping[bw.operands[k]], m % self.slots) for k in seeds]
             return out + [
                 b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums
             ]
 
         varying = [self._state_axes(k) for k in keys]
-        results = b.if_(self.last, taken, lambda: [now[k] for k in keys], varying)
-        now.update(zip(keys, results, strict=True))
-
-    def _post(
-        self,
-        m: int,
-        clone: Operation,
-        now: dict[tuple[str, object], SSAValue],
-        sums: list[Operation],
-    ) -> None:
-        """On the first stage, the ops after the backward loop on microbatch `m`'s
-        gradient: their share of the sums."""
-        b, bw = self.b, self.backward.op
-        for op in self.post:
-            for v in op.operands:
-                if isinstance(v.owner, Operation) and v.owner in self.head:
-                    raise self.error(
-                        f"{op_name(op)} after the backward loop reads a value of the head; "
-                        "the head runs on the last stage and this op on the first"
-                    )
-        values = dict(self.per_mb[m])
-        values.update(zip(bw.results, clone.results, strict=True))
-        keys = [("sum", s) for s in sums]
-
-        def taken() -> list[SSAValue]:
-            mapping = dict(values)
-            made = b.clone(self.post, mapping)
-            self._own_parts(made, m)
-            return [b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums]
-
-        varying = [self._state_axes(k) for k in keys]
-        results = b.if_(self.first, taken, lambda: [now[k] for k in keys], varying)
+        results = b.if_(on, taken, lambda: [now[k] for k in keys], varying)
         now.update(zip(keys, results, strict=True))
 
     def _state_axes(self, key: tuple[str, object]) -> tuple[str, ...]:
