@@ -27,9 +27,11 @@ loops over the stage axis (`partir.pipeline.layer_loops`, `stage_loops`):
 - the ops that do not depend on the batch (the update) run once, on each
   stage's own layers.
 
-The schedule is GPipe: every forward, then every backward, the stages of a
-step working on consecutive microbatches (`partir.pipeline.schedule`). What
-does not fit gets a `PipelineError` naming the op: a collective over the
+The schedule (GPipe, 1F1B) is a table of each stage's action per time step
+(`partir.pipeline.schedule`). An op outside the loops on the stacked values
+runs on a stage's rows where its registry rule lets the layer dim split (a
+sum factor completed by an all-reduce over the stages). What does not fit
+gets a `PipelineError` naming the op: a collective over the
 microbatch axis other than a sum (a batch statistic, a contrastive loss
 across microbatches), a value the backward reads from the head besides its
 gradient, a per-example result.
