@@ -104,7 +104,15 @@ def find_layer_loops(module: ModuleOp, axis: str = "stage") -> LayerLoops:
             continue
         loop = layer_loops.get(op)
         by_rows = {*loop.reads, *loop.writes} if loop is not None else set()
-        if any(rows.is_layers(v) and k not in by_rows for k, v in enumerate(op.operands)):
+        whole = [v for k, v in enumerate(op.operands) if rows.is_layers(v) and k not in by_rows]
+        if loop is backward and any(v.owner is forward.op for v in whole):
+            raise PipelineError(
+                f"Pipeline({quoted(axis)}): the backward loop reads a value the forward loop "
+                "saved per layer for the whole batch, each microbatch taking its part of every "
+                "layer at once (random bits drawn for the batch inside the layer loop, as a "
+                "dropout mask): draw them per example, or per microbatch, inside the loop"
+            )
+        if whole:
             raise PipelineError(
                 f"Pipeline({quoted(axis)}): a loop reads or writes the stacked layers other "
                 "than one layer per step (as the gradient of a fori_loop does, by the "
