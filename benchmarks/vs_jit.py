@@ -228,17 +228,13 @@ def measure_pipeline_rows(small: bool, rounds: int, profile: str) -> list[dict[s
     rows = []
     for name, (mesh, tactics) in PIPELINE_STRATEGIES.items():
         lowered = partir.jit(program, mesh=mesh, tactics=tactics).lower(*args)
-        if hasattr(lowered, "executable"):
-            exe, inputs = lowered.executable(*args)
-            run = exe
-        else:
-            compiled = lowered.compile()
-            module = compiled.program
-            shardings = [NamedSharding(compiled.jax_mesh, spec) for spec in module.IN_SPECS]
-            leaves = jax.tree_util.tree_leaves(args)
-            inputs = [jax.device_put(x, s) for x, s in zip(leaves, shardings, strict=True)]
-            run = compiled.run
-            exe = run.lower(*inputs).compile()
+        compiled = lowered.compile()
+        module = compiled.program
+        shardings = [NamedSharding(compiled.jax_mesh, spec) for spec in module.IN_SPECS]
+        leaves = jax.tree_util.tree_leaves(args)
+        inputs = [jax.device_put(x, s) for x, s in zip(leaves, shardings, strict=True)]
+        run = compiled.run
+        exe = run.lower(*inputs).compile()
         t, _ = paired_times(run, run, inputs, rounds)
         rows.append(
             {

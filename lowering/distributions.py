@@ -114,6 +114,9 @@ class Redistributor:
         self._scattered: dict[tuple[SSAValue, tuple[str, ...]], tuple[Placed, int]] = {}
         """Partial sums over one axis a reduce-scatter summed, per local value:
         the scattered parts and their dim (a whole use all-gathers them)."""
+        self._sliced_from: dict[SSAValue, Placed] = {}
+        """Per device's part a local slice took, the value it took it from (a
+        part gathered back is that value: `_unsliced`)."""
         self.emitted: list[CollectiveOp] = []
         """Every collective emitted, in order (the lowering annotates them)."""
         self.cause: tuple[str, tuple[tuple[str, OriginAttr], ...]] = ("", ())
@@ -136,7 +139,18 @@ class Redistributor:
     def _apply(self, placed: Placed, op: CollectiveOp) -> Placed:
         """Emit `op` on `placed`; its result, distributed as the op says."""
         self.emit(op)
+        if isinstance(op, LocalSliceOp):
+            self._sliced_from[op.results[0]] = placed
         return Placed(op.results[0], op.result_distribution(placed.dist), placed.origins)
+
+    def _unsliced(self, placed: Placed, target: Distribution) -> Placed:
+        """The value `placed`'s local slices were taken from, where that is
+        distributed as `target` (a loop body that slices a carried value and
+        carries it whole again gathers nothing), else `placed`."""
+        source = placed
+        while source.dist != target and (up := self._sliced_from.get(source.local)) is not None:
+            source = up
+        return source if source.dist == target else placed
 
     def _memo(self, placed: Placed, key: str, make: Callable[[], Placed]) -> Placed:
         k = (placed.local, placed.dist, key)
@@ -243,6 +257,9 @@ class Redistributor:
         """The whole value on every device: all-reduce partials, gather splits."""
         if placed.dist.is_replicated:
             return placed
+        unsliced = self._unsliced(placed, Distribution.replicated(len(placed.dist.dims)))
+        if unsliced is not placed:
+            return unsliced
 
         def make() -> Placed:
             whole = placed
@@ -271,6 +288,7 @@ class Redistributor:
         where it splits a dim over the axes `placed` is partial over, else
         partial sums added, gathered where the splits differ, then the
         device's part."""
+        placed = self._unsliced(placed, target)
         if placed.dist == target:
             return placed
 

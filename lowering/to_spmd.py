@@ -84,7 +84,15 @@ from dialects.partir import (
 )
 from dialects.sdy import ManualComputationOp, ShardingConstraintOp
 from dialects.sdy import ReturnOp as SdyReturnOp
-from dialects.spmd import CARRIED, DIST, CollectiveOp, DTensorType, FromLocalOp, ToLocalOp
+from dialects.spmd import (
+    CARRIED,
+    DIST,
+    CollectiveOp,
+    DTensorType,
+    FromLocalOp,
+    LocalSliceOp,
+    ToLocalOp,
+)
 from lowering.distributions import NEEDED_BY, Placed, Redistributor, Remake
 from rewrites.projection import (
     LoopRelation,
@@ -276,6 +284,7 @@ class SpmdLowering:
             results.append(from_local.results[0])
             types.append(dtensor)
         self.at.emit(func.ReturnOp(*results))
+        self._drop_unused_slices()
         self._drop_unused_partials()
         self._annotate_computed()
         annotate_collectives(self.at.block, self.redistribute.emitted)
@@ -640,6 +649,19 @@ class SpmdLowering:
             return clone.results[0]
 
         return remake
+
+    def _drop_unused_slices(self) -> None:
+        """Erase the local slices no op reads (a part a loop body took of a
+        carried value and carries whole again: `Redistributor._unsliced`)."""
+        emitted = self.redistribute.emitted
+        dropped = set()
+        for op in reversed(emitted):  # last first: a slice may read another
+            if isinstance(op, LocalSliceOp) and not op.results[0].uses:
+                op.detach()
+                op.erase()
+                dropped.add(op)
+        if dropped:
+            emitted[:] = [c for c in emitted if c not in dropped]
 
     def _drop_unused_partials(self) -> None:
         """Erase the carried ops whose partial results every use took summed

@@ -23,14 +23,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from dialects.errors import PartirTypeError, PartirValueError
+from dialects.errors import PartirTypeError
 from partir.devices import devices_for
 from partir.importer import check_arguments
 from partir.keys import KeyBoundary
 from partir.lowered import Compiled, Lowered, lower
 from partir.mesh import Mesh
-from partir.pipeline.lowered import lower_pipeline
-from partir.pipeline.tactic import Pipeline
 from partir.tactics import Tactic, check_tactics
 from partir.validation import CheckedCall
 
@@ -74,7 +72,7 @@ class PartitionedFunction:
         self.tactics = check_tactics(tactics)
         self._compiled: dict[tuple[Any, ...], Any] = {}
         # what `.lower` made and no call has compiled yet: the call reuses it
-        self._lowered: dict[tuple[Any, ...], Any] = {}
+        self._lowered: dict[tuple[Any, ...], Lowered] = {}
         functools.update_wrapper(self, fn)
 
     def _positional(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -91,23 +89,17 @@ class PartitionedFunction:
             )
         return tuple(bound.args)
 
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """A `Lowered`; with a `Pipeline` among the tactics, a
-        `partir.pipeline.lowered.PipelinedLowered` (built from the step's jaxpr).
-        A later call at the same shapes runs it rather than partitioning again."""
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        """A `Lowered`. A later call at the same shapes runs it rather than
+        partitioning again."""
         args = self._positional(args, kwargs)
-        lowered: Any
-        if self._pipelined:
-            jax_mesh = devices_for(self.mesh, self.jax_mesh)
-            lowered = lower_pipeline(self.fn, args, self.mesh, self.tactics, jax_mesh)
-        else:
-            lowered = lower(self.fn, args, self.mesh, self.tactics, jax_mesh=self.jax_mesh)
+        lowered = lower(self.fn, args, self.mesh, self.tactics, jax_mesh=self.jax_mesh)
         key = _signature(KeyBoundary.of(args).raw(args))
         if key not in self._compiled:
             self._lowered[key] = lowered
         return lowered
 
-    def _lowered_for(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+    def _lowered_for(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Lowered:
         """The lowering `.lower` made at these shapes (taken: the call
         compiles it once), or a new one."""
         lowered = self._lowered.pop(key, None)
@@ -116,24 +108,12 @@ class PartitionedFunction:
             self._lowered.pop(key, None)
         return lowered
 
-    @property
-    def _pipelined(self) -> bool:
-        """A Pipeline on the jaxpr engine (the IR one gives a `Lowered`)."""
-        return any(isinstance(t, Pipeline) and t.engine == "jaxpr" for t in self.tactics)
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = self._positional(args, kwargs)
         raw = KeyBoundary.of(args).raw(args)
         check_arguments(self.fn, raw)
         key = _signature(raw)
         compiled = self._compiled.get(key)
-        if compiled is None and self._pipelined:
-            if self.check:
-                raise PartirValueError(
-                    "partir.jit(check=True) validates IR stages, which a Pipeline step "
-                    "does not have; compare it with jax.jit instead"
-                )
-            compiled = self._compiled[key] = self._lowered_for(key, args).compile()
         if compiled is None:
             lowered = self._lowered_for(key, args)
             compiled = self._compiled[key] = lowered.compile()

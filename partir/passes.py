@@ -247,7 +247,7 @@ class PipelinePass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         mesh = Mesh(module_mesh(op, "Pipeline").axes)
-        tactic = Pipeline(self.axis, self.microbatches, self.schedule, engine="ir")
+        tactic = Pipeline(self.axis, self.microbatches, self.schedule)
         try:
             per_microbatch, (split,) = tactic.microbatched(mesh, [])
             plan = split.plan(ProgramView.of(entry_function(op)), per_microbatch)

@@ -344,23 +344,24 @@ def test_partir_opt_partitions_the_jax_text_of_each_model(name, strategy, tmp_pa
 ])
 def test_pipeline_splits_each_library_s_stack_over_stages(name, axes):
     """`Pipeline` on the stacks the libraries make (flax's `nn.scan`, which
-    fixes its layer count, so each stage runs the step's jaxpr at its layers:
-    `partir.pipeline.replay`; haiku's `hk.layer_stack`; equinox's vmapped
-    layers under `lax.scan`, with `Megatron` inside each stage): every
-    stacked leaf and its optimizer state split over "stage" on the layer dim,
-    and the loss, parameters and optax state are jax.jit's."""
+    fixes its layer count in its code: the IR splits the loop's trip count
+    with its rows; haiku's `hk.layer_stack`; equinox's vmapped layers under
+    `lax.scan`, with `Megatron` inside each stage): every stacked leaf and
+    its optimizer state split over "stage" on the layer dim, and the loss,
+    parameters and optax state are jax.jit's."""
     client = _client(name)
     args, want = _case(name)
     tactics = [partir.Pipeline("stage", 2), DATA]
     if "model" in axes:
         tactics.append(client.megatron)
-    lowered = partir.jit(client.step, mesh=partir.Mesh(axes), tactics=tactics).lower(*args)
-    s = lowered.structure
-    stacked = {i for i, x in enumerate(jax.tree.leaves(args[:2])) if x.ndim and x.shape[0] == 2}
-    assert set(s.stacked) == stacked
-    assert all(lowered.in_specs[i][0] == "stage" for i in s.stacked)
-    exe, placed = lowered.executable(*args)
-    assert_leaves_close(jax.tree.leaves(lowered.unflatten(exe(*placed))), jax.tree.leaves(want),
+    jitted = partir.jit(client.step, mesh=partir.Mesh(axes), tactics=tactics)
+    lowered = jitted.lower(*args)
+    leaves = jax.tree.leaves(args[:2])
+    dists = [t.distribution for t in entry_function(lowered.module).function_type.inputs.data]
+    for x, dist in zip(leaves, dists, strict=False):
+        stacked = x.ndim > 0 and x.shape[0] == 2
+        assert (dist.dims[0][:1] == ("stage",)) == stacked if x.ndim else not dist.axes
+    assert_leaves_close(jax.tree.leaves(jitted(*args)), jax.tree.leaves(want),
                         what=f"{name}, pipelined")
 
 

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
-        "front end",  # names, values, the mesh, the import from JAX (and the pipeline's jaxprs)
+        "front end",  # names, values, the mesh, the import from JAX, the layer loops
         (
             "partir.annotations",
             "partir.annotation_conflicts",
@@ -61,11 +61,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "partir.spmd_form",
             "partir.values",
             "partir.pipeline",
-            "partir.pipeline.apart",
-            "partir.pipeline.equations",
             "partir.pipeline.layer_loops",
-            "partir.pipeline.replay",
-            "partir.pipeline.structure",
         ),
     ),
     (
@@ -127,14 +123,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     (
-        "api",  # `Lowered`, `partir.jit`, and the jaxpr pipeline beside them
+        "api",  # `Lowered`, `partir.jit`, and the pipeline's cost, report and ONNX files
         (
             "partir.api",
             "partir.lowered",
             "partir.onnx_interop.pipeline",
-            "partir.pipeline.engine",
-            "partir.pipeline.lowered",
-            "partir.pipeline.megatron",
         ),
     ),
     (

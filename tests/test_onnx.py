@@ -462,7 +462,7 @@ def test_a_pipelined_step_exports_each_layer_on_its_stage(
         step, args = scanned_stack.mlp_train_step, scanned_stack.mlp_train_args(layers_=8, batch=16)
     else:
         step, args = scanned_stack.train_step, scanned_stack.make_args(layers_=8, batch=16)
-    tactics: list[partir.Tactic] = [partir.Pipeline("stage", 4, "1f1b", engine="ir")]
+    tactics: list[partir.Tactic] = [partir.Pipeline("stage", 4, "1f1b")]
     tactics += [partir.BatchParallel("batch")] if "batch" in mesh else []
     lowered = partir.jit(step, mesh=partir.Mesh(mesh), tactics=tactics).lower(*args)
     path = tmp_path / "step.onnx"

@@ -1,4 +1,4 @@
-"""Pipelines on the IR (`Pipeline(..., engine="ir")`, `partir.pipeline.program`):
+"""Pipelines on the IR (`partir.Pipeline`, `partir.pipeline.program`):
 the step partitioned per microbatch by the engine, then scheduled over the
 stage axis on its SPMD program. Against `jax.jit` on steps written four ways
 (a plain `lax.scan`, flax's `nn.scan`, haiku's `layer_stack`, equinox's
@@ -41,7 +41,7 @@ from tests.test_layer_loops import sgd_args, sgd_step
 
 
 def _pipeline(microbatches: int, schedule: str = "1f1b") -> partir.Pipeline:
-    return partir.Pipeline("stage", microbatches, schedule, engine="ir")
+    return partir.Pipeline("stage", microbatches, schedule)
 
 
 @functools.cache

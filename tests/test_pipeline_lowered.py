@@ -1,4 +1,4 @@
-"""A pipelined step's `Lowered` is complete (`Pipeline(..., engine="ir")`):
+"""A pipelined step's `Lowered` is complete:
 its report draws the schedule the program records, its estimate has the
 bubble, and its layer loops unroll on the IR for the ONNX export (whose
 `pipeline_stage` per node is tested in `tests/test_onnx.py`).
@@ -31,7 +31,7 @@ from tests.test_layer_loops import sgd_args, sgd_step
 
 
 def _pipeline(microbatches: int, schedule: str) -> partir.Pipeline:
-    return partir.Pipeline("stage", microbatches, schedule, engine="ir")
+    return partir.Pipeline("stage", microbatches, schedule)
 
 
 @functools.cache

@@ -1,8 +1,8 @@
-"""Pipeline parallelism: a step's layer loop split over a mesh axis into stages
-that pass microbatches to their neighbours (`partir.Pipeline`).
+"""Pipeline parallelism on the IR: a step's layer loops split over a mesh axis
+into stages that pass microbatches to their neighbours (`partir.Pipeline`).
 
+- `tactic`: the Pipeline tactic (the step partitioned per microbatch);
+- `layer_loops`, `stage_loops`: the layer loops found and split into stages;
 - `schedule`: the schedules as tables (GPipe, 1F1B);
-- `structure`: the step's loops and segments, read from its jaxpr;
-- `engine`: the shard_map program that runs a schedule;
-- `lowered`: what `partir.jit(...).lower` returns for a pipelined step.
+- `program`, `builder`: the per-microbatch SPMD program scheduled over time.
 """

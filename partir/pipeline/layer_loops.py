@@ -32,6 +32,7 @@ from dialects.counted_loops import CountedLoop, counted_loop
 from dialects.errors import PartirValueError
 from dialects.escaping import quoted
 from dialects.functions import entry_function
+from dialects.spmd import CollectiveOp, FromLocalOp, ToLocalOp
 from rewrites.registry import rule_for
 
 
@@ -103,7 +104,15 @@ def find_layer_loops(module: ModuleOp, axis: str = "stage") -> LayerLoops:
             continue
         loop = layer_loops.get(op)
         by_rows = {*loop.reads, *loop.writes} if loop is not None else set()
-        if any(rows.is_layers(v) and k not in by_rows for k, v in enumerate(op.operands)):
+        whole = [v for k, v in enumerate(op.operands) if rows.is_layers(v) and k not in by_rows]
+        if loop is backward and any(v.owner is forward.op for v in whole):
+            raise PipelineError(
+                f"Pipeline({quoted(axis)}): the backward loop reads a value the forward loop "
+                "saved per layer for the whole batch, each microbatch taking its part of every "
+                "layer at once (random bits drawn for the batch inside the layer loop, as a "
+                "dropout mask): draw them per example, or per microbatch, inside the loop"
+            )
+        if whole:
             raise PipelineError(
                 f"Pipeline({quoted(axis)}): a loop reads or writes the stacked layers other "
                 "than one layer per step (as the gradient of a fori_loop does, by the "
@@ -196,8 +205,9 @@ def _same_factor(op: Operation) -> Iterator[tuple[tuple[SSAValue, int], tuple[SS
             for d in range(_rank(result)):
                 yield (operand, d), (result, d)
         return
-    if op.name == "spmd.to_local" or op.name == "spmd.from_local":
-        for d in range(_rank(op.results[0])):
+    if isinstance(op, ToLocalOp | FromLocalOp | CollectiveOp):
+        # a device's part of a value, or a collective over it: each dim keeps its meaning
+        for d in range(min(_rank(op.operands[0]), _rank(op.results[0]))):
             yield (op.operands[0], d), (op.results[0], d)
         return
     rule = rule_for(op)

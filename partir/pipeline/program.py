@@ -27,9 +27,11 @@ loops over the stage axis (`partir.pipeline.layer_loops`, `stage_loops`):
 - the ops that do not depend on the batch (the update) run once, on each
   stage's own layers.
 
-The schedule is GPipe: every forward, then every backward, the stages of a
-step working on consecutive microbatches (`partir.pipeline.schedule`). What
-does not fit gets a `PipelineError` naming the op: a collective over the
+The schedule (GPipe, 1F1B) is a table of each stage's action per time step
+(`partir.pipeline.schedule`). An op outside the loops on the stacked values
+runs on a stage's rows where its registry rule lets the layer dim split (a
+sum factor completed by an all-reduce over the stages). What does not fit
+gets a `PipelineError` naming the op: a collective over the
 microbatch axis other than a sum (a batch statistic, a contrastive loss
 across microbatches), a value the backward reads from the head besides its
 gradient, a per-example result.
@@ -37,6 +39,7 @@ gradient, a per-example result.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 from xdsl.dialects import func
@@ -74,7 +77,7 @@ from partir.pipeline.builder import Builder, stacked
 from partir.pipeline.layer_loops import LayerLoops, PipelineError, find_layer_loops
 from partir.pipeline.schedule import Schedule, make_schedule
 from partir.pipeline.stage_loops import split_rows
-from rewrites.registry import rule_for
+from rewrites.registry import FactorKind, OpRule, rule_for
 
 LINEAR = frozenset(
     {"stablehlo.transpose", "stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.convert"}
@@ -107,6 +110,8 @@ class Pipelining:
         self.module, self.axis, self.mb, self.schedule = module, axis, mb_axis, schedule
         self.S, self.M = stages, schedule.microbatches
         self.entry = entry_function(module)
+        mesh_op = next(op for op in module.body.block.ops if isinstance(op, MeshOp))
+        self.mesh_size = dict(mesh_op.axes.items())
         self.loops: LayerLoops = find_layer_loops(module, axis)
         if self.loops.backward is None:
             raise self.error(
@@ -341,13 +346,16 @@ class Pipelining:
             d = layer_dim.get(arg)
             if d is not None:
                 assert isinstance(arg.type, DTensorType)
+                self._check_layers_split(arg.type, d)
                 staged = self._staged(arg.type, d)
                 layer_dim[Rewriter.replace_value_with_new_type(arg, staged)] = d
         ops = [*self._to_locals(), *invariant]
         rules = {op: rule_for(op) for op in ops}  # read at the whole shapes, before any retype
         for op in ops:
             if op.name == "stablehlo.reduce":
-                self._reduce_across_stages(op)
+                self._reduce_across_stages(op, _reducer(op))
+            elif rules[op] is not None and not isinstance(op, CollectiveOp | ToLocalOp):
+                self._check_stage_rows(op, rules[op])  # type: ignore[arg-type]
             layered = [(r, d) for r in op.results if (d := layer_dim.get(r)) is not None]
             if not layered:
                 continue
@@ -370,17 +378,60 @@ class Pipelining:
                 retyped = TensorType(ty.get_element_type(), shape)
                 layer_dim[Rewriter.replace_value_with_new_type(r, retyped)] = d
 
+    def _check_layers_split(self, ty: DTensorType, d: int) -> None:
+        layers, axes = ty.global_type.get_shape()[d], ty.distribution.dims[d]
+        parts = self.S * math.prod(self.mesh_size[a] for a in axes)
+        if layers % parts:
+            more = f" x {parts // self.S} parts over {', '.join(map(quoted, axes))}" if axes else ""
+            raise self.error(
+                f"{layers} layers do not split over {self.S} stages{more}: give the stack a "
+                "layer count they divide"
+            )
+
     def _stage_rows(self, size: int) -> int:
         return size // self.S
 
-    def _reduce_across_stages(self, op: Operation) -> None:
+    def _check_stage_rows(self, op: Operation, rule: OpRule) -> None:
+        """Whether a stage's rows of the layers run `op` as the whole does, by
+        its rule: each factor over a layer dim tileable into the stages' parts
+        (a sum factor completed across stages), and a value made along the
+        layers the same on every row (a broadcast, a splat)."""
+        layered = {
+            f
+            for j, v in enumerate(op.operands)
+            if (d := self.layer_dim.get(v)) is not None
+            and (f := rule.operand_factor(j, d)) is not None
+        }
+        made = {
+            f
+            for r in op.results
+            if (d := self.layer_dim.get(r)) is not None
+            and (f := rule.result_factor(r.index, d)) is not None
+        } - layered
+        for f in sorted(layered | made):
+            why = rule.why_not_tileable(f, self.S)
+            if why is not None:
+                raise self.error(
+                    f"{op_name(op)} outside the layer loops combines the layers of a stacked "
+                    f"value ({why}); a stage holds only its own layers: compute it inside "
+                    "the loop, or per layer"
+                )
+            if f in made and not (op.name == "stablehlo.broadcast_in_dim" or _is_splat(op)):
+                raise self.error(
+                    f"{op_name(op)} outside the layer loop makes a value along the layers "
+                    "that differs per layer; a stage would make its own rows as the first "
+                    "stage's: pass it in as an argument, or make it inside the loop"
+                )
+        if any(rule.factors[f].kind is FactorKind.SUM for f in layered):
+            self._reduce_across_stages(op, "sum")
+
+    def _reduce_across_stages(self, op: Operation, combiner: str | None) -> None:
         """A reduction over the layers is a stage's partial one: combine it."""
-        operand = op.operands[0]
-        d = self.layer_dim.get(operand)
-        dims = op.properties.get("dimensions")
-        if d is None or not isinstance(dims, DenseArrayBase) or d not in dims.get_values():
-            return
-        combiner = _reducer(op)
+        if op.name == "stablehlo.reduce":
+            d = self.layer_dim.get(op.operands[0])
+            dims = op.properties.get("dimensions")
+            if d is None or not isinstance(dims, DenseArrayBase) or d not in dims.get_values():
+                return
         if combiner is None or len(op.results) != 1:
             raise self.error(
                 f"{op_name(op)} reduces over the layers with a combiner other than a sum, "
@@ -414,8 +465,7 @@ class Pipelining:
     # --- building the schedule ---------------------------------------------------------
 
     def _build(self, block: Block, ops: list[Operation]) -> None:
-        mesh_op = next(op for op in self.module.body.block.ops if isinstance(op, MeshOp))
-        axes = {k: v for k, v in mesh_op.axes.items() if k != self.mb}
+        axes = {k: v for k, v in self.mesh_size.items() if k != self.mb}
         self.mesh_axes = {self.axis: self.S, **axes} if self.axis not in axes else axes
         new = Block(arg_types=[self._without_mb(a.type) for a in block.args])
         was: dict[SSAValue, Attribute] = {}
@@ -536,6 +586,12 @@ class Pipelining:
         self._stack_pre_values()
         head_sums = [s for s in self.sums if self._made_in(s.operands[0], self.head, f.op)]
         post_sums = [s for s in self.sums if self._made_in(s.operands[0], self.post, bw.op)]
+        for op in self.post if post_sums else ():
+            if any(isinstance(v.owner, Operation) and v.owner in self.head for v in op.operands):
+                raise self.error(
+                    f"{op_name(op)} after the backward loop reads a value of the head; "
+                    "the head runs on the last stage and this op on the first"
+                )
         state: dict[tuple[str, object], SSAValue] = {}
         slots = self.slots = sched.slots  # microbatch m is kept in slot m % slots
         for k in flowing_f:
@@ -580,7 +636,9 @@ class Pipelining:
                     now[("res", j)] = b.put(now[("res", j)], clone.results[j], slot)
                 last_action = sched.table[t][self.S - 1]
                 if last_action is not None and last_action.phase == "F":
-                    self._head(last_action.microbatch, clone, now, flowing_b, head_sums)
+                    m_last = last_action.microbatch
+                    self._segment(self.last, self.head, m_last, f.op, clone, now, head_sums,
+                                  flowing_b)
                 outs = [now[k] for k in keys]
                 return (
                     outs
@@ -606,7 +664,8 @@ class Pipelining:
                     now[("w", k)] = b.sum(now[("w", k)], clone.results[k])
                 first_action = sched.table[t][0]
                 if first_action is not None and first_action.phase == "B" and post_sums:
-                    self._post(first_action.microbatch, clone, now, post_sums)
+                    self._segment(self.first, self.post, first_action.microbatch, bw.op,
+                                  clone, now, post_sums)
                 outs = [now[k] for k in keys]
                 return (
                     outs + [b.zeros(ty) for ty in act_types] + [clone.results[k] for k in flowing_b]
@@ -663,64 +722,36 @@ class Pipelining:
             got = b.add(CollectivePermuteOp(value, [self.axis], pairs)).results[0]
             state[(kind, k)] = b.store(state[(kind, k)], got, index, valid)
 
-    def _head(
+    def _segment(
         self,
+        on: SSAValue,
+        ops: Sequence[Operation],
         m: int,
+        loop: Operation,
         clone: Operation,
         now: dict[tuple[str, object], SSAValue],
-        flowing_b: list[int],
         sums: list[Operation],
+        seeds: Sequence[int] = (),
     ) -> None:
-        """On the last stage, the head on microbatch `m`'s output: the seed of
-        its backward, and the head's share of the sums."""
-        b, f, bw = self.b, self.forward.op, self.backward.op
+        """Where `on` holds (the last stage: the head; the first: the ops after
+        the backward loop), `ops` on microbatch `m`, `loop`'s results as its
+        `clone` made them: the backward's `seeds` kept in their slot, and the
+        segment's share of `sums`."""
+        b, bw = self.b, self.backward.op
         values = dict(self.per_mb[m])
-        values.update(zip(f.results, clone.results, strict=True))
-        keys = [("seed", k) for k in flowing_b] + [("sum", s) for s in sums]
+        values.update(zip(loop.results, clone.results, strict=True))
+        keys = [("seed", k) for k in seeds] + [("sum", s) for s in sums]
 
         def taken() -> list[SSAValue]:
             mapping = dict(values)
-            made = b.clone(self.head, mapping)
-            self._own_parts(made, m)
-            at = m % self.slots
-            out = [b.put(now[("seed", k)], mapping[bw.operands[k]], at) for k in flowing_b]
+            self._own_parts(b.clone(ops, mapping), m)
+            out = [b.put(now[("seed", k)], mapping[bw.operands[k]], m % self.slots) for k in seeds]
             return out + [
                 b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums
             ]
 
         varying = [self._state_axes(k) for k in keys]
-        results = b.if_(self.last, taken, lambda: [now[k] for k in keys], varying)
-        now.update(zip(keys, results, strict=True))
-
-    def _post(
-        self,
-        m: int,
-        clone: Operation,
-        now: dict[tuple[str, object], SSAValue],
-        sums: list[Operation],
-    ) -> None:
-        """On the first stage, the ops after the backward loop on microbatch `m`'s
-        gradient: their share of the sums."""
-        b, bw = self.b, self.backward.op
-        for op in self.post:
-            for v in op.operands:
-                if isinstance(v.owner, Operation) and v.owner in self.head:
-                    raise self.error(
-                        f"{op_name(op)} after the backward loop reads a value of the head; "
-                        "the head runs on the last stage and this op on the first"
-                    )
-        values = dict(self.per_mb[m])
-        values.update(zip(bw.results, clone.results, strict=True))
-        keys = [("sum", s) for s in sums]
-
-        def taken() -> list[SSAValue]:
-            mapping = dict(values)
-            made = b.clone(self.post, mapping)
-            self._own_parts(made, m)
-            return [b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums]
-
-        varying = [self._state_axes(k) for k in keys]
-        results = b.if_(self.first, taken, lambda: [now[k] for k in keys], varying)
+        results = b.if_(on, taken, lambda: [now[k] for k in keys], varying)
         now.update(zip(keys, results, strict=True))
 
     def _state_axes(self, key: tuple[str, object]) -> tuple[str, ...]:
@@ -867,6 +898,11 @@ def _is_zeros(value: SSAValue) -> bool:
         return False
     values = owner.properties["value"].get_values()  # type: ignore[attr-defined]
     return all(v == 0 for v in values)
+
+
+def _is_splat(op: Operation) -> bool:
+    value = op.properties.get("value")
+    return op.name == "stablehlo.constant" and len(set(value.get_values())) <= 1  # type: ignore[union-attr]
 
 
 def _reducer(op: Operation) -> str | None:
