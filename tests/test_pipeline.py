@@ -372,13 +372,7 @@ def test_megatron_inside_a_stage(name: str, mesh: dict[str, int], schedule: str)
     assert any(c.kind == "all_reduce" and c.axes == ("model",) for c in lowered.collectives)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with ZeRO on the data axis beside Megatron, the engine gathers the layer loops' "
-    "carried activations over the data axis and re-slices them in the loop body, so the "
-    "loops read the stacked layers whole (PipelineError: a loop reads or writes the stacked "
-    "layers other than one layer per step)",
-)
+@pytest.mark.slow
 def test_megatron_and_zero_beside_the_pipeline() -> None:
     """Pipeline + BatchParallel + Megatron(model) + ZeRO(batch, 2) on 2x2x2:
     ZeRO's leaves split over ("stage", "batch") on the layer dim and over
