@@ -42,6 +42,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from dialects.errors import PartirValueError
+from lowering.collective_probes import probe as collective_probe
 from partir.cost.collective_costs import KINDS, factors
 from partir.cost.machine import default_label, default_path
 from partir.cost.profile import RING, SHARED_MEMORY, Device, Link, Profile
@@ -290,34 +291,10 @@ def calibration_probes(
                 per_device = max(nbytes // 4 // n * n, n)
                 probes.append(Probe(
                     f"{kind} over {axis}, {nbytes >> 10} KiB", kind,
-                    _collective(kind, axis, per_device), key=axis, size=4 * per_device,
+                    collective_probe(kind, axis, per_device), key=axis, size=4 * per_device,
                     devices=n,
                 ))
     return probes
-
-
-def _collective(kind: str, axis: str, per_device: int) -> Callable[[Any], Callable[[], Any]]:
-    """A run of `kind` over `axis` on `per_device` float32 elements (a
-    multiple of the axis's size) per device."""
-
-    def build(jax_mesh: Any) -> Callable[[], Any]:
-        n = jax_mesh.shape[axis]
-        spec = PartitionSpec(tuple(jax_mesh.axis_names))
-        x = jax.device_put(
-            jnp.ones((jax_mesh.size * per_device,), jnp.float32), NamedSharding(jax_mesh, spec)
-        )
-        perm = [(i, (i + 1) % n) for i in range(n)]
-        bodies: dict[str, Callable[[Any], Any]] = {
-            "all_reduce": lambda v: jax.lax.psum(v, axis),
-            "all_gather": lambda v: jax.lax.all_gather(v[: per_device // n], axis, tiled=True),
-            "reduce_scatter": lambda v: jax.lax.psum_scatter(v, axis, tiled=True),
-            "all_to_all": lambda v: jax.lax.all_to_all(v, axis, 0, 0, tiled=True),
-            "collective_permute": lambda v: jax.lax.ppermute(v, axis, perm),
-        }
-        f = jax.jit(jax.shard_map(bodies[kind], mesh=jax_mesh, in_specs=spec, out_specs=spec))
-        return lambda: f(x).block_until_ready()
-
-    return build
 
 
 def algorithm_for(platform: str) -> str:
