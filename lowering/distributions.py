@@ -114,9 +114,11 @@ class Redistributor:
         self._scattered: dict[tuple[SSAValue, tuple[str, ...]], tuple[Placed, int]] = {}
         """Partial sums over one axis a reduce-scatter summed, per local value:
         the scattered parts and their dim (a whole use all-gathers them)."""
-        self._sliced_from: dict[SSAValue, Placed] = {}
-        """Per device's part a local slice took, the value it took it from (a
-        part gathered back is that value: `_unsliced`)."""
+        self._sliced_from: dict[tuple[SSAValue, Distribution], Placed] = {}
+        """Per device's part a local slice took (its local value and
+        distribution: one local value may stand for several values, a
+        reshape's operand and result), the value it took it from (a part
+        gathered back is that value: `_unsliced`)."""
         self.emitted: list[CollectiveOp] = []
         """Every collective emitted, in order (the lowering annotates them)."""
         self.cause: tuple[str, tuple[tuple[str, OriginAttr], ...]] = ("", ())
@@ -139,16 +141,19 @@ class Redistributor:
     def _apply(self, placed: Placed, op: CollectiveOp) -> Placed:
         """Emit `op` on `placed`; its result, distributed as the op says."""
         self.emit(op)
+        result = Placed(op.results[0], op.result_distribution(placed.dist), placed.origins)
         if isinstance(op, LocalSliceOp):
-            self._sliced_from[op.results[0]] = placed
-        return Placed(op.results[0], op.result_distribution(placed.dist), placed.origins)
+            self._sliced_from[result.local, result.dist] = placed
+        return result
 
     def _unsliced(self, placed: Placed, target: Distribution) -> Placed:
         """The value `placed`'s local slices were taken from, where that is
         distributed as `target` (a loop body that slices a carried value and
         carries it whole again gathers nothing), else `placed`."""
         source = placed
-        while source.dist != target and (up := self._sliced_from.get(source.local)) is not None:
+        while source.dist != target and (
+            up := self._sliced_from.get((source.local, source.dist))
+        ) is not None:
             source = up
         return source if source.dist == target else placed
 
