@@ -137,3 +137,29 @@ def test_jax_shardings_are_decided_with_the_tactics(no_rewrite_engine: None) -> 
     lowered = _run(f, args, [partir.ManualPartition({"w": {1: "model"}})], {"batch": 4, "model": 2})
     assert isinstance(lowered.tactics[0], partir.Annotations)
     assert any("keeps" in c.detail for c in lowered.conflicts), lowered.conflicts
+
+
+def test_an_annotated_program_the_builder_refuses_runs_from_a_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Taking JAX's shardings out changes the module before the builder can
+    refuse (here a batch of 6 padded over 4 devices): the rewrite engine then
+    starts from the copy taken before, and the numbers are jax.jit's."""
+    partition_module = sys.modules["partir.partition"]
+    restored = []
+    original = partition_module._restore
+    monkeypatch.setattr(
+        partition_module, "_restore", lambda *a: restored.append(1) or original(*a)
+    )
+    mesh = jax.make_mesh((4, 2), ("batch", "model"), axis_types=(AxisType.Auto,) * 2)
+
+    def f(x, w):
+        h = jax.lax.with_sharding_constraint(
+            jax.numpy.tanh(x @ w), NamedSharding(mesh, P(None, "model"))
+        )
+        return (h * 2).sum(axis=1)
+
+    rng = np.random.default_rng(2)
+    args = (rng.normal(size=(6, 6)).astype(np.float32), rng.normal(size=(6, 4)).astype(np.float32))
+    lowered = _run(f, args, [partir.BatchParallel("batch")], {"batch": 4, "model": 2})
+    assert restored and isinstance(lowered.tactics[0], partir.Annotations)
