@@ -33,7 +33,7 @@ from partir.partition import Stage, find_stage, partition
 from partir.passes import EmitJaxPass
 from partir.pipeline.program import pipeline as schedule_pipeline
 from partir.pipeline.schedule import recorded_schedule
-from partir.pipeline.tactic import MICROBATCH_AXIS, Pipeline
+from partir.pipeline.tactic import Pipeline
 from partir.report import Report, build_report
 from partir.search import SearchResult
 from partir.tactics import Tactic
@@ -185,7 +185,6 @@ class Lowered:
                     module,
                     axis=axis,
                     stages=schedule.stages,
-                    microbatch_axis=MICROBATCH_AXIS,
                     microbatches=schedule.microbatches,
                     schedule=schedule.name,
                 )
@@ -239,7 +238,6 @@ def lower(
             module,
             axis=pipe.axis,
             stages=mesh.axes[pipe.axis],
-            microbatch_axis=MICROBATCH_AXIS,
             microbatches=pipe.microbatches,
             schedule=pipe.schedule,
         )

@@ -33,12 +33,12 @@ from dialects.partir import MeshOp
 from partir.annotation_conflicts import split_whole_dims
 from partir.annotations import annotation_ops, holds_annotations, remove_annotations
 from partir.mesh import Mesh
-from partir.plan import AnnotatedValue, PlannedTile, TacticError
-from partir.plan_passes import ApplyPlanPass, AutomaticPass
+from partir.plan import AnnotatedValue
+from partir.plan_passes import ApplyPlanPass, AutomaticPass, adopt
 from partir.search import SearchResult, decided
 from partir.selections import record_selections
 from partir.tactics import Annotations, Automatic, Plan, ProgramView, Tactic, ZeRO
-from partir.tiling import declare_mesh, plan_seeds, take_annotations
+from partir.tiling import declare_mesh, plan_seeds, tactic_error, take_annotations
 from rewrites.actions import (
     ActionError,
     TileAction,
@@ -280,7 +280,7 @@ def partition_decided(
             result = _decide_and_build(module, mesh, chosen, plans_built)
         except UnsupportedError:
             if annotated is not None:
-                _restore(module, annotated)
+                adopt(module, annotated)
             result = _rewrite(
                 module, mesh, chosen, plans_built, keep_stages=keep_stages, verify=verify
             )
@@ -293,17 +293,6 @@ def partition_decided(
         if imported is not None:
             result.stages = _decided_stages(imported, module, mesh, tactics, plans)
     return result
-
-
-def _restore(module: ModuleOp, saved: ModuleOp) -> None:
-    """Make `module` (in place: callers hold it) what `saved` is."""
-    block = module.body.block
-    for op in reversed(list(block.ops)):
-        block.erase_op(op, safe_erase=False)
-    for op in list(saved.body.block.ops):
-        op.detach()
-        block.add_op(op)
-    module.attributes = dict(saved.attributes)
 
 
 def _with_choices(tactics: list[Tactic]) -> list[Tactic]:
@@ -435,15 +424,8 @@ def _checked_actions(
             except ActionError as err:
                 if not isinstance(tile.leaf, AnnotatedValue):
                     raise
-                raise _tactic_error(plan, tile, err) from None
+                raise tactic_error(plan, tile, err) from None
     return actions
-
-
-def _tactic_error(plan: Plan, tile: PlannedTile, err: ActionError) -> TacticError:
-    """`err` as `apply_plan` reports it: the tactic's, with the annotation's reason."""
-    if isinstance(tile.leaf, AnnotatedValue):
-        return TacticError(f"{plan.tactic}: {tile.reason}: {err}")
-    return TacticError(f"{plan.tactic}: {err}")
 
 
 def _decide_and_build(
@@ -474,7 +456,7 @@ def _decide_and_build(
                     mesh.axes[action.axis],
                 )
             except ActionError as err:
-                raise _tactic_error(plan, tile, err) from None
+                raise tactic_error(plan, tile, err) from None
     build_core(module, decision)  # checks what it builds before changing anything
     entry = entry_function(module)
     for plan in plans:

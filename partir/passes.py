@@ -32,7 +32,7 @@ from lowering.to_spmd import LowerToSpmdPass
 from partir.cost.profile import Profile
 from partir.mesh import Mesh
 from partir.pipeline.program import pipeline as schedule_pipeline
-from partir.pipeline.tactic import MICROBATCH_AXIS, Pipeline
+from partir.pipeline.tactic import Pipeline
 from partir.plan import (
     ProgramView,
     TacticError,
@@ -288,7 +288,6 @@ class SchedulePipelinePass(ModulePass):
             op,
             axis=axis.data,
             stages=stages,
-            microbatch_axis=MICROBATCH_AXIS,
             microbatches=count.value.data,
             schedule=schedule.data,
         )

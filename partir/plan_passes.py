@@ -73,7 +73,7 @@ class AutomaticPass(ModulePass):
             searched = search(op, mesh, self.tactic)
             self.results[:] = [searched.result]
             if searched.module is not None:  # the pick's IR, as applying it would make it
-                _adopt(op, searched.module)
+                adopt(op, searched.module)
                 self.actions.extend(searched.actions)
                 return
             chosen = searched.result.chosen.schedule
@@ -82,7 +82,7 @@ class AutomaticPass(ModulePass):
             self.actions.extend(apply_plan(op, tactic.plan(view, mesh)))
 
 
-def _adopt(module: ModuleOp, other: ModuleOp) -> None:
+def adopt(module: ModuleOp, other: ModuleOp) -> None:
     """Make `module` hold `other`'s body and attributes (`other` is a copy of
     `module` some passes have since rewritten; it is left empty)."""
     module.body.detach_block(0).erase()

@@ -176,9 +176,7 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
             try:
                 apply_tactic_action(action, mesh_op, log)
             except ActionError as err:  # e.g. a dim the tactics before split too finely
-                if isinstance(tile.leaf, AnnotatedValue):
-                    raise TacticError(f"{plan.tactic}: {tile.reason}: {err}") from None
-                raise TacticError(f"{plan.tactic}: {err}") from None
+                raise tactic_error(plan, tile, err) from None
             actions.append(action)
         for kept in plan.whole:
             return_whole_over(entry, kept.leaf.index, kept.axis)
@@ -193,6 +191,13 @@ def apply_plan(module: ModuleOp, plan: Plan) -> list[TileAction]:
         # an annotation's whole dims, checked against what this plan split
         record_conflicts(module, split_whole_dims(entry))
     return actions
+
+
+def tactic_error(plan: Plan, tile: PlannedTile, err: ActionError) -> TacticError:
+    """An action's error as the tactic's (an annotation's with its reason)."""
+    if isinstance(tile.leaf, AnnotatedValue):
+        return TacticError(f"{plan.tactic}: {tile.reason}: {err}")
+    return TacticError(f"{plan.tactic}: {err}")
 
 
 def take_annotations(module: ModuleOp, plan: Plan) -> dict[AnnotatedValue, SSAValue]:

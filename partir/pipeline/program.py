@@ -77,6 +77,7 @@ from partir.pipeline.builder import Builder, stacked
 from partir.pipeline.layer_loops import LayerLoops, PipelineError, find_layer_loops
 from partir.pipeline.schedule import Schedule, make_schedule
 from partir.pipeline.stage_loops import split_rows
+from partir.pipeline.tactic import MICROBATCH_AXIS
 from rewrites.registry import FactorKind, OpRule, rule_for
 
 LINEAR = frozenset(
@@ -91,9 +92,9 @@ def pipeline(
     *,
     axis: str,
     stages: int,
-    microbatch_axis: str,
     microbatches: int,
     schedule: str = "gpipe",
+    microbatch_axis: str = MICROBATCH_AXIS,
 ) -> None:
     """Rewrite the per-microbatch SPMD `module` (its mesh has `microbatch_axis`)
     as the pipelined program over `axis` (see the module docstring), its
