@@ -147,9 +147,9 @@ def test_an_annotated_program_the_builder_refuses_runs_from_a_copy(
     starts from the copy taken before, and the numbers are jax.jit's."""
     partition_module = sys.modules["partir.partition"]
     restored = []
-    original = partition_module._restore
+    original = partition_module.adopt
     monkeypatch.setattr(
-        partition_module, "_restore", lambda *a: restored.append(1) or original(*a)
+        partition_module, "adopt", lambda *a: restored.append(1) or original(*a)
     )
     mesh = jax.make_mesh((4, 2), ("batch", "model"), axis_types=(AxisType.Auto,) * 2)
 
