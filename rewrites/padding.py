@@ -272,10 +272,7 @@ class _Rebuild:
             assert isinstance(ty, TensorType)
             shape = [self.resize(n) if d in produced else n for d, n in enumerate(ty.get_shape())]
             result_types.append(tensor_type(ty.element_type, shape))
-        properties = dict(op.properties)
-        if rule.localize is not None:
-            for f in joined:
-                properties.update(rule.localize(op, rule, f, self.resize))
+        properties = _resized_properties(op, rule, joined, self.resize)
         new = type(op).create(
             operands=operands,
             result_types=result_types,
@@ -317,6 +314,24 @@ class _Rebuild:
             _insert_after_definition(value, [iota, bound, inside, pred, zeros, select])
             self.masks[key] = select.results[0]
         return self.masks[key]
+
+
+def _resized_properties(
+    op: Operation, rule: OpRule, factors: Any, resize: Any
+) -> dict[str, Attribute]:
+    """`op`'s properties with each factor's dims resized in turn. Each
+    localizer reads the properties the factors before it resized (a slice
+    padded on two dims keeps both limits) and `op`'s own operand sizes."""
+    properties = dict(op.properties)
+    if rule.localize is None:
+        return properties
+    original, op.properties = op.properties, properties
+    try:
+        for f in factors:
+            properties.update(rule.localize(op, rule, f, resize))
+    finally:
+        op.properties = original
+    return properties
 
 
 def _shape(value: SSAValue) -> tuple[int, ...]:

@@ -191,6 +191,20 @@ def test_a_second_axis_that_does_not_divide_the_part_the_first_leaves_pads_it():
     assert "partir.padded = 4" in lowered.stage("BatchParallel#2")  # 6 to 8 over "b"
 
 
+def test_a_slice_of_two_dims_padded_in_one_component_keeps_both_limits():
+    """`x + x.T` joins dims 0 and 1 into one padded component, so the slice
+    after it is rebuilt for two padded factors: each resizes its own limit
+    (before, the second factor's resize overwrote the first's)."""
+
+    def program(w):
+        both = w + jnp.transpose(w, (1, 0, 2))
+        return jnp.sin(both[:, :, 1:3]) * 2.0
+
+    w = jnp.asarray(np.random.default_rng(1).standard_normal((6, 6, 4)), jnp.float32)
+    for split in ({0: "batch"}, {0: "batch", 1: "model"}):
+        run_and_check(program, (w,), [partir.ManualPartition({"w": split})], MESH)
+
+
 def test_megatron_with_a_hidden_size_the_axis_does_not_divide():
     args = mlp_train_step.make_args(batch=8, hidden=50)
     mesh = partir.Mesh({"batch": 2, "model": 4})
