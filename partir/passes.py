@@ -229,7 +229,7 @@ class EmitJaxPass(ModulePass):
         return self.emitted[0]
 
 
-PIPELINE = "partir.pipeline"
+PIPELINE = "partir.pipeline_request"
 """The module attribute `partir-pipeline` leaves for `partir-schedule-pipeline`:
 the stage axis, the microbatches and the schedule."""
 
