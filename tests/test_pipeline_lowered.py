@@ -164,16 +164,17 @@ def test_a_pipelined_step_s_estimate_has_the_bubble(schedule: str) -> None:
     """The MLP stack's training step (4 stages, 8 microbatches, 512-wide
     layers): the estimate walks each stage on the branches it runs; its
     layers dominate, so the idle share of the span is the schedule's
-    (S - 1)/(M + S - 1) within 1% (each step's bookkeeping and the head make
-    the stages not quite equal). One device's sum with every conditional at
-    its dearest branch would be no bubble at all."""
+    (S - 1)/(M + S - 1) less at most 5%: each step's bookkeeping (a stage
+    keeping its slot, adding up its gradients) runs on every stage, idle or
+    not. One device's sum with every conditional at its dearest
+    branch would be no bubble at all."""
     args = scanned_stack.mlp_train_args(layers_=4, batch=64, width=512, hidden=2048)
     lowered = partir.jit(
         scanned_stack.mlp_train_step, mesh=partir.Mesh({"stage": 4}), tactics=[_pipeline(8, schedule)]
     ).lower(*args)
     est = lowered.estimate("cpu-host-8")
     assert est.positions is not None and est.positions.axes == ("stage",)
-    assert math.isclose(est.bubble, 3 / 11, rel_tol=0.01)
+    assert 0.95 * 3 / 11 < est.bubble < 3 / 11
     span, busy = est.positions.span_seconds, est.positions.busy_seconds
     assert all(b < span for b in busy)
     assert est.seconds > span and math.isclose(

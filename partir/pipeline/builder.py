@@ -18,7 +18,6 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     StringAttr,
     TensorType,
-    i1,
     i32,
     i64,
 )
@@ -72,29 +71,10 @@ class Builder:
     def and_(self, x: SSAValue, y: SSAValue) -> SSAValue:
         return self.add(shlo.AndOp(x, y, x.type)).results[0]
 
-    def clamp(self, x: SSAValue, low: int, high: int) -> SSAValue:
-        return self.add(
-            shlo.ClampOp.create(
-                operands=[self.const(low), x, self.const(high)], result_types=[x.type]
-            )
-        ).results[0]
-
     def select(self, pred: SSAValue, a: SSAValue, b: SSAValue) -> SSAValue:
         return self.add(shlo.SelectOp.create(operands=[pred, a, b], result_types=[a.type])).results[
             0
         ]
-
-    def _splat_pred(self, pred: SSAValue, ty: Attribute) -> SSAValue:
-        assert isinstance(ty, TensorType)
-        if not ty.get_shape():
-            return pred
-        return self.add(
-            shlo.BroadcastInDimOp.create(
-                operands=[pred],
-                result_types=[TensorType(i1, ty.get_shape())],
-                properties={"broadcast_dimensions": DenseArrayBase.from_list(i64, [])},
-            )
-        ).results[0]
 
     def rows(self, value: SSAValue, dim: int, start: int, stop: int) -> SSAValue:
         ty = value.type
@@ -161,20 +141,13 @@ class Builder:
         ).results[0]
 
     def store(self, stack: SSAValue, value: SSAValue, index: SSAValue, valid: SSAValue) -> SSAValue:
-        kept = self.select(self._splat_pred(valid, value.type), value, self.load(stack, index))
+        """`stack` with row `index` set to `value` where `valid` holds; else the
+        stack's last row, which no microbatch uses, takes it (an update in
+        place, where a select against the kept row would be a copy of it)."""
         ty = stack.type
         assert isinstance(ty, TensorType)
-        return self.add(
-            DynamicUpdateSliceOp.create(
-                operands=[
-                    stack,
-                    self._lead(kept),
-                    index,
-                    *[self.const(0)] * (ty.get_num_dims() - 1),
-                ],
-                result_types=[ty],
-            )
-        ).results[0]
+        spare = self.const(ty.get_shape()[0] - 1)
+        return self.put(stack, value, self.select(valid, index, spare))
 
     def clone(self, ops: Sequence[Operation], values: dict[SSAValue, SSAValue]) -> list[Operation]:
         """Clone `ops` in order, reading `values` for the values they map."""

@@ -40,7 +40,7 @@ gradient, a per-example result.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
@@ -595,93 +595,129 @@ class Pipelining:
                 )
         state: dict[tuple[str, object], SSAValue] = {}
         slots = self.slots = sched.slots  # microbatch m is kept in slot m % slots
+        rows = slots + 1  # and a spare row for what a stage does not keep (`Builder.store`)
         for k in flowing_f:
-            state[("act", k)] = b.zeros(stacked(f.op.operands[k].type, slots))
+            state[("act", k)] = b.zeros(stacked(f.op.operands[k].type, rows))
         for k in flowing_b:
-            state[("grad", k)] = b.zeros(stacked(bw.op.operands[k].type, slots))
-            state[("seed", k)] = b.zeros(stacked(bw.op.operands[k].type, slots))
+            state[("grad", k)] = b.zeros(stacked(bw.op.operands[k].type, rows))
+            state[("seed", k)] = b.zeros(stacked(bw.op.operands[k].type, rows))
         for j in residuals:
-            state[("res", j)] = b.zeros(stacked(f.op.results[j].type, slots))
+            state[("res", j)] = b.zeros(stacked(f.op.results[j].type, rows))
         for k in sorted(self.partial_writes):
             state[("w", k)] = b.zeros(bw.op.results[k].type)
         for sm in (*head_sums, *post_sums):
             state[("sum", sm)] = b.zeros(sm.operands[0].type)
         self.first = b.cmp(self.stage, b.const(0), "EQ")
         self.last = b.cmp(self.stage, b.const(self.S - 1), "EQ")
-        act_types = [f.op.operands[k].type for k in flowing_f]
-        grad_types = [bw.op.operands[k].type for k in flowing_b]
+        f_results: dict[SSAValue, int] = {r: j for j, r in enumerate(f.op.results)}
+        Key = tuple[str, object]
+        f_types: dict[Key, Attribute] = {("act", k): f.op.operands[k].type for k in flowing_f}
+        f_types |= {("res", j): f.op.results[j].type for j in residuals}
+        b_types: dict[Key, Attribute] = {("grad", k): bw.op.operands[k].type for k in flowing_b}
+        b_types |= {("w", k): bw.op.results[k].type for k in sorted(self.partial_writes)}
         for t, row in enumerate(sched.table):
-            kinds = [0 if a is None else 1 if a.phase == "F" else 2 for a in row]
-            kind = b.of_stage(kinds, self.stage)
+            # The buffers stay out of the step's `case`: each stage reads its
+            # slot before it and keeps what it made after it, so the case
+            # passes only one microbatch's values (a case threading every
+            # buffer through makes XLA copy them all at every step), and a
+            # phase no stage runs this step costs nothing.
+            phases = {a.phase for a in row if a is not None}
+            kind = b.of_stage([0 if a is None else 1 if a.phase == "F" else 2 for a in row],
+                              self.stage)
             m = b.of_stage([0 if a is None else a.microbatch for a in row], self.stage)
             slot = b.of_stage([0 if a is None else a.microbatch % slots for a in row], self.stage)
-            keys = list(state)
+            last, first = row[self.S - 1], row[0]
+            # the microbatch the last stage's head (the first stage's ops after the loop) runs on
+            head_m = last.microbatch if last is not None and last.phase == "F" else None
+            post_m = first.microbatch if first and first.phase == "B" and post_sums else None
+            types: dict[Key, Attribute] = dict(f_types if "F" in phases else {})
+            types |= b_types if "B" in phases else {}
+            if head_m is not None:
+                types |= {("seed", k): b_types[("grad", k)] for k in flowing_b}
+                types |= {("sum", sm): sm.operands[0].type for sm in head_sums}
+            if post_m is not None:
+                types |= {("sum", sm): sm.operands[0].type for sm in post_sums}
+            keys = list(types)
 
-            def idle(keys: list = keys) -> list[SSAValue]:
-                return [state[k] for k in keys] + [b.zeros(ty) for ty in (*act_types, *grad_types)]
+            def made(
+                values: dict[Key, SSAValue], keys: Sequence[Key] = keys,
+                types: dict[Key, Attribute] = types,
+            ) -> list[SSAValue]:
+                """The step's values in `keys` order: a running sum adds what the
+                branch made to it (inside the case: outside, XLA would fuse the
+                steps' additions into one, keeping every step's part alive), a
+                value the branch did not make is zeros."""
+                return [
+                    (b.sum(state[k], values[k]) if k in values else state[k])
+                    if k[0] in ("w", "sum")
+                    else values[k] if k in values else b.zeros(types[k])
+                    for k in keys
+                ]
 
             def forward(
-                t: int = t, m: SSAValue = m, slot: SSAValue = slot, keys: list = keys
+                m: SSAValue = m, slot: SSAValue = slot, head_m: int | None = head_m
             ) -> list[SSAValue]:
-                now = dict(state)
                 received = {
-                    k: b.select(
-                        self.first,
-                        b.load(self.stacks[f.op.operands[k]], m),
-                        b.load(now[("act", k)], slot),
-                    )
+                    k: b.select(self.first, b.load(self.stacks[f.op.operands[k]], m),
+                                b.load(state[("act", k)], slot))
                     for k in flowing_f
                 }
                 clone = self._run_loop(f, m, received)
-                for j in residuals:
-                    now[("res", j)] = b.put(now[("res", j)], clone.results[j], slot)
-                last_action = sched.table[t][self.S - 1]
-                if last_action is not None and last_action.phase == "F":
-                    m_last = last_action.microbatch
-                    self._segment(self.last, self.head, m_last, f.op, clone, now, head_sums,
-                                  flowing_b)
-                outs = [now[k] for k in keys]
-                return (
-                    outs
-                    + [clone.results[k] for k in flowing_f]
-                    + [b.zeros(ty) for ty in grad_types]
-                )
+                values: dict[Key, SSAValue] = {("act", k): clone.results[k] for k in flowing_f}
+                values |= {("res", j): clone.results[j] for j in residuals}
+                if head_m is not None:
+                    values |= self._segment(
+                        self.last, self.head, head_m, f.op, clone, head_sums, flowing_b
+                    )
+                return made(values)
 
             def backward(
-                t: int = t, m: SSAValue = m, slot: SSAValue = slot, keys: list = keys
+                m: SSAValue = m, slot: SSAValue = slot, post_m: int | None = post_m
             ) -> list[SSAValue]:
-                now = dict(state)
-                f_results: dict[SSAValue, int] = {r: j for j, r in enumerate(f.op.results)}
                 given = {
-                    k: b.load(now[("res", f_results[v])], slot)
+                    k: b.load(state[("res", f_results[v])], slot)
                     for k, v in enumerate(bw.op.operands)
                     if v in f_results
                 }
                 for k in flowing_b:
-                    seed, got = b.load(now[("seed", k)], slot), b.load(now[("grad", k)], slot)
+                    seed, got = b.load(state[("seed", k)], slot), b.load(state[("grad", k)], slot)
                     given[k] = b.select(self.last, seed, got)
                 clone = self._run_loop(bw, m, given)
-                for k in sorted(self.partial_writes):
-                    now[("w", k)] = b.sum(now[("w", k)], clone.results[k])
-                first_action = sched.table[t][0]
-                if first_action is not None and first_action.phase == "B" and post_sums:
-                    self._segment(self.first, self.post, first_action.microbatch, bw.op,
-                                  clone, now, post_sums)
-                outs = [now[k] for k in keys]
-                return (
-                    outs + [b.zeros(ty) for ty in act_types] + [clone.results[k] for k in flowing_b]
-                )
+                values: dict[Key, SSAValue] = {("grad", k): clone.results[k] for k in flowing_b}
+                values |= {("w", k): clone.results[k] for k in self.partial_writes}
+                if post_m is not None:
+                    values |= self._segment(self.first, self.post, post_m, bw.op, clone, post_sums)
+                return made(values)
 
+            def idle(
+                made: Callable[[dict[Key, SSAValue]], list[SSAValue]] = made,
+            ) -> list[SSAValue]:
+                return made({})
+
+            branches: list[Callable[[], list[SSAValue]]] = [idle, idle, idle]
+            if "F" in phases:
+                branches[1] = forward
+            if "B" in phases:
+                branches[2] = backward
             varying = [self._state_axes(k) for k in keys]
-            varying += [self._carried_axes(f.op, k) for k in flowing_f]
-            varying += [self._carried_axes(bw.op, k) for k in flowing_b]
-            results = b.case(kind, [idle, forward, backward], varying)
-            for key, value in zip(keys, results, strict=False):
-                state[key] = value
-            out_act = results[len(keys) : len(keys) + len(flowing_f)]
-            out_grad = results[len(keys) + len(flowing_f) :]
-            self._send(sched.forward_sends(t), flowing_f, out_act, "act", state)
-            self._send(sched.backward_sends(t), flowing_b, out_grad, "grad", state)
+            out = dict(zip(keys, b.case(kind, branches, varying), strict=True))
+            if "F" in phases:
+                did_forward = b.cmp(kind, b.const(1), "EQ")
+                for j in residuals:
+                    state[("res", j)] = b.store(state[("res", j)], out[("res", j)], slot,
+                                                did_forward)
+            state.update((key, out[key]) for key in keys if key[0] in ("w", "sum"))
+            if head_m is not None:
+                at = b.const(head_m % slots)
+                for k in flowing_b:
+                    state[("seed", k)] = b.store(state[("seed", k)], out[("seed", k)], at,
+                                                 self.last)
+            for sends, kind_, flowing in (
+                (sched.forward_sends(t), "act", flowing_f),
+                (sched.backward_sends(t), "grad", flowing_b),
+            ):
+                self._send(sends, flowing, [out[(kind_, k)] for k in flowing] if sends else [],
+                           kind_, state)
         self.grads = {k: state[("w", k)] for k in self.partial_writes}
         for sm in (*head_sums, *post_sums):
             self.acc[sm] = state[("sum", sm)]
@@ -713,15 +749,13 @@ class Pipelining:
             return
         b = self.b
         pairs = [(s, r) for s, r, _ in sends]
-        arriving = [-1] * self.S
+        arriving = [self.slots] * self.S  # a stage that receives nothing writes the spare row
         for _, r, mb in sends:
             arriving[r] = mb % self.slots
-        m = b.of_stage(arriving, self.stage)
-        valid = b.cmp(m, b.const(0), "GE")
-        index = b.clamp(m, 0, self.slots - 1)
+        index = b.of_stage(arriving, self.stage)
         for k, value in zip(flowing, values, strict=True):
             got = b.add(CollectivePermuteOp(value, [self.axis], pairs)).results[0]
-            state[(kind, k)] = b.store(state[(kind, k)], got, index, valid)
+            state[(kind, k)] = b.put(state[(kind, k)], got, index)
 
     def _segment(
         self,
@@ -730,30 +764,28 @@ class Pipelining:
         m: int,
         loop: Operation,
         clone: Operation,
-        now: dict[tuple[str, object], SSAValue],
         sums: list[Operation],
         seeds: Sequence[int] = (),
-    ) -> None:
+    ) -> dict[tuple[str, object], SSAValue]:
         """Where `on` holds (the last stage: the head; the first: the ops after
         the backward loop), `ops` on microbatch `m`, `loop`'s results as its
-        `clone` made them: the backward's `seeds` kept in their slot, and the
-        segment's share of `sums`."""
+        `clone` made them: the backward's `seeds` and the segment's share of
+        `sums` (zeros elsewhere)."""
         b, bw = self.b, self.backward.op
         values = dict(self.per_mb[m])
         values.update(zip(loop.results, clone.results, strict=True))
         keys = [("seed", k) for k in seeds] + [("sum", s) for s in sums]
+        types = [bw.operands[k].type for k in seeds] + [s.operands[0].type for s in sums]
 
         def taken() -> list[SSAValue]:
             mapping = dict(values)
             self._own_parts(b.clone(ops, mapping), m)
-            out = [b.put(now[("seed", k)], mapping[bw.operands[k]], m % self.slots) for k in seeds]
-            return out + [
-                b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums
-            ]
+            out = [mapping[bw.operands[k]] for k in seeds]
+            return out + [mapping.get(s.operands[0], s.operands[0]) for s in sums]
 
         varying = [self._state_axes(k) for k in keys]
-        results = b.if_(on, taken, lambda: [now[k] for k in keys], varying)
-        now.update(zip(keys, results, strict=True))
+        results = b.if_(on, taken, lambda: [b.zeros(ty) for ty in types], varying)
+        return dict(zip(keys, results, strict=True))
 
     def _state_axes(self, key: tuple[str, object]) -> tuple[str, ...]:
         """The mesh axes a value the schedule keeps differs over: its own
