@@ -132,7 +132,7 @@ def _partir_stages(fn: Callable[..., Any], args: Any, jax_mesh: Any, seconds: di
         seconds, "jax_lower", lambda: jax.jit(uncached(fn), keep_unused=True).lower(*args)
     )
     module = _timed(seconds, "import", import_)
-    del jax_lowered  # as `partir.importer.import_program` lets go of it
+    jax_lowered = None  # as `partir.importer.import_program` lets go of it
     core_ops = sum(1 for _ in module.walk())
     tactics = [BatchParallel("batch"), Megatron("model")]
     _timed(seconds, "partition", lambda: partition(module, _mesh(), tactics))
@@ -142,7 +142,7 @@ def _partir_stages(fn: Callable[..., Any], args: Any, jax_mesh: Any, seconds: di
     source = _timed(seconds, "emit", lambda: emit_jax(module, name="stack_train_step"))
     # a call lets go of the stages before the program runs (`partir.jit`);
     # collected here, untimed (the call's own collection is in the first call)
-    del module
+    module = None
     gc.collect()
     program = _timed(seconds, "load", lambda: load_source(source, "stack_train_step"))
     leaves = jax.tree_util.tree_leaves(args)
