@@ -645,12 +645,13 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
     blocks = _program_blocks(decision, entry.body.block)
     every = [o for _, ops in blocks for o in ops]
     _refuse(decision, every)
-    ids = {id(graph.ops[o]): o for o in every}  # by identity: an op's hash is a Python call
     builder = _Builder(decision, entry.body.block)  # each op moves to the end as it is built
-    for block, ops in blocks[1:]:
-        parent = block.parent_op()
-        assert parent is not None
-        builder.bodies.setdefault(ids[id(parent)], []).append((block, ops))
+    if len(blocks) > 1:  # by identity: an op's hash is a Python call
+        carriers = {id(graph.ops[o]): o for o in every if graph.kinds[o] in _CARRIERS}
+        for block, ops in blocks[1:]:
+            parent = block.parent_op()
+            assert parent is not None
+            builder.bodies.setdefault(carriers[id(parent)], []).append((block, ops))
     for o in every:
         rule = graph.rules[o]
         if rule is not None and decision.op_mask[o]:
@@ -662,18 +663,21 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
     entry.body.detach_block(body)
     try:
         builder.build_block(body, blocks[0][1], arguments=True)
+        dead, relations = builder.dead, builder.relations
+        del builder  # its places and slices go before the ids are taken (the peak)
         for o in reversed(every):  # what is left in place is dead
-            if builder.dead[o]:
+            if dead[o]:
                 graph.ops[o].detach()
                 graph.ops[o].erase(safe_erase=False)
+        ids = {id(graph.ops[o]): o for o in every}
         for block, _ in blocks:
             for op in block.ops:
                 if isinstance(op, LoopOp):
                     _in_engine_order(op, decision, ids)
     finally:
         entry.body.add_block(body)
-    builder.relations.seal(body)  # as built: the lowering may read it
-    record_built(entry, builder.relations)
+    relations.seal(body)  # as built: the lowering may read it
+    record_built(entry, relations)
     LAST_BUILD_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
 
 
