@@ -64,7 +64,7 @@ _CARRIERS = (_WHILE, _BRANCH, _BARRIER)
 are placed and built in their own block."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Loop:
     """One loop being built: its op, body and index."""
 
@@ -74,7 +74,7 @@ class _Loop:
     index: SSAValue
 
 
-@dataclass
+@dataclass(slots=True)
 class _Place:
     """Where an op runs: `frames` are the loops around its part, outermost
     first; the first `shared` of them are its users' (it is built inside
@@ -82,6 +82,10 @@ class _Place:
 
     frames: list[_Loop] = field(default_factory=list)
     shared: int = 0
+
+
+_NOWHERE = _Place()
+"""The place of an op in no loop (most ops): one, never changed."""
 
 
 def _refuse(decision: Decision, top: list[int]) -> None:
@@ -139,11 +143,17 @@ class _Builder:
         self.block = block
         self.places: list[_Place | None] = [None] * len(self.g.ops)
         self.dead = [False] * len(self.g.ops)
-        self.axes_of: dict[int, list[str]] = {}
+        self.axes_of: dict[int, tuple[str, ...]] = {}
+        """Op id -> `_own_axes`, where it splits two axes or more."""
+        self.names: dict[tuple[int, ...], tuple[str, ...]] = {
+            (): (), **{(a,): (axis,) for a, axis in enumerate(decision.axes)}
+        }
+        """Axis numbers -> their names, for one axis or none (most ops): shared."""
         self.slices: dict[tuple[SSAValue, int, SSAValue], SSAValue] = {}
         """(source, dim, loop index) -> its slice: one per loop, shared by its readers."""
-        self.reps: dict[int, SSAValue] = {}
-        """Value id -> the value users outside its producer's own loops read."""
+        self.reps: list[SSAValue | None] = [None] * len(self.g.values)
+        """Value id -> the value users outside its producer's own loops read
+        (None: the value itself)."""
         self.bodies: dict[int, list[tuple[Block, list[int]]]] = {}
         """A while's or case's op id -> its bodies, each with its ops' ids."""
         self.relations = BuiltRelations()
@@ -156,7 +166,7 @@ class _Builder:
         outer, self.block = self.block, block
         for o in reversed(ops):
             if self.g.kinds[o] == _RETURN:
-                self.places[o] = _Place()
+                self.places[o] = _NOWHERE
             else:
                 self.place(o)
         if arguments:
@@ -179,19 +189,19 @@ class _Builder:
             return None
         return rule.result_dim(f)
 
-    def _own_axes(self, o: int) -> list[str]:
+    def _own_axes(self, o: int) -> tuple[str, ...]:
         """The axes op `o` splits, outermost loop first: by the decisions'
         priority, the axes of one factor major first."""
+        decided = self.d.op_axes[o]
+        if len(decided) < 2:
+            return self.names[decided]
         found = self.axes_of.get(o)
         if found is None:
-            found = self.axes_of[o] = self._order_axes(o)
+            found = self.axes_of[o] = self._order_axes(o, decided)
         return found
 
-    def _order_axes(self, o: int) -> list[str]:
+    def _order_axes(self, o: int, decided: tuple[int, ...]) -> tuple[str, ...]:
         d = self.d
-        decided = d.op_axes[o]
-        if len(decided) < 2:
-            return [d.axes[a] for a in decided]
         base = o * len(d.axes)
         factors, priority = d.op_factor, d.op_priority
         order = sorted(decided, key=lambda a: (priority[base + a] or (1 << 30, None))[0])
@@ -203,7 +213,7 @@ class _Builder:
             major = [a for a in decided if factors[base + a] == f]
             for i, a in zip(positions, major, strict=True):
                 out[i] = a
-        return [d.axes[a] for a in out]
+        return tuple(d.axes[a] for a in out)
 
     def place(self, o: int) -> None:
         op = self.g.ops[o]
@@ -211,7 +221,7 @@ class _Builder:
             self.dead[o] = True  # as the rewrite engine's applier erases it
             return
         if not self.d.op_mask[o] and not self.d.inside[o]:
-            self.places[o] = _Place()  # in no loop of its own, nor in its users'
+            self.places[o] = _NOWHERE  # in no loop of its own, nor in its users'
             return
         users = [
             (place, q, i)
@@ -256,7 +266,7 @@ class _Builder:
         self.places[o] = place
 
     def _enters(
-        self, o: int, axis: str, own: list[str], shared: list[_Loop],
+        self, o: int, axis: str, own: tuple[str, ...], shared: list[_Loop],
         users: list[tuple[_Place, int, int]],
     ) -> bool:
         """Whether op `o` can run inside its users' loop over `axis`."""
@@ -435,7 +445,7 @@ class _Builder:
         each of its loops (`order`: the frames in the order the op took
         their axes) whose axis it reads the operand split over."""
         v = self.g.operands[o][i]
-        value = self.reps.get(v)
+        value = self.reps[v]
         if value is None:
             value = self.g.values[v]  # an argument of the function
         kind = self.g.kinds[o]
@@ -635,12 +645,13 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
     blocks = _program_blocks(decision, entry.body.block)
     every = [o for _, ops in blocks for o in ops]
     _refuse(decision, every)
-    ids = {id(graph.ops[o]): o for o in every}  # by identity: an op's hash is a Python call
     builder = _Builder(decision, entry.body.block)  # each op moves to the end as it is built
-    for block, ops in blocks[1:]:
-        parent = block.parent_op()
-        assert parent is not None
-        builder.bodies.setdefault(ids[id(parent)], []).append((block, ops))
+    if len(blocks) > 1:  # by identity: an op's hash is a Python call
+        carriers = {id(graph.ops[o]): o for o in every if graph.kinds[o] in _CARRIERS}
+        for block, ops in blocks[1:]:
+            parent = block.parent_op()
+            assert parent is not None
+            builder.bodies.setdefault(carriers[id(parent)], []).append((block, ops))
     for o in every:
         rule = graph.rules[o]
         if rule is not None and decision.op_mask[o]:
@@ -652,18 +663,21 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
     entry.body.detach_block(body)
     try:
         builder.build_block(body, blocks[0][1], arguments=True)
+        dead, relations = builder.dead, builder.relations
+        del builder  # its places and slices go before the ids are taken (the peak)
         for o in reversed(every):  # what is left in place is dead
-            if builder.dead[o]:
+            if dead[o]:
                 graph.ops[o].detach()
                 graph.ops[o].erase(safe_erase=False)
+        ids = {id(graph.ops[o]): o for o in every}
         for block, _ in blocks:
             for op in block.ops:
                 if isinstance(op, LoopOp):
                     _in_engine_order(op, decision, ids)
     finally:
         entry.body.add_block(body)
-    builder.relations.seal(body)  # as built: the lowering may read it
-    record_built(entry, builder.relations)
+    relations.seal(body)  # as built: the lowering may read it
+    record_built(entry, relations)
     LAST_BUILD_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
 
 

@@ -72,6 +72,7 @@ the core IR); `Decision.factors_of`, `split_of`, `nesting_of`,
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -183,6 +184,9 @@ class _Graph:
         for arg in block.args:
             graph._new(arg)
         graph._read(block)
+        # read only from here: a tuple per value (48 bytes for one use, where
+        # a list took 88), one shared for the unused
+        graph.uses = [tuple(u) if u else () for u in graph.uses]  # type: ignore[misc]
         for carrier, places in graph.places.items():
             graph.feeds[carrier] = [graph._feeds(carrier, k) for k in range(len(places))]
         return graph
@@ -281,7 +285,8 @@ class Decision:
 
     Flat, fixed-width records: the mesh's axes are numbered (`axes`, in the
     mesh's order; axis `a` is bit `1 << a` of a mask), and a value's or an
-    op's record is `A = len(axes)` slots of a list, at `id * A + a`. Small
+    op's record is `A = len(axes)` slots of a list, at `id * A + a` (the
+    tables of ints are `array`s: 4 bytes a slot, not a pointer's 8). Small
     ints and shared tuples only: a decision costs a few pointers per value
     and op, where a dict per entry cost ~1.5 KB per op, and a visit reads
     and compares ints. The methods give the tables by axis name."""
@@ -294,7 +299,7 @@ class Decision:
         self.axis_index: dict[str, int] = {axis: a for a, axis in enumerate(self.axes)}
         self.sizes: tuple[int, ...] = tuple(mesh.values())
         width = len(self.axes)
-        self.value_dim: list[int] = [-1] * (n * width)
+        self.value_dim = array("i", (-1,)) * (n * width)
         """Per value and axis (`v * A + a`), the dim the axis splits (-1:
         none): the value is produced split."""
         self.value_priority: list[Priority | None] = [None] * (n * width)
@@ -302,12 +307,12 @@ class Decision:
         self.value_axes: list[tuple[int, ...]] = [()] * n
         """Per value, the axes that split it in the order decided (a dim's
         axes, in this order, are its nesting, major first)."""
-        self.value_mask: list[int] = [0] * n
-        self.op_factor: list[int] = [-1] * (m * width)
+        self.value_mask = array("i", (0,)) * n
+        self.op_factor = array("i", (-1,)) * (m * width)
         """Per op and axis (`o * A + a`), the factor of its rule split over
         the axis (-1: none)."""
         self.op_priority: list[Priority | None] = [None] * (m * width)
-        self.op_arrival: list[int] = [-1] * (m * width)
+        self.op_arrival = array("i", (-1,)) * (m * width)
         """Per op and axis, the operand its split over the axis came through
         (the operand count: from its users). Where that operand's producer
         is in the loop already, the engine moves the op into it after its
@@ -315,8 +320,8 @@ class Decision:
         self.op_axes: list[tuple[int, ...]] = [()] * m
         """Per op, the axes it splits in the order decided (a factor's axes,
         in this order, are major first)."""
-        self.op_mask: list[int] = [0] * m
-        self.inside: list[int] = [0] * m
+        self.op_mask = array("i", (0,)) * m
+        self.inside = array("i", (0,)) * m
         """Per op, the mask of the axes of the loops it runs in without
         splitting anything over them: an op made split for its users
         (backward) runs in their loops, once per part of theirs (the engine

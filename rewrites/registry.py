@@ -1221,10 +1221,12 @@ def rule_for(op: Operation) -> OpRule | None:
         return None
     operand_types = [v.type for v in op.operands]
     result_types = [r.type for r in op.results]
-    if op.regions or op.name == "stablehlo.constant":
+    if op.regions or (type(op) is shlo.ConstantOp and not _is_splat(op.value)):
+        # the rule reads a body or an init; a literal array (which may be
+        # large) is not kept by the memo: it has no rule
         if not _all_tensors(operand_types, result_types):
             return None
-        return builder(op)  # the rule reads a body, an init or a value
+        return builder(op)
     properties = tuple(op.properties.items())
     key = (
         op.name,
@@ -1243,6 +1245,12 @@ def rule_for(op: Operation) -> OpRule | None:
         rule = builder(op) if _all_tensors(operand_types, result_types) else None
         found = _RULES_BY_SIGNATURE[key] = (rule, operand_types, result_types, properties)
     return found[0]
+
+
+def _is_splat(value: Attribute) -> bool:
+    """A constant of one value repeated: its rule is its type's (memoised;
+    a stack's thousands of constants are a few dozen attributes)."""
+    return isinstance(value, DenseIntOrFPElementsAttr) and value.is_splat()
 
 
 def _all_tensors(operand_types: list[Attribute], result_types: list[Attribute]) -> bool:

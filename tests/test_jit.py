@@ -152,6 +152,33 @@ def test_a_call_after_lower_runs_that_lowering(monkeypatch):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
 
 
+def test_the_first_call_runs_without_the_stages(monkeypatch):
+    """The first call lets go of its `Lowered` (the xDSL modules) before the
+    emitted program is traced and compiled, and still gives jax.jit's numbers."""
+    import weakref
+
+    from partir.lowered import Lowered
+
+    alive = []
+    real = Lowered.compile
+
+    def compile_(self):
+        compiled = real(self)
+        module, run = weakref.ref(self.module), compiled.run
+        compiled.run = lambda *leaves: alive.append(module() is not None) or run(*leaves)
+        return compiled
+
+    monkeypatch.setattr(Lowered, "compile", compile_)
+    args = mlp_train_step.make_args(batch=8)
+    fn = partir.jit(mlp_train_step.program, mesh=MESH, tactics=[partir.BatchParallel("batch")])
+    got = fn(*args)
+    assert alive == [False]
+    for g, r in zip(jax.tree_util.tree_leaves(got),
+                    jax.tree_util.tree_leaves(jax.jit(mlp_train_step.program)(*args)),
+                    strict=True):
+        assert_close(np.asarray(g), np.asarray(r))
+
+
 def test_a_jax_mesh_is_accepted():
     devices = np.array(jax.devices()[:8]).reshape(4, 2)
     mesh = jax.sharding.Mesh(devices, ("batch", "model"),

@@ -1623,3 +1623,30 @@ def test_rule_for_builds_each_signature_s_rule_once_and_answers_as_the_builder(m
     }
     once = [op for op in built if not op.regions and op.name != "stablehlo.constant"]
     assert len(once) == len(signatures) < len(region_free)
+
+
+def test_splat_constants_share_a_rule_and_literal_arrays_are_not_kept() -> None:
+    """A splat constant's rule is memoised by signature (a stack's thousands
+    of constants are a few dozen attributes); a literal array has no rule and
+    the memo does not hold it (it may be large)."""
+    import gc
+    import weakref
+
+    from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, TensorType, f32
+
+    from rewrites import registry
+
+    ty = TensorType(f32, [4, 6])
+    zeros = DenseIntOrFPElementsAttr.from_list(ty, [0.0] * 24)
+    first, second = shlo.ConstantOp(zeros), shlo.ConstantOp(zeros)
+    rule = rule_for(first)
+    assert rule is not None and rule_for(second) is rule
+    assert [len(dims) for dims in rule.results[0]] == [1, 1]
+    literal = DenseIntOrFPElementsAttr.from_list(ty, [float(i) for i in range(24)])
+    held = len(registry._RULES_BY_SIGNATURE)
+    assert rule_for(shlo.ConstantOp(literal)) is None
+    assert len(registry._RULES_BY_SIGNATURE) == held
+    gone = weakref.ref(literal)
+    del literal
+    gc.collect()  # the op and its result, a cycle
+    assert gone() is None
