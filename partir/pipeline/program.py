@@ -75,8 +75,8 @@ from dialects.spmd import (
 )
 from partir.pipeline.builder import Builder, stacked
 from partir.pipeline.layer_loops import LayerLoops, PipelineError, find_layer_loops
-from partir.pipeline.schedule import Schedule, make_schedule
-from partir.pipeline.stage_loops import split_rows
+from partir.pipeline.schedule import Action, Schedule, make_schedule
+from partir.pipeline.stage_loops import deal_chunks, split_rows
 from partir.pipeline.tactic import MICROBATCH_AXIS
 from rewrites.registry import FactorKind, OpRule, rule_for
 
@@ -94,12 +94,13 @@ def pipeline(
     stages: int,
     microbatches: int,
     schedule: str = "gpipe",
+    virtual_stages: int = 1,
     microbatch_axis: str = MICROBATCH_AXIS,
 ) -> None:
     """Rewrite the per-microbatch SPMD `module` (its mesh has `microbatch_axis`)
     as the pipelined program over `axis` (see the module docstring), its
     schedule recorded on the module (`Schedule.record`)."""
-    table = make_schedule(schedule, stages, microbatches)
+    table = make_schedule(schedule, stages, microbatches, virtual_stages)
     Pipelining(module, axis, stages, microbatch_axis, table).run()
     table.record(module, axis)
 
@@ -109,7 +110,7 @@ class Pipelining:
         self, module: ModuleOp, axis: str, stages: int, mb_axis: str, schedule: Schedule
     ) -> None:
         self.module, self.axis, self.mb, self.schedule = module, axis, mb_axis, schedule
-        self.S, self.M = stages, schedule.microbatches
+        self.S, self.M, self.chunks = stages, schedule.microbatches, schedule.chunks
         self.entry = entry_function(module)
         mesh_op = next(op for op in module.body.block.ops if isinstance(op, MeshOp))
         self.mesh_size = dict(mesh_op.axes.items())
@@ -177,8 +178,15 @@ class Pipelining:
                     )
         self._check_results(ops)
         self._retype_stacked(invariant)
-        split_rows(self.forward, self.S, self.axis)
-        split_rows(self.backward, self.S, self.axis)
+        if self.chunks > 1 and self.forward.trips % (self.S * self.chunks):
+            raise self.error(
+                f"{self.forward.trips} layers do not split into {self.S} stages x "
+                f"{self.chunks} virtual stages; give the stack a multiple of "
+                f"{self.S * self.chunks} layers, or fewer virtual_stages"
+            )
+        self.chunk_rows = self.forward.trips // (self.S * self.chunks)
+        split_rows(self.forward, self.S * self.chunks, self.axis)
+        split_rows(self.backward, self.S * self.chunks, self.axis)
         self._build(block, ops)
 
     def _strip_inner_sums(self) -> dict[int, tuple[str, ...]]:
@@ -593,8 +601,9 @@ class Pipelining:
                     f"{op_name(op)} after the backward loop reads a value of the head; "
                     "the head runs on the last stage and this op on the first"
                 )
+        self._deal_stacks()
         state: dict[tuple[str, object], SSAValue] = {}
-        slots = self.slots = sched.slots  # microbatch m is kept in slot m % slots
+        slots = sched.slots  # a stage keeps each (chunk, microbatch) in its `sched.slot`
         for k in flowing_f:
             state[("act", k)] = b.zeros(stacked(f.op.operands[k].type, slots))
         for k in flowing_b:
@@ -602,8 +611,10 @@ class Pipelining:
             state[("seed", k)] = b.zeros(stacked(bw.op.operands[k].type, slots))
         for j in residuals:
             state[("res", j)] = b.zeros(stacked(f.op.results[j].type, slots))
-        for k in sorted(self.partial_writes):
-            state[("w", k)] = b.zeros(bw.op.results[k].type)
+        for k in sorted(self.partial_writes):  # a stage's rows: its chunks' rows
+            rows, *rest = bw.op.results[k].type.get_shape()  # type: ignore[attr-defined]
+            dtype = bw.op.results[k].type.get_element_type()  # type: ignore[attr-defined]
+            state[("w", k)] = b.zeros(TensorType(dtype, [rows * self.chunks, *rest]))
         for sm in (*head_sums, *post_sums):
             state[("sum", sm)] = b.zeros(sm.operands[0].type)
         self.first = b.cmp(self.stage, b.const(0), "EQ")
@@ -614,32 +625,56 @@ class Pipelining:
             kinds = [0 if a is None else 1 if a.phase == "F" else 2 for a in row]
             kind = b.of_stage(kinds, self.stage)
             m = b.of_stage([0 if a is None else a.microbatch for a in row], self.stage)
-            slot = b.of_stage([0 if a is None else a.microbatch % slots for a in row], self.stage)
+            slot = b.of_stage(
+                [0 if a is None else sched.slot(s, a) for s, a in enumerate(row)], self.stage
+            )
+            chunk = (
+                b.of_stage([0 if a is None else a.chunk for a in row], self.stage)
+                if self.chunks > 1
+                else None
+            )
             keys = list(state)
+            last_action, first_action = row[self.S - 1], row[0]
 
             def idle(keys: list = keys) -> list[SSAValue]:
                 return [state[k] for k in keys] + [b.zeros(ty) for ty in (*act_types, *grad_types)]
 
             def forward(
-                t: int = t, m: SSAValue = m, slot: SSAValue = slot, keys: list = keys
+                m: SSAValue = m,
+                slot: SSAValue = slot,
+                chunk: SSAValue | None = chunk,
+                keys: list = keys,
+                last_action: Action | None = last_action,
             ) -> list[SSAValue]:
                 now = dict(state)
+                first = self._on_chunk(self.first, chunk, 0)
                 received = {
                     k: b.select(
-                        self.first,
+                        first,
                         b.load(self.stacks[f.op.operands[k]], m),
                         b.load(now[("act", k)], slot),
                     )
                     for k in flowing_f
                 }
-                clone = self._run_loop(f, m, received)
+                clone = self._run_loop(f, m, chunk, received)
                 for j in residuals:
                     now[("res", j)] = b.put(now[("res", j)], clone.results[j], slot)
-                last_action = sched.table[t][self.S - 1]
-                if last_action is not None and last_action.phase == "F":
-                    m_last = last_action.microbatch
-                    self._segment(self.last, self.head, m_last, f.op, clone, now, head_sums,
-                                  flowing_b)
+                if (
+                    last_action is not None
+                    and last_action.phase == "F"
+                    and last_action.chunk == self.chunks - 1
+                ):
+                    self._segment(
+                        self.last,
+                        self.head,
+                        last_action.microbatch,
+                        sched.slot(self.S - 1, last_action),
+                        f.op,
+                        clone,
+                        now,
+                        head_sums,
+                        flowing_b,
+                    )
                 outs = [now[k] for k in keys]
                 return (
                     outs
@@ -648,7 +683,11 @@ class Pipelining:
                 )
 
             def backward(
-                t: int = t, m: SSAValue = m, slot: SSAValue = slot, keys: list = keys
+                m: SSAValue = m,
+                slot: SSAValue = slot,
+                chunk: SSAValue | None = chunk,
+                keys: list = keys,
+                first_action: Action | None = first_action,
             ) -> list[SSAValue]:
                 now = dict(state)
                 f_results: dict[SSAValue, int] = {r: j for j, r in enumerate(f.op.results)}
@@ -657,16 +696,28 @@ class Pipelining:
                     for k, v in enumerate(bw.op.operands)
                     if v in f_results
                 }
+                last = self._on_chunk(self.last, chunk, self.chunks - 1)
                 for k in flowing_b:
                     seed, got = b.load(now[("seed", k)], slot), b.load(now[("grad", k)], slot)
-                    given[k] = b.select(self.last, seed, got)
-                clone = self._run_loop(bw, m, given)
+                    given[k] = b.select(last, seed, got)
+                clone = self._run_loop(bw, m, chunk, given)
                 for k in sorted(self.partial_writes):
-                    now[("w", k)] = b.sum(now[("w", k)], clone.results[k])
-                first_action = sched.table[t][0]
-                if first_action is not None and first_action.phase == "B" and post_sums:
-                    self._segment(self.first, self.post, first_action.microbatch, bw.op,
-                                  clone, now, post_sums)
+                    w = now[("w", k)]
+                    now[("w", k)] = (
+                        b.sum(w, clone.results[k])
+                        if chunk is None
+                        else b.add_rows(w, clone.results[k], chunk)
+                    )
+                if (
+                    first_action is not None
+                    and first_action.phase == "B"
+                    and first_action.chunk == 0
+                    and post_sums
+                ):
+                    self._segment(
+                        self.first, self.post, first_action.microbatch, 0, bw.op, clone, now,
+                        post_sums,
+                    )
                 outs = [now[k] for k in keys]
                 return (
                     outs + [b.zeros(ty) for ty in act_types] + [clone.results[k] for k in flowing_b]
@@ -682,43 +733,97 @@ class Pipelining:
             out_grad = results[len(keys) + len(flowing_f) :]
             self._send(sched.forward_sends(t), flowing_f, out_act, "act", state)
             self._send(sched.backward_sends(t), flowing_b, out_grad, "grad", state)
-        self.grads = {k: state[("w", k)] for k in self.partial_writes}
+        self.grads = {k: self._dealt_back(state[("w", k)]) for k in self.partial_writes}
         for sm in (*head_sums, *post_sums):
             self.acc[sm] = state[("sum", sm)]
             self.one_stage.add(sm)
 
-    def _run_loop(self, loop: CountedLoop, m: SSAValue, given: dict[int, SSAValue]) -> Operation:
-        """A stage's `loop` on microbatch `m`: the operands `given` by position,
-        microbatch `m`'s part of each per-microbatch value it reads, the rest as
-        they are."""
+    # --- a stage's chunks (the interleaved schedule) -------------------------------------
+
+    def _on_chunk(self, pred: SSAValue, chunk: SSAValue | None, at: int) -> SSAValue:
+        """`pred` (the stage is the first, the last) and the action is on chunk `at`."""
+        if chunk is None:
+            return pred
+        return self.b.and_(pred, self.b.cmp(chunk, self.b.const(at), "EQ"))
+
+    def _deal_stacks(self) -> None:
+        """Where a stage holds several chunks: its chunks of each stacked value
+        the loops read, dealt to it from the stages' consecutive rows
+        (`deal_chunks`), once a step; zeros need no dealing."""
+        self.dealt: dict[SSAValue, SSAValue] = {}
+        if self.chunks == 1:
+            return
+        for loop in (self.forward, self.backward):
+            for k in sorted({*loop.reads, *loop.writes}):
+                v = loop.op.operands[k]
+                if v in self.dealt or v.owner is self.forward.op or _is_zeros(v):
+                    continue
+                ty = v.type
+                assert isinstance(ty, TensorType)
+                if v in self.varying or ty.get_shape()[0] != self.chunks * self.chunk_rows:
+                    raise self.error(
+                        f"the layer loop reads a stacked value of {ty.get_shape()[0]} rows per "
+                        f"stage{' per microbatch' if v in self.varying else ''}; the interleaved "
+                        f"schedule deals each stage its {self.chunks} chunks of "
+                        f"{self.chunk_rows} layers of values split over the stage axis alone"
+                    )
+                self.dealt[v] = self._dealt_back(v, cyclic=True)
+
+    def _dealt_back(self, value: SSAValue, cyclic: bool = False) -> SSAValue:
+        """`value`'s chunks dealt to the stages' consecutive rows (or to the
+        interleaved schedule's, `cyclic`); `value` where a stage holds one chunk."""
+        if self.chunks == 1:
+            return value
+        return deal_chunks(self.b, value, self.stage, self.axis, self.S, self.chunk_rows, cyclic)
+
+    def _run_loop(
+        self,
+        loop: CountedLoop,
+        m: SSAValue,
+        chunk: SSAValue | None,
+        given: dict[int, SSAValue],
+    ) -> Operation:
+        """A stage's `loop` on microbatch `m` (and its `chunk`, if it holds
+        several): the operands `given` by position, microbatch `m`'s part of
+        each per-microbatch value it reads, the chunk's rows of a stacked one,
+        the rest as they are."""
         b = self.b
-        operands = [
-            given[k] if k in given else b.load(self.stacks[v], m) if v in self.varying else v
-            for k, v in enumerate(loop.op.operands)
-        ]
+        rows = {*loop.reads, *loop.writes}
+
+        def operand(k: int, v: SSAValue) -> SSAValue:
+            if k in given:
+                return given[k]
+            if v in self.varying:
+                return b.load(self.stacks[v], m)
+            if chunk is not None and k in rows:
+                return b.rows_at(self.dealt.get(v, v), chunk, self.chunk_rows)
+            return v
+
+        operands = [operand(k, v) for k, v in enumerate(loop.op.operands)]
         clone = b.clone_loop(loop.op, operands, [self.axis])
         self._own_parts([clone], m)
         return clone
 
     def _send(
         self,
-        sends: list[tuple[int, int, int]],
+        sends: list[tuple[int, int, Action]],
         flowing: list[int],
         values: Sequence[SSAValue],
         kind: str,
         state: dict[tuple[str, object], SSAValue],
     ) -> None:
-        """Hand each sender's value to its neighbour, which keeps it for its microbatch."""
+        """Hand each sender's value to its neighbour, which keeps it in the
+        slot of the action it is for."""
         if not sends:
             return
         b = self.b
         pairs = [(s, r) for s, r, _ in sends]
         arriving = [-1] * self.S
-        for _, r, mb in sends:
-            arriving[r] = mb % self.slots
+        for _, r, action in sends:
+            arriving[r] = self.schedule.slot(r, action)
         m = b.of_stage(arriving, self.stage)
         valid = b.cmp(m, b.const(0), "GE")
-        index = b.clamp(m, 0, self.slots - 1)
+        index = b.clamp(m, 0, self.schedule.slots - 1)
         for k, value in zip(flowing, values, strict=True):
             got = b.add(CollectivePermuteOp(value, [self.axis], pairs)).results[0]
             state[(kind, k)] = b.store(state[(kind, k)], got, index, valid)
@@ -728,6 +833,7 @@ class Pipelining:
         on: SSAValue,
         ops: Sequence[Operation],
         m: int,
+        slot: int,
         loop: Operation,
         clone: Operation,
         now: dict[tuple[str, object], SSAValue],
@@ -736,7 +842,7 @@ class Pipelining:
     ) -> None:
         """Where `on` holds (the last stage: the head; the first: the ops after
         the backward loop), `ops` on microbatch `m`, `loop`'s results as its
-        `clone` made them: the backward's `seeds` kept in their slot, and the
+        `clone` made them: the backward's `seeds` kept in `slot`, and the
         segment's share of `sums`."""
         b, bw = self.b, self.backward.op
         values = dict(self.per_mb[m])
@@ -746,7 +852,7 @@ class Pipelining:
         def taken() -> list[SSAValue]:
             mapping = dict(values)
             self._own_parts(b.clone(ops, mapping), m)
-            out = [b.put(now[("seed", k)], mapping[bw.operands[k]], m % self.slots) for k in seeds]
+            out = [b.put(now[("seed", k)], mapping[bw.operands[k]], slot) for k in seeds]
             return out + [
                 b.sum(now[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums
             ]

@@ -10,6 +10,11 @@ dim 0), its condition compares against L / S, and a reversed loop's row
 index is `L / S - 1 - i`; every other value is untouched. The rewrite
 refuses a loop whose body reads a stacked value other than one row at a
 time, since a stage has only its own rows.
+
+Where each stage holds several chunks of the layers that are not adjacent
+(the interleaved schedule: chunk `c` on stage `c % stages`), its rows of a
+stacked value are dealt to it from the stages' consecutive rows, and its
+gradients' rows back, by `deal_chunks`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from xdsl_jax.dialects import stablehlo as shlo
 from dialects.counted_loops import CountedLoop
 from dialects.escaping import quoted
 from dialects.names import op_name
+from dialects.spmd import CollectivePermuteOp
+from partir.pipeline.builder import Builder
 from partir.pipeline.layer_loops import PipelineError
 from rewrites.padding import splat
 
@@ -78,6 +85,47 @@ def split_rows(loop: CountedLoop, parts: int, axis: str = "stage") -> None:
                 Rewriter.insert_op([last, index], InsertPoint.before(access))
                 access.operands[ROW_ACCESSES[access.name]] = index.results[0]
     _erase_dead(list(body.ops))
+
+
+def deal_chunks(
+    b: Builder, value: SSAValue, stage: SSAValue, axis: str, stages: int, n: int, cyclic: bool
+) -> SSAValue:
+    """A stage's rows of a stacked `value` (dim 0: its chunks, in order)
+    from the block layout (stage `s` holds chunks `s * chunks` on) to the
+    cyclic one (chunk `c` on stage `c % stages`, as its chunk `c // stages`),
+    or back (`cyclic=False`), `n` rows a chunk: per pair of a chunk's place on the sender and
+    on the receiver, one `spmd.collective_permute` over `axis` of the stages
+    that trade it; a chunk that stays is kept."""
+    ty = value.type
+    assert isinstance(ty, TensorType)
+    chunks = ty.get_shape()[0] // n
+    places = [
+        ((c // chunks, c % chunks), (c % stages, c // stages)) for c in range(stages * chunks)
+    ]
+    parts = [b.rows(value, 0, q * n, (q + 1) * n) for q in range(chunks)]
+    dealt = []
+    for p in range(chunks):
+        moved: SSAValue | None = None
+        kept = [-1] * stages  # per stage, its own place of the chunk it keeps at p
+        for q in range(chunks):
+            pairs = []
+            for block, cycle in places:
+                (src, at), (dst, to) = (block, cycle) if cyclic else (cycle, block)
+                if (to, at) == (p, q):
+                    if src == dst:
+                        kept[dst] = q
+                    else:
+                        pairs.append((src, dst))
+            if pairs:
+                got = b.add(CollectivePermuteOp(parts[q], [axis], pairs)).results[0]
+                moved = got if moved is None else b.sum(moved, got)  # one sender per stage
+        if any(q >= 0 for q in kept):
+            own = b.rows_at(value, b.of_stage([max(q, 0) for q in kept], stage), n)
+            keeps = b.cmp(b.of_stage(kept, stage), b.const(0), "GE")
+            moved = own if moved is None else b.select(keeps, own, moved)
+        assert moved is not None
+        dealt.append(moved)
+    return b.concat(dealt)
 
 
 def _row_values(body: Block, carried: list[int]) -> set[SSAValue]:
