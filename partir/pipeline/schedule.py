@@ -221,20 +221,27 @@ class Schedule:
         """The buffer `stage` keeps `action`'s unit in."""
         return self._slot_of[stage][self.unit(action)]
 
+    def label(self, action: Action | None) -> str:
+        """A table cell: `.` (idle), `F3`, or where stages hold several chunks
+        `F3v0` (microbatch 3's forward through the stage's first chunk)."""
+        if action is None:
+            return "."
+        return f"{action}v0" if self.chunks > 1 and action.chunk == 0 else str(action)
+
     def timeline(self) -> str:
         """The table drawn as one row per stage, one column per time step."""
-        width = max(len(str(a)) for row in self.table for a in row if a is not None)
+        width = max(len(self.label(a)) for row in self.table for a in row)
         head = "stage | " + " ".join(f"{t:>{width}}" for t in range(self.steps))
         rows = [head, "-" * len(head)]
         for s in range(self.stages):
-            cells = [f"{str(row[s]) if row[s] else '.':>{width}}" for row in self.table]
+            cells = [f"{self.label(row[s]):>{width}}" for row in self.table]
             rows.append(f"{s:>5} | " + " ".join(cells))
         return "\n".join(rows)
 
     def record(self, module: ModuleOp, axis: str) -> None:
         """Record the table on `module` (`RECORD`): one string per time step,
         each stage's action or "." (idle), e.g. `"F1 F0 . ."`."""
-        rows = [" ".join(str(a) if a else "." for a in row) for row in self.table]
+        rows = [" ".join(map(self.label, row)) for row in self.table]
         module.attributes[RECORD] = DictionaryAttr(
             {
                 "axis": StringAttr(axis),
