@@ -20,8 +20,8 @@ time tracks total work; only same-run paired ratios are meaningful.
     python -m benchmarks.vs_jit --only pipeline [--profile h100-8]
 
 The pipeline rows (`--only pipeline`, and after the table) train an 8-layer
-scanned transformer step pipelined over 4 stages x 2 data shards (GPipe and
-1F1B) beside the same step under DP and DP+TP on the same 8 devices: the
+scanned transformer step pipelined over 4 stages x 2 data shards (GPipe,
+1F1B and interleaved 1F1B with 2 virtual stages) beside the same step under DP and DP+TP on the same 8 devices: the
 measured step time, and the cost model's predicted time on `--profile`.
 """
 
@@ -203,6 +203,13 @@ PIPELINE_STRATEGIES = {
     "pipeline 1F1B M=4 (stage 4 x batch 2)": (
         PIPELINE_MESH,
         [partir.Pipeline("stage", 4, "1f1b"), partir.BatchParallel("batch")],
+    ),
+    "pipeline interleaved 1F1B x2 M=8 (stage 4 x batch 2)": (
+        PIPELINE_MESH,
+        [
+            partir.Pipeline("stage", 8, "interleaved", virtual_stages=2),
+            partir.BatchParallel("batch"),
+        ],
     ),
     "DP (batch 8)": (partir.Mesh({"batch": 8}), [partir.BatchParallel("batch")]),
     "DP+TP (batch 4 x model 2)": (MESH, STRATEGIES["DP+TP"]),

@@ -228,12 +228,16 @@ def test_one_microbatch_and_a_taken_axis_name_are_refused() -> None:
         partir.jit(step, mesh=mesh, tactics=[_pipeline(2)]).lower(*args)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", pytest.param("1f1b", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "schedule",
+    ["gpipe", pytest.param("1f1b", marks=pytest.mark.slow), "interleaved virtual_stages=2"],
+)
 def test_partir_opt_pipelines_the_exported_stablehlo_of_a_scanned_step(schedule, tmp_path):
     """JAX's text of the step through `partir-opt`: `partir-pipeline` splits the
     batch over microbatches, `partir-schedule-pipeline` schedules the SPMD
     stage; it parses back, runs on the SPMD interpreter equal to `jax.jit`,
-    and its emitted program does too."""
+    and its emitted program does too (interleaved: 2 chunks of 1 layer per
+    stage, dealt by permutes)."""
     step, args = sgd_step, sgd_args(layers=4, batch=8)
     source, spmd = tmp_path / "step.mlir", tmp_path / "step.spmd.mlir"
     source.write_text(jax.jit(step).lower(*args).as_text())

@@ -40,7 +40,7 @@ gradient, a per-example result.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
@@ -584,8 +584,9 @@ class Pipelining:
 
     def _run_schedule(self) -> None:
         b, f, bw, sched = self.b, self.forward, self.backward, self.schedule
-        flowing_f, flowing_b, residuals = self._flowing(f), self._flowing(bw), self._residuals()
-        for k in flowing_b:
+        self.flowing_f, self.flowing_b = self._flowing(f), self._flowing(bw)
+        self.residuals = self._residuals()
+        for k in self.flowing_b:
             v = bw.op.operands[k]
             if not (isinstance(v.owner, Operation) and v.owner in self.head):
                 raise self.error(
@@ -593,9 +594,9 @@ class Pipelining:
                     "come from the head; Pipeline passes only the gradient of the loop's output"
                 )
         self._stack_pre_values()
-        head_sums = [s for s in self.sums if self._made_in(s.operands[0], self.head, f.op)]
-        post_sums = [s for s in self.sums if self._made_in(s.operands[0], self.post, bw.op)]
-        for op in self.post if post_sums else ():
+        self.head_sums = [s for s in self.sums if self._made_in(s.operands[0], self.head, f.op)]
+        self.post_sums = [s for s in self.sums if self._made_in(s.operands[0], self.post, bw.op)]
+        for op in self.post if self.post_sums else ():
             if any(isinstance(v.owner, Operation) and v.owner in self.head for v in op.operands):
                 raise self.error(
                     f"{op_name(op)} after the backward loop reads a value of the head; "
@@ -604,139 +605,106 @@ class Pipelining:
         self._deal_stacks()
         state: dict[tuple[str, object], SSAValue] = {}
         slots = sched.slots  # a stage keeps each (chunk, microbatch) in its `sched.slot`
-        for k in flowing_f:
+        for k in self.flowing_f:
             state[("act", k)] = b.zeros(stacked(f.op.operands[k].type, slots))
-        for k in flowing_b:
+        for k in self.flowing_b:
             state[("grad", k)] = b.zeros(stacked(bw.op.operands[k].type, slots))
             state[("seed", k)] = b.zeros(stacked(bw.op.operands[k].type, slots))
-        for j in residuals:
+        for j in self.residuals:
             state[("res", j)] = b.zeros(stacked(f.op.results[j].type, slots))
         for k in sorted(self.partial_writes):  # a stage's rows: its chunks' rows
             rows, *rest = bw.op.results[k].type.get_shape()  # type: ignore[attr-defined]
             dtype = bw.op.results[k].type.get_element_type()  # type: ignore[attr-defined]
             state[("w", k)] = b.zeros(TensorType(dtype, [rows * self.chunks, *rest]))
-        for sm in (*head_sums, *post_sums):
+        for sm in (*self.head_sums, *self.post_sums):
             state[("sum", sm)] = b.zeros(sm.operands[0].type)
         self.first = b.cmp(self.stage, b.const(0), "EQ")
         self.last = b.cmp(self.stage, b.const(self.S - 1), "EQ")
-        act_types = [f.op.operands[k].type for k in flowing_f]
-        grad_types = [bw.op.operands[k].type for k in flowing_b]
         for t, row in enumerate(sched.table):
-            kinds = [0 if a is None else 1 if a.phase == "F" else 2 for a in row]
-            kind = b.of_stage(kinds, self.stage)
-            m = b.of_stage([0 if a is None else a.microbatch for a in row], self.stage)
-            slot = b.of_stage(
-                [0 if a is None else sched.slot(s, a) for s, a in enumerate(row)], self.stage
-            )
-            chunk = (
-                b.of_stage([0 if a is None else a.chunk for a in row], self.stage)
-                if self.chunks > 1
-                else None
-            )
-            keys = list(state)
-            last_action, first_action = row[self.S - 1], row[0]
-
-            def idle(keys: list = keys) -> list[SSAValue]:
-                return [state[k] for k in keys] + [b.zeros(ty) for ty in (*act_types, *grad_types)]
-
-            def forward(
-                m: SSAValue = m,
-                slot: SSAValue = slot,
-                chunk: SSAValue | None = chunk,
-                keys: list = keys,
-                last_action: Action | None = last_action,
-            ) -> list[SSAValue]:
-                now = dict(state)
-                first = self._on_chunk(self.first, chunk, 0)
-                received = {
-                    k: b.select(
-                        first,
-                        b.load(self.stacks[f.op.operands[k]], m),
-                        b.load(now[("act", k)], slot),
-                    )
-                    for k in flowing_f
-                }
-                clone = self._run_loop(f, m, chunk, received)
-                for j in residuals:
-                    now[("res", j)] = b.put(now[("res", j)], clone.results[j], slot)
-                if (
-                    last_action is not None
-                    and last_action.phase == "F"
-                    and last_action.chunk == self.chunks - 1
-                ):
-                    self._segment(
-                        self.last,
-                        self.head,
-                        last_action.microbatch,
-                        sched.slot(self.S - 1, last_action),
-                        f.op,
-                        clone,
-                        now,
-                        head_sums,
-                        flowing_b,
-                    )
-                outs = [now[k] for k in keys]
-                return (
-                    outs
-                    + [clone.results[k] for k in flowing_f]
-                    + [b.zeros(ty) for ty in grad_types]
-                )
-
-            def backward(
-                m: SSAValue = m,
-                slot: SSAValue = slot,
-                chunk: SSAValue | None = chunk,
-                keys: list = keys,
-                first_action: Action | None = first_action,
-            ) -> list[SSAValue]:
-                now = dict(state)
-                f_results: dict[SSAValue, int] = {r: j for j, r in enumerate(f.op.results)}
-                given = {
-                    k: b.load(now[("res", f_results[v])], slot)
-                    for k, v in enumerate(bw.op.operands)
-                    if v in f_results
-                }
-                last = self._on_chunk(self.last, chunk, self.chunks - 1)
-                for k in flowing_b:
-                    seed, got = b.load(now[("seed", k)], slot), b.load(now[("grad", k)], slot)
-                    given[k] = b.select(last, seed, got)
-                clone = self._run_loop(bw, m, chunk, given)
-                for k in sorted(self.partial_writes):
-                    w = now[("w", k)]
-                    now[("w", k)] = (
-                        b.sum(w, clone.results[k])
-                        if chunk is None
-                        else b.add_rows(w, clone.results[k], chunk)
-                    )
-                if (
-                    first_action is not None
-                    and first_action.phase == "B"
-                    and first_action.chunk == 0
-                    and post_sums
-                ):
-                    self._segment(
-                        self.first, self.post, first_action.microbatch, 0, bw.op, clone, now,
-                        post_sums,
-                    )
-                outs = [now[k] for k in keys]
-                return (
-                    outs + [b.zeros(ty) for ty in act_types] + [clone.results[k] for k in flowing_b]
-                )
-
-            varying = [self._state_axes(k) for k in keys]
-            varying += [self._carried_axes(f.op, k) for k in flowing_f]
-            varying += [self._carried_axes(bw.op, k) for k in flowing_b]
-            results = b.case(kind, [idle, forward, backward], varying)
-            for key, value in zip(keys, results, strict=False):
-                state[key] = value
-            out_act = results[len(keys) : len(keys) + len(flowing_f)]
-            out_grad = results[len(keys) + len(flowing_f) :]
-            self._send(sched.forward_sends(t), flowing_f, out_act, "act", state)
-            self._send(sched.backward_sends(t), flowing_b, out_grad, "grad", state)
+            self._time_step(row, state)
+            self._send(sched.forward_sends(t), self.flowing_f, "act", state)
+            self._send(sched.backward_sends(t), self.flowing_b, "grad", state)
         self.grads = {k: self._dealt_back(state[("w", k)]) for k in self.partial_writes}
-        for sm in (*head_sums, *post_sums):
+        for sm in (*self.head_sums, *self.post_sums):
             self.acc[sm] = state[("sum", sm)]
             self.one_stage.add(sm)
+
+    def _time_step(
+        self, row: tuple[Action | None, ...], state: dict[tuple[str, object], SSAValue]
+    ) -> None:
+        """One `stablehlo.case` on the stage's action in `row`: idle, a forward
+        (the last chunk's with the head) or a backward (the first chunk's with
+        the ops after the loop); `state` updated, and the activations (the
+        gradients) to send kept as `("out", k)`."""
+        b, f, bw, sched = self.b, self.forward.op, self.backward.op, self.schedule
+        flowing_f, flowing_b = self.flowing_f, self.flowing_b
+
+        def of_stage(cell: Callable[[int, Action], int]) -> SSAValue:
+            cells = [0 if a is None else cell(s, a) for s, a in enumerate(row)]
+            return b.of_stage(cells, self.stage)
+
+        kind = of_stage(lambda s, a: 1 if a.phase == "F" else 2)
+        m = of_stage(lambda s, a: a.microbatch)
+        slot = of_stage(sched.slot)
+        chunk = of_stage(lambda s, a: a.chunk) if self.chunks > 1 else None
+        keys = list(state)
+        last, first = row[self.S - 1], row[0]
+
+        def outs(now: dict, acts: list[SSAValue] | None, grads: list[SSAValue] | None) -> list:
+            """The branch's state, and what it sends (zeros where it sends nothing)."""
+            if acts is None:
+                acts = [b.zeros(f.operands[k].type) for k in flowing_f]
+            if grads is None:
+                grads = [b.zeros(bw.operands[k].type) for k in flowing_b]
+            return [now[k] for k in keys] + acts + grads
+
+        def forward() -> list[SSAValue]:
+            now = dict(state)
+            received = {
+                k: b.select(
+                    self._on_chunk(self.first, chunk, 0),
+                    b.load(self.stacks[f.operands[k]], m),
+                    b.load(now[("act", k)], slot),
+                )
+                for k in flowing_f
+            }
+            clone = self._run_loop(self.forward, m, chunk, received)
+            for j in self.residuals:
+                now[("res", j)] = b.put(now[("res", j)], clone.results[j], slot)
+            if last is not None and last.phase == "F" and last.chunk == self.chunks - 1:
+                at = sched.slot(self.S - 1, last)
+                self._segment(self.last, self.head, last.microbatch, at, f, clone, now,
+                              self.head_sums, flowing_b)
+            return outs(now, [clone.results[k] for k in flowing_f], None)
+
+        def backward() -> list[SSAValue]:
+            now = dict(state)
+            f_results: dict[SSAValue, int] = {r: j for j, r in enumerate(f.results)}
+            given = {
+                k: b.load(now[("res", f_results[v])], slot)
+                for k, v in enumerate(bw.operands)
+                if v in f_results
+            }
+            for k in flowing_b:
+                seed, got = b.load(now[("seed", k)], slot), b.load(now[("grad", k)], slot)
+                given[k] = b.select(self._on_chunk(self.last, chunk, self.chunks - 1), seed, got)
+            clone = self._run_loop(self.backward, m, chunk, given)
+            for k in sorted(self.partial_writes):
+                w, dw = now[("w", k)], clone.results[k]
+                now[("w", k)] = b.sum(w, dw) if chunk is None else b.add_rows(w, dw, chunk)
+            if first is not None and first.phase == "B" and first.chunk == 0 and self.post_sums:
+                self._segment(self.first, self.post, first.microbatch, 0, bw, clone, now,
+                              self.post_sums)
+            return outs(now, None, [clone.results[k] for k in flowing_b])
+
+        varying = [self._state_axes(k) for k in keys]
+        varying += [self._carried_axes(f, k) for k in flowing_f]
+        varying += [self._carried_axes(bw, k) for k in flowing_b]
+        results = b.case(kind, [lambda: outs(state, None, None), forward, backward], varying)
+        state.update(zip(keys, results, strict=False))
+        sent = results[len(keys) :]
+        sending = [("act", k) for k in flowing_f] + [("grad", k) for k in flowing_b]
+        self.out = dict(zip(sending, sent, strict=True))
 
     # --- a stage's chunks (the interleaved schedule) -------------------------------------
 
@@ -808,12 +776,11 @@ class Pipelining:
         self,
         sends: list[tuple[int, int, Action]],
         flowing: list[int],
-        values: Sequence[SSAValue],
         kind: str,
         state: dict[tuple[str, object], SSAValue],
     ) -> None:
-        """Hand each sender's value to its neighbour, which keeps it in the
-        slot of the action it is for."""
+        """Hand each sender's value (the time step's `out`) to its neighbour,
+        which keeps it in the slot of the action it is for."""
         if not sends:
             return
         b = self.b
@@ -824,8 +791,8 @@ class Pipelining:
         m = b.of_stage(arriving, self.stage)
         valid = b.cmp(m, b.const(0), "GE")
         index = b.clamp(m, 0, self.schedule.slots - 1)
-        for k, value in zip(flowing, values, strict=True):
-            got = b.add(CollectivePermuteOp(value, [self.axis], pairs)).results[0]
+        for k in flowing:
+            got = b.add(CollectivePermuteOp(self.out[(kind, k)], [self.axis], pairs)).results[0]
             state[(kind, k)] = b.store(state[(kind, k)], got, index, valid)
 
     def _segment(
@@ -865,12 +832,9 @@ class Pipelining:
         """The mesh axes a value the schedule keeps differs over: its own
         distribution's (without the microbatch axis), and the stage axis."""
         kind, at = key
-        if kind == "act":
-            return self._carried_axes(self.forward.op, at)  # type: ignore[arg-type]
-        if kind in ("grad", "seed", "w"):
-            return self._carried_axes(self.backward.op, at)  # type: ignore[arg-type]
-        if kind == "res":
-            return self._carried_axes(self.forward.op, at)  # type: ignore[arg-type]
+        if kind in ("act", "res", "grad", "seed", "w"):
+            loop = self.forward.op if kind in ("act", "res") else self.backward.op
+            return self._carried_axes(loop, at)  # type: ignore[arg-type]
         assert isinstance(at, Operation)
         return self._dist_axes(at.operands[0])
 
@@ -934,7 +898,6 @@ class Pipelining:
 
     def _finish(self, block: Block, new: Block, ops: list[Operation]) -> None:
         b = self.b
-        results = []
         returned = ops[-1]
         for op in ops:
             if isinstance(op, FromLocalOp):
@@ -945,8 +908,7 @@ class Pipelining:
                 made = b.add(FromLocalOp(value, typed))
                 made.attributes[DIST] = typed
                 op.results[0].replace_all_uses_with(made.results[0])
-        for v in returned.operands:
-            results.append(v)
+        results = list(returned.operands)
         b.add(func.ReturnOp(*results))
         for op in reversed(ops):
             if op.parent_block() is block:
