@@ -9,6 +9,7 @@ StableHLO and the SPMD dialect.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from xdsl.dialects.builtin import (
@@ -148,6 +149,19 @@ class Builder:
             )
         ).results[0]
 
+    def reshape(self, value: SSAValue, shape: Sequence[int]) -> SSAValue:
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        return self.add(
+            shlo.ReshapeOp.create(
+                operands=[value], result_types=[TensorType(ty.get_element_type(), list(shape))]
+            )
+        ).results[0]
+
+    def flat(self, value: SSAValue) -> SSAValue:
+        """`value` as one dim."""
+        return self.reshape(value, [math.prod(value.type.get_shape())])  # type: ignore[attr-defined]
+
     def rows_at(self, value: SSAValue, index: SSAValue, n: int) -> SSAValue:
         """Rows `index * n` to `(index + 1) * n` of `value` (`index` known at run time)."""
         ty = value.type
@@ -187,11 +201,7 @@ class Builder:
                 properties={"slice_sizes": DenseArrayBase.from_list(i64, [1, *shape])},
             )
         ).results[0]
-        return self.add(
-            shlo.ReshapeOp.create(
-                operands=[rows], result_types=[TensorType(ty.get_element_type(), shape)]
-            )
-        ).results[0]
+        return self.reshape(rows, shape)
 
     def store(self, stack: SSAValue, value: SSAValue, index: SSAValue, valid: SSAValue) -> SSAValue:
         kept = self.select(self._splat_pred(valid, value.type), value, self.load(stack, index))

@@ -27,14 +27,18 @@ loops over the stage axis (`partir.pipeline.layer_loops`, `stage_loops`):
 - the ops that do not depend on the batch (the update) run once, on each
   stage's own layers.
 
-The schedule (GPipe, 1F1B) is a table of each stage's action per time step
-(`partir.pipeline.schedule`). An op outside the loops on the stacked values
-runs on a stage's rows where its registry rule lets the layer dim split (a
-sum factor completed by an all-reduce over the stages). What does not fit
-gets a `PipelineError` naming the op: a collective over the
-microbatch axis other than a sum (a batch statistic, a contrastive loss
-across microbatches), a value the backward reads from the head besides its
-gradient, a per-example result.
+The schedule (GPipe, 1F1B, interleaved) is a table of each stage's action
+per time step (`partir.pipeline.schedule`). Under the interleaved schedule a
+stage holds several chunks of layers: the loops run one chunk's rows, the
+step's *case* picks the action's chunk, the sends wrap from the last stage
+to the first, and the stacked values the loops read are dealt to the
+chunks' stages once a step, their gradients back (`deal_chunks`). An op
+outside the loops on the stacked values runs on a stage's rows where its
+registry rule lets the layer dim split (a sum factor completed by an
+all-reduce over the stages). What does not fit gets a `PipelineError`
+naming the op: a collective over the microbatch axis other than a sum (a
+batch statistic, a contrastive loss across microbatches), a value the
+backward reads from the head besides its gradient, a per-example result.
 """
 
 from __future__ import annotations
@@ -624,7 +628,9 @@ class Pipelining:
             self._time_step(row, state)
             self._send(sched.forward_sends(t), self.flowing_f, "act", state)
             self._send(sched.backward_sends(t), self.flowing_b, "grad", state)
-        self.grads = {k: self._dealt_back(state[("w", k)]) for k in self.partial_writes}
+        written = sorted(self.partial_writes)
+        dealt = self._dealt([state[("w", k)] for k in written], cyclic=False)
+        self.grads = dict(zip(written, dealt, strict=True))
         for sm in (*self.head_sums, *self.post_sums):
             self.acc[sm] = state[("sum", sm)]
             self.one_stage.add(sm)
@@ -721,10 +727,11 @@ class Pipelining:
         self.dealt: dict[SSAValue, SSAValue] = {}
         if self.chunks == 1:
             return
+        stacks: list[SSAValue] = []
         for loop in (self.forward, self.backward):
             for k in sorted({*loop.reads, *loop.writes}):
                 v = loop.op.operands[k]
-                if v in self.dealt or v.owner is self.forward.op or _is_zeros(v):
+                if v in stacks or v.owner is self.forward.op or _is_zeros(v):
                     continue
                 ty = v.type
                 assert isinstance(ty, TensorType)
@@ -735,14 +742,16 @@ class Pipelining:
                         f"schedule deals each stage its {self.chunks} chunks of "
                         f"{self.chunk_rows} layers of values split over the stage axis alone"
                     )
-                self.dealt[v] = self._dealt_back(v, cyclic=True)
+                stacks.append(v)
+        self.dealt = dict(zip(stacks, self._dealt(stacks, cyclic=True), strict=True))
 
-    def _dealt_back(self, value: SSAValue, cyclic: bool = False) -> SSAValue:
-        """`value`'s chunks dealt to the stages' consecutive rows (or to the
-        interleaved schedule's, `cyclic`); `value` where a stage holds one chunk."""
-        if self.chunks == 1:
-            return value
-        return deal_chunks(self.b, value, self.stage, self.axis, self.S, self.chunk_rows, cyclic)
+    def _dealt(self, values: list[SSAValue], cyclic: bool) -> list[SSAValue]:
+        """`values`' chunks dealt to the interleaved schedule's stages (`cyclic`)
+        or back to the stages' consecutive rows; as they are where a stage holds
+        one chunk."""
+        if self.chunks == 1 or not values:
+            return values
+        return deal_chunks(self.b, values, self.stage, self.axis, self.S, self.chunks, cyclic)
 
     def _run_loop(
         self,

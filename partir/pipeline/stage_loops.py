@@ -19,6 +19,10 @@ gradients' rows back, by `deal_chunks`.
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Sequence
+
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.rewriter import InsertPoint, Rewriter
@@ -88,21 +92,51 @@ def split_rows(loop: CountedLoop, parts: int, axis: str = "stage") -> None:
 
 
 def deal_chunks(
-    b: Builder, value: SSAValue, stage: SSAValue, axis: str, stages: int, n: int, cyclic: bool
-) -> SSAValue:
-    """A stage's rows of a stacked `value` (dim 0: its chunks, in order)
-    from the block layout (stage `s` holds chunks `s * chunks` on) to the
-    cyclic one (chunk `c` on stage `c % stages`, as its chunk `c // stages`),
-    or back (`cyclic=False`), `n` rows a chunk: per pair of a chunk's place on the sender and
-    on the receiver, one `spmd.collective_permute` over `axis` of the stages
-    that trade it; a chunk that stays is kept."""
-    ty = value.type
-    assert isinstance(ty, TensorType)
-    chunks = ty.get_shape()[0] // n
+    b: Builder,
+    values: Sequence[SSAValue],
+    stage: SSAValue,
+    axis: str,
+    stages: int,
+    chunks: int,
+    cyclic: bool,
+) -> list[SSAValue]:
+    """A stage's rows of stacked `values` (dim 0: its `chunks` chunks, in
+    order) from the block layout (stage `s` holds chunks `s * chunks` on) to
+    the cyclic one (chunk `c` on stage `c % stages`, as its chunk `c //
+    stages`), or back (`cyclic=False`). The values of one element type move
+    together, flattened into one buffer per chunk: per pair of a chunk's
+    place on the sender and on the receiver, one `spmd.collective_permute`
+    over `axis` of the stages that trade it (at most `chunks`^2 in all); a
+    chunk that stays is kept."""
+    dealt: dict[SSAValue, SSAValue] = {}
+    for element_type in {v.type.get_element_type() for v in values}:  # type: ignore[attr-defined]
+        group = [v for v in values if v.type.get_element_type() == element_type]  # type: ignore[attr-defined]
+        shapes = [v.type.get_shape() for v in group]  # type: ignore[attr-defined]
+        sizes = [math.prod(shape) // chunks for shape in shapes]
+        n = shapes[0][0] // chunks  # rows a chunk
+        parts = [
+            b.concat([b.flat(b.rows(v, 0, q * n, (q + 1) * n)) for v in group])
+            for q in range(chunks)
+        ]
+        packed = _deal_parts(b, parts, stage, axis, stages, cyclic)
+        starts = itertools.accumulate(sizes[:-1], initial=0)
+        for v, shape, size, at in zip(group, shapes, sizes, starts, strict=True):
+            dealt[v] = b.concat(
+                [b.reshape(b.rows(part, 0, at, at + size), [n, *shape[1:]]) for part in packed]
+            )
+    return [dealt[v] for v in values]
+
+
+def _deal_parts(
+    b: Builder, parts: list[SSAValue], stage: SSAValue, axis: str, stages: int, cyclic: bool
+) -> list[SSAValue]:
+    """`deal_chunks` of one buffer per chunk (`parts`): the buffers each stage holds after."""
+    chunks = len(parts)
     places = [
         ((c // chunks, c % chunks), (c % stages, c // stages)) for c in range(stages * chunks)
     ]
-    parts = [b.rows(value, 0, q * n, (q + 1) * n) for q in range(chunks)]
+    whole = b.concat(parts)
+    size = parts[0].type.get_shape()[0]  # type: ignore[attr-defined]
     dealt = []
     for p in range(chunks):
         moved: SSAValue | None = None
@@ -120,12 +154,12 @@ def deal_chunks(
                 got = b.add(CollectivePermuteOp(parts[q], [axis], pairs)).results[0]
                 moved = got if moved is None else b.sum(moved, got)  # one sender per stage
         if any(q >= 0 for q in kept):
-            own = b.rows_at(value, b.of_stage([max(q, 0) for q in kept], stage), n)
+            own = b.rows_at(whole, b.of_stage([max(q, 0) for q in kept], stage), size)
             keeps = b.cmp(b.of_stage(kept, stage), b.const(0), "GE")
             moved = own if moved is None else b.select(keeps, own, moved)
         assert moved is not None
         dealt.append(moved)
-    return b.concat(dealt)
+    return dealt
 
 
 def _row_values(body: Block, carried: list[int]) -> set[SSAValue]:
