@@ -641,7 +641,7 @@ class Pipelining:
         """One `stablehlo.case` on the stage's action in `row`: idle, a forward
         (the last chunk's with the head) or a backward (the first chunk's with
         the ops after the loop); `state` updated, and the activations (the
-        gradients) to send kept as `("out", k)`."""
+        gradients) the step sends kept in `out` for `_send`."""
         b, f, bw, sched = self.b, self.forward.op, self.backward.op, self.schedule
         flowing_f, flowing_b = self.flowing_f, self.flowing_b
 
