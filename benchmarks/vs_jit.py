@@ -21,8 +21,9 @@ time tracks total work; only same-run paired ratios are meaningful.
 
 The pipeline rows (`--only pipeline`, and after the table) train an 8-layer
 scanned transformer step pipelined over 4 stages x 2 data shards (GPipe,
-1F1B and interleaved 1F1B with 2 virtual stages) beside the same step under DP and DP+TP on the same 8 devices: the
-measured step time, and the cost model's predicted time on `--profile`.
+1F1B and interleaved 1F1B with 2 virtual stages) beside the same step under
+DP and DP+TP on the same 8 devices: the measured step time, and the cost
+model's predicted time and bubble (the stages' idle share) on `--profile`.
 """
 
 from __future__ import annotations
@@ -243,12 +244,14 @@ def measure_pipeline_rows(small: bool, rounds: int, profile: str) -> list[dict[s
         run = compiled.run
         exe = run.lower(*inputs).compile()
         t, _ = paired_times(run, run, inputs, rounds)
+        predicted = lowered.estimate(profile)
         rows.append(
             {
                 "name": name,
                 "collectives": describe(collective_stats(exe.as_text())),
                 "ms": t * 1e3,
-                "predicted_ms": lowered.estimate(profile).seconds * 1e3,
+                "predicted_ms": predicted.seconds * 1e3,
+                "bubble": predicted.bubble,
                 "temp": exe.memory_analysis().temp_size_in_bytes,
             }
         )
@@ -318,13 +321,13 @@ def main() -> None:
 def print_pipeline_rows(rows: list[dict[str, Any]], profile: str) -> None:
     print(
         f"| 8-layer scanned step, 8 devices | collectives | measured ms | predicted ms "
-        f"({profile}) | temp KiB |"
+        f"({profile}) | predicted bubble | temp KiB |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['name']} | {r['collectives']} | {r['ms']:.1f} | {r['predicted_ms']:.3f} "
-            f"| {int(r['temp']) // 1024:,} |"
+            f"| {r['bubble']:.1%} | {int(r['temp']) // 1024:,} |"
         )
 
 
