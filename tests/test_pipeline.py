@@ -273,6 +273,23 @@ def test_interleaved_stacks_match_jit(name: str, layers: int) -> None:
     assert transfers(lowered) == 2 * 7 * 8 + 2 * moved_chunks(4, 2)
 
 
+@pytest.mark.parametrize("beside", ["zero3", pytest.param("megatron", marks=pytest.mark.slow)])
+def test_interleaved_beside_zero_and_megatron(beside: str) -> None:
+    """ZeRO-3 on the data axis (a stage's parameters split further, gathered
+    before its chunks are dealt) and Megatron inside each chunk, beside
+    interleaved 1F1B: jax.jit's numbers."""
+    args = scanned_stack.mlp_train_args(layers_=8, batch=16, width=8, hidden=8)
+    more: list[partir.Tactic] = {
+        "zero3": [partir.BatchParallel("batch"), partir.ZeRO("batch", 3)],
+        "megatron": [partir.Megatron("batch", column=["params/w_in", "params/b_in"],
+                                     row=["params/w_out"])],
+    }[beside]
+    pipe = partir.Pipeline("stage", 4, "interleaved", virtual_stages=2)
+    _, got = run(scanned_stack.mlp_train_step, args, {"stage": 4, "batch": 2}, pipe, *more)
+    want = jax.jit(scanned_stack.mlp_train_step)(*args)
+    assert_leaves_close(jax.tree.leaves(got), jax.tree.leaves(want), what=f"beside {beside}")
+
+
 def test_call_through_partir_jit() -> None:
     """`partir.jit` runs the pipelined step like any other (2 stages, 2
     microbatches); its `lower()` is a `Lowered` like any other."""
