@@ -20,9 +20,10 @@ time tracks total work; only same-run paired ratios are meaningful.
     python -m benchmarks.vs_jit --only pipeline [--profile h100-8]
 
 The pipeline rows (`--only pipeline`, and after the table) train an 8-layer
-scanned transformer step pipelined over 4 stages x 2 data shards (GPipe and
-1F1B) beside the same step under DP and DP+TP on the same 8 devices: the
-measured step time, and the cost model's predicted time on `--profile`.
+scanned transformer step pipelined over 4 stages x 2 data shards (GPipe,
+1F1B and interleaved 1F1B with 2 virtual stages) beside the same step under
+DP and DP+TP on the same 8 devices: the measured step time, and the cost
+model's predicted time and bubble (the stages' idle share) on `--profile`.
 """
 
 from __future__ import annotations
@@ -204,6 +205,13 @@ PIPELINE_STRATEGIES = {
         PIPELINE_MESH,
         [partir.Pipeline("stage", 4, "1f1b"), partir.BatchParallel("batch")],
     ),
+    "pipeline interleaved 1F1B x2 M=8 (stage 4 x batch 2)": (
+        PIPELINE_MESH,
+        [
+            partir.Pipeline("stage", 8, "interleaved", virtual_stages=2),
+            partir.BatchParallel("batch"),
+        ],
+    ),
     "DP (batch 8)": (partir.Mesh({"batch": 8}), [partir.BatchParallel("batch")]),
     "DP+TP (batch 4 x model 2)": (MESH, STRATEGIES["DP+TP"]),
 }
@@ -236,12 +244,14 @@ def measure_pipeline_rows(small: bool, rounds: int, profile: str) -> list[dict[s
         run = compiled.run
         exe = run.lower(*inputs).compile()
         t, _ = paired_times(run, run, inputs, rounds)
+        predicted = lowered.estimate(profile)
         rows.append(
             {
                 "name": name,
                 "collectives": describe(collective_stats(exe.as_text())),
                 "ms": t * 1e3,
-                "predicted_ms": lowered.estimate(profile).seconds * 1e3,
+                "predicted_ms": predicted.seconds * 1e3,
+                "bubble": predicted.bubble,
                 "temp": exe.memory_analysis().temp_size_in_bytes,
             }
         )
@@ -311,13 +321,13 @@ def main() -> None:
 def print_pipeline_rows(rows: list[dict[str, Any]], profile: str) -> None:
     print(
         f"| 8-layer scanned step, 8 devices | collectives | measured ms | predicted ms "
-        f"({profile}) | temp KiB |"
+        f"({profile}) | predicted bubble | temp KiB |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['name']} | {r['collectives']} | {r['ms']:.1f} | {r['predicted_ms']:.3f} "
-            f"| {int(r['temp']) // 1024:,} |"
+            f"| {r['bubble']:.1%} | {int(r['temp']) // 1024:,} |"
         )
 
 

@@ -72,9 +72,10 @@ def _arguments() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--schedule",
-        metavar="NAME:SxM",
-        help="draw a pipeline schedule (gpipe, 1f1b) of S stages and M microbatches as a "
-        "timeline, e.g. 1f1b:4x8 (partir.Pipeline runs the same table)",
+        metavar="NAME:SxM[xK]",
+        help="draw a pipeline schedule (gpipe, 1f1b, interleaved) of S stages, M microbatches "
+        "(and K virtual stages) as a timeline, e.g. 1f1b:4x8, interleaved:4x8x2 "
+        "(partir.Pipeline runs the same table)",
     )
     parser.add_argument(
         "--traceback",
@@ -166,13 +167,15 @@ def _profile(name: str) -> Profile:
 
 def _schedule(spec: str) -> str:
     name, _, shape = spec.partition(":")
-    stages, _, microbatches = shape.partition("x")
-    if not stages.isdigit() or not microbatches.isdigit() or int(stages) < 1:
+    sizes = shape.split("x") + (["1"] if shape.count("x") == 1 else [])
+    if len(sizes) != 3 or not all(n.isdigit() for n in sizes) or int(sizes[0]) < 1:
         raise InspectError(
-            f"--schedule {spec!r}: write NAME:SxM with S stages and M microbatches, e.g. 1f1b:4x8"
+            f"--schedule {spec!r}: write NAME:SxM with S stages and M microbatches, e.g. "
+            "1f1b:4x8 (NAME:SxMxK with K virtual stages, e.g. interleaved:4x8x2)"
         )
     try:
-        return str(make_schedule(name, int(stages), int(microbatches)))
+        stages, microbatches, chunks = map(int, sizes)
+        return str(make_schedule(name, stages, microbatches, chunks))
     except PartirValueError as err:
         raise InspectError(f"--schedule: {err}") from err
 

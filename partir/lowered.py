@@ -187,6 +187,7 @@ class Lowered:
                     stages=schedule.stages,
                     microbatches=schedule.microbatches,
                     schedule=schedule.name,
+                    virtual_stages=schedule.chunks,
                 )
 
             model = export_pipelined(
@@ -240,6 +241,7 @@ def lower(
             stages=mesh.axes[pipe.axis],
             microbatches=pipe.microbatches,
             schedule=pipe.schedule,
+            virtual_stages=pipe.virtual_stages,
         )
     PassPipeline((emit,)).apply(_CONTEXT, module)
     return Lowered(

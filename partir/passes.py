@@ -244,10 +244,11 @@ class PipelinePass(ModulePass):
     axis: str
     microbatches: int
     schedule: str = "1f1b"
+    virtual_stages: int = 1
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         mesh = Mesh(module_mesh(op, "Pipeline").axes)
-        tactic = Pipeline(self.axis, self.microbatches, self.schedule)
+        tactic = Pipeline(self.axis, self.microbatches, self.schedule, self.virtual_stages)
         try:
             per_microbatch, (split,) = tactic.microbatched(mesh, [])
             plan = split.plan(ProgramView.of(entry_function(op)), per_microbatch)
@@ -260,6 +261,7 @@ class PipelinePass(ModulePass):
                 "axis": StringAttr(self.axis),
                 "microbatches": IntegerAttr(self.microbatches, i64),
                 "schedule": StringAttr(self.schedule),
+                "virtual_stages": IntegerAttr(self.virtual_stages, i64),
             }
         )
         ApplyPlanPass(plan).apply(ctx, op)
@@ -280,8 +282,9 @@ class SchedulePipelinePass(ModulePass):
                 "partir-pipeline{axis=... microbatches=...} before partir-lower-spmd"
             )
         axis, count, schedule = (spec.data[k] for k in ("axis", "microbatches", "schedule"))
+        chunks = spec.data.get("virtual_stages", IntegerAttr(1, i64))
         assert isinstance(axis, StringAttr) and isinstance(count, IntegerAttr)
-        assert isinstance(schedule, StringAttr)
+        assert isinstance(schedule, StringAttr) and isinstance(chunks, IntegerAttr)
         stages = module_mesh(op, "Pipeline").axes[axis.data]
         del op.attributes[PIPELINE]
         schedule_pipeline(
@@ -290,6 +293,7 @@ class SchedulePipelinePass(ModulePass):
             stages=stages,
             microbatches=count.value.data,
             schedule=schedule.data,
+            virtual_stages=chunks.value.data,
         )
 
 

@@ -439,20 +439,23 @@ def _first_staged_producer(model: onnx.ModelProto, stages: list[int | None], ten
 
 
 @pytest.mark.parametrize(
-    ("name", "mesh"),
+    ("name", "mesh", "chunks"),
     [
-        ("mlp", {"stage": 4, "batch": 2}),
-        pytest.param("mlp", {"stage": 2}, marks=pytest.mark.slow),
-        pytest.param("block", {"stage": 4, "batch": 2}, marks=pytest.mark.slow),
+        ("mlp", {"stage": 4, "batch": 2}, 1),
+        pytest.param("mlp", {"stage": 2}, 1, marks=pytest.mark.slow),
+        pytest.param("block", {"stage": 4, "batch": 2}, 1, marks=pytest.mark.slow),
+        pytest.param("mlp", {"stage": 4}, 2, marks=pytest.mark.slow),
     ],
 )
 def test_a_pipelined_step_exports_each_layer_on_its_stage(
-    name: str, mesh: dict[str, int], tmp_path: Path
+    name: str, mesh: dict[str, int], chunks: int, tmp_path: Path
 ) -> None:
-    """The 8-layer scanned stacks under Pipeline (1F1B, 4 microbatches) through
-    the IR `Lowered.to_onnx`: the graph is the global step with its layer
-    loops unrolled; each read of layer l of a stacked parameter (a Slice of
-    the graph's input at row l) is on stage l // (8 / stages), the head on
+    """The 8-layer scanned stacks under Pipeline (1F1B, 4 microbatches; or
+    interleaved with `chunks` virtual stages) through the IR
+    `Lowered.to_onnx`: the graph is the global step with its layer loops
+    unrolled; each read of layer l of a stacked parameter (a Slice of the
+    graph's input at row l) is on stage l // (8 / stages) (interleaved: its
+    chunk's, l // (8 / (stages chunks)) % stages), the head on
     the last stage as the pipelined program runs it; the stacked results are
     split over the stages; onnxruntime gives jax.jit's numbers."""
     from examples import scanned_stack
@@ -462,7 +465,8 @@ def test_a_pipelined_step_exports_each_layer_on_its_stage(
         step, args = scanned_stack.mlp_train_step, scanned_stack.mlp_train_args(layers_=8, batch=16)
     else:
         step, args = scanned_stack.train_step, scanned_stack.make_args(layers_=8, batch=16)
-    tactics: list[partir.Tactic] = [partir.Pipeline("stage", 4, "1f1b")]
+    schedule = "1f1b" if chunks == 1 else "interleaved"
+    tactics: list[partir.Tactic] = [partir.Pipeline("stage", 4, schedule, virtual_stages=chunks)]
     tactics += [partir.BatchParallel("batch")] if "batch" in mesh else []
     lowered = partir.jit(step, mesh=partir.Mesh(mesh), tactics=tactics).lower(*args)
     path = tmp_path / "step.onnx"
@@ -470,7 +474,7 @@ def test_a_pipelined_step_exports_each_layer_on_its_stage(
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     onnx.checker.check_model(model, full_check=True)
     stages = _stages(model)
-    per_stage = 8 // mesh["stage"]
+    per_chunk = 8 // (mesh["stage"] * chunks)
     assert set(stages) == {None, *range(mesh["stage"])}
     shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
     constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -479,7 +483,7 @@ def test_a_pipelined_step_exports_each_layer_on_its_stage(
         source = node.input[0] if node.input else ""
         if node.op_type == "Slice" and source in shapes and shapes[source][:1] == [8]:
             layer = int(constants[node.input[1]][0])
-            assert stage == layer // per_stage, (node.name, source, layer)
+            assert stage == layer // per_chunk % mesh["stage"], (node.name, source, layer)
             rows += 1
     assert rows >= 2 * 8  # each layer's parameters, read by its forward and its backward
     assert _first_staged_producer(model, stages, model.graph.output[0].name) == mesh["stage"] - 1

@@ -25,12 +25,13 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+from xdsl.dialects.builtin import ModuleOp
 
 import partir
 from dialects.functions import entry_function
 from dialects.spmd import CollectivePermuteOp, DTensorType
 from examples import scanned_stack
-from partir.pipeline.schedule import Action, make_schedule
+from partir.pipeline.schedule import Action, make_schedule, recorded_schedule
 from tests.numerics import assert_leaves_close
 
 MESHES = {"stage4xbatch2": {"stage": 4, "batch": 2}, "stage8": {"stage": 8}}
@@ -158,6 +159,41 @@ def test_one_f_one_b_alternates_in_the_steady_state() -> None:
     assert "F0 F1 F2 F3  .  .  . B0 F4 B1" in sched.timeline()
 
 
+@pytest.mark.parametrize(
+    ("stages", "microbatches", "chunks"), [(4, 8, 2), (2, 4, 2), (4, 8, 4), (3, 6, 2)]
+)
+def test_interleaved_schedule_table(stages: int, microbatches: int, chunks: int) -> None:
+    """Interleaved 1F1B: every stage runs each microbatch forward and backward
+    through each of its chunks once, after the neighbouring chunk's (chunk c
+    on stage c % S: the last stage's feeds the first stage's next); each
+    microbatch crosses S k - 1 chunk boundaries each way; the steps and the
+    bubble are (S - 1) / (k M + S - 1), below 1F1B's; the table is recorded
+    and read back as it was."""
+    sched = make_schedule("interleaved", stages, microbatches, chunks)
+    for s in range(stages):
+        ran = sorted(sched.label(row[s]) for row in sched.table if row[s] is not None)
+        assert ran == sorted(
+            f"{p}{m}v{v}" for m in range(microbatches) for p in "FB" for v in range(chunks)
+        )
+        for m in range(microbatches):
+            for v in range(chunks):
+                c = v * stages + s
+                f = sched.time_of(s, Action(m, "F", v))
+                b = sched.time_of(s, Action(m, "B", v))
+                assert f < b
+                if c > 0:
+                    assert sched.time_of((c - 1) % stages, Action(m, "F", (c - 1) // stages)) < f
+                if c < stages * chunks - 1:
+                    assert sched.time_of((c + 1) % stages, Action(m, "B", (c + 1) // stages)) < b
+    assert sched.transfers == 2 * (stages * chunks - 1) * microbatches
+    assert sched.steps == 2 * (chunks * microbatches + stages - 1)
+    assert math.isclose(sched.bubble, (stages - 1) / (chunks * microbatches + stages - 1))
+    assert sched.bubble < make_schedule("1f1b", stages, microbatches).bubble
+    module = ModuleOp([])
+    sched.record(module, "stage")
+    assert recorded_schedule(module) == ("stage", sched)
+
+
 # --- numbers and collectives ---------------------------------------------------------------
 
 
@@ -183,6 +219,75 @@ def test_matrix_matches_jit(name: str, mesh_name: str, microbatches: int, schedu
     lowered, results = run(step, args, mesh, *tactics(mesh, schedule, microbatches))
     check_numbers(name, results)
     check_collectives(lowered, mesh, schedule, microbatches, ONE_STAGE[name])
+
+
+def moved_chunks(stages: int, chunks: int) -> int:
+    """The chunks that change stage between the stages' consecutive rows
+    (chunk c on stage c // k) and the interleaved layout (on c % S)."""
+    return sum(c // chunks != c % stages for c in range(stages * chunks))
+
+
+def test_interleaved_mlp_stack_matches_jit() -> None:
+    """The acceptance corner: the 8-layer MLP stack on 4 stages x 2 virtual
+    stages, 8 microbatches, interleaved 1F1B: jax.jit's numbers; on the stage
+    axis only collective permutes besides the loss's all-reduce: 2 (S k - 1) M
+    pairs for the microbatches, plus the chunks that change stage, dealt to
+    the cyclic layout and the gradients' back (all leaves in one buffer per
+    chunk); the report draws the table by chunk; the estimate's bubble is
+    below 1F1B's on the same step."""
+    step, args, _ = program("mlp")
+    mesh = {"stage": 4}
+    pipe = partir.Pipeline("stage", 8, "interleaved", virtual_stages=2)
+    lowered, results = run(step, args, mesh, pipe)
+    check_numbers("mlp", results)
+    sched = make_schedule("interleaved", 4, 8, 2)
+    assert sched.transfers == 2 * (4 * 2 - 1) * 8 == 112
+    assert transfers(lowered) == 112 + 2 * moved_chunks(4, 2) == 124
+    on_stage = collections.Counter(c.kind for c in lowered.collectives if "stage" in c.axes)
+    assert set(on_stage) == {"collective_permute", "all_reduce"} and on_stage["all_reduce"] == 1
+    text = str(lowered.report("h100-8"))
+    assert (
+        "interleaved schedule: 4 stages x 2 virtual stages, 8 microbatches, 38 time steps, "
+        "bubble 15.8%" in text
+    )
+    assert "F0v0  F1v0  F2v0  F3v0  F0v1" in text
+    one_f_one_b = lower(step, args, mesh, partir.Pipeline("stage", 8, "1f1b"))
+    assert lowered.estimate("h100-8").bubble < one_f_one_b.estimate("h100-8").bubble
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "layers"), [("mlp", 16), ("transformer", 8), ("transformer", 16)])
+def test_interleaved_stacks_match_jit(name: str, layers: int) -> None:
+    """Interleaved 1F1B (2 virtual stages, M = 8) beside data parallelism on
+    stage 4 x batch 2, on other stacks and layer counts: jax.jit's numbers."""
+    if name == "mlp":
+        step = scanned_stack.mlp_train_step
+        args = scanned_stack.mlp_train_args(layers_=layers, batch=16)
+    else:
+        step, args = scanned_stack.train_step, scanned_stack.make_args(layers_=layers, batch=16)
+    mesh = MESHES["stage4xbatch2"]
+    pipe = partir.Pipeline("stage", 8, "interleaved", virtual_stages=2)
+    lowered, got = run(step, args, mesh, pipe, partir.BatchParallel("batch"))
+    assert_leaves_close(jax.tree.leaves(got), jax.tree.leaves(jax.jit(step)(*args)),
+                        what=f"{layers}-layer {name}")
+    assert transfers(lowered) == 2 * 7 * 8 + 2 * moved_chunks(4, 2)
+
+
+@pytest.mark.parametrize("beside", ["zero3", pytest.param("megatron", marks=pytest.mark.slow)])
+def test_interleaved_beside_zero_and_megatron(beside: str) -> None:
+    """ZeRO-3 on the data axis (a stage's parameters split further, gathered
+    before its chunks are dealt) and Megatron inside each chunk, beside
+    interleaved 1F1B: jax.jit's numbers."""
+    args = scanned_stack.mlp_train_args(layers_=8, batch=16, width=8, hidden=8)
+    more: list[partir.Tactic] = {
+        "zero3": [partir.BatchParallel("batch"), partir.ZeRO("batch", 3)],
+        "megatron": [partir.Megatron("batch", column=["params/w_in", "params/b_in"],
+                                     row=["params/w_out"])],
+    }[beside]
+    pipe = partir.Pipeline("stage", 4, "interleaved", virtual_stages=2)
+    _, got = run(scanned_stack.mlp_train_step, args, {"stage": 4, "batch": 2}, pipe, *more)
+    want = jax.jit(scanned_stack.mlp_train_step)(*args)
+    assert_leaves_close(jax.tree.leaves(got), jax.tree.leaves(want), what=f"beside {beside}")
 
 
 def test_call_through_partir_jit() -> None:
@@ -261,6 +366,28 @@ def test_unknown_axis_and_schedule() -> None:
         partir.PartirValueError, match=r"unknown schedule 'zb'; the schedules are 'gpipe', '1f1b'"
     ):
         lower(scanned_stack.mlp_train_step, args, {"stage": 4}, partir.Pipeline("stage", 2, "zb"))
+
+
+def test_interleaved_refuses_what_it_cannot_split() -> None:
+    """virtual_stages without the interleaved schedule (or too few for it),
+    microbatches not a multiple of the stages, layers not a multiple of the
+    chunks: errors naming the numbers."""
+    args = scanned_stack.mlp_train_args(layers_=4, batch=8, width=8, hidden=8)
+    step, mesh = scanned_stack.mlp_train_step, {"stage": 4}
+    cases = [
+        (partir.Pipeline("stage", 4, "1f1b", virtual_stages=2),
+         r"virtual_stages=2 needs schedule='interleaved'"),
+        (partir.Pipeline("stage", 4, "interleaved"),
+         r"schedule='interleaved' needs virtual_stages of at least 2"),
+        (partir.Pipeline("stage", 2, "interleaved", virtual_stages=2),
+         r"groups of the 4 stages; 2 microbatches are not a multiple of 4"),
+        (partir.Pipeline("stage", 4, "interleaved", virtual_stages=2),
+         r"4 layers do not split into 4 stages x 2 virtual stages; give the stack a multiple "
+         r"of 8 layers"),
+    ]
+    for pipe, message in cases:
+        with pytest.raises(partir.PartirValueError, match=message):
+            lower(step, args, mesh, pipe)
 
 
 def test_forward_pass_alone_and_a_tactic_on_the_stage_axis_are_refused() -> None:

@@ -121,6 +121,18 @@ def test_a_pipelined_step_is_a_lowered_like_any_other() -> None:
     assert "BatchParallel" not in lowered.stage("Pipeline")  # the microbatch split's selections
 
 
+def test_an_interleaved_step_checks_on_the_interpreters() -> None:
+    """Interleaved 1F1B (2 stages x 2 virtual stages of one layer each):
+    `check=True` runs it on the interpreters, each stage its own branches, as
+    `jax.jit`; its report draws the table by chunk."""
+    step, args = sgd_step, sgd_args(layers=4, batch=8)
+    pipe = partir.Pipeline("stage", 2, "interleaved", virtual_stages=2)
+    jitted = partir.jit(step, mesh=partir.Mesh({"stage": 2}), tactics=[pipe], check=True)
+    got = jitted(*args)
+    assert_leaves_close(jax.tree.leaves(got), jax.tree.leaves(jax.jit(step)(*args)), what="sgd")
+    assert "F0v0  F1v0  F0v1" in str(jitted.lower(*args).report())
+
+
 def test_batch_parallel_with_inputs_beside_a_pipeline() -> None:
     """`BatchParallel(axis, inputs=[...])` selects the data as everywhere else;
     the microbatches split what it selects."""
@@ -228,12 +240,16 @@ def test_one_microbatch_and_a_taken_axis_name_are_refused() -> None:
         partir.jit(step, mesh=mesh, tactics=[_pipeline(2)]).lower(*args)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", pytest.param("1f1b", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "schedule",
+    ["gpipe", pytest.param("1f1b", marks=pytest.mark.slow), "interleaved virtual_stages=2"],
+)
 def test_partir_opt_pipelines_the_exported_stablehlo_of_a_scanned_step(schedule, tmp_path):
     """JAX's text of the step through `partir-opt`: `partir-pipeline` splits the
     batch over microbatches, `partir-schedule-pipeline` schedules the SPMD
     stage; it parses back, runs on the SPMD interpreter equal to `jax.jit`,
-    and its emitted program does too."""
+    and its emitted program does too (interleaved: 2 chunks of 1 layer per
+    stage, dealt by permutes)."""
     step, args = sgd_step, sgd_args(layers=4, batch=8)
     source, spmd = tmp_path / "step.mlir", tmp_path / "step.spmd.mlir"
     source.write_text(jax.jit(step).lower(*args).as_text())

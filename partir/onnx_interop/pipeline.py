@@ -5,7 +5,9 @@ have a node per layer for each layer's stage to be said: the export writes
 the *global* step (the import stage, what `jax.jit` runs) with its two layer
 loops unrolled on the IR (`rewrites.unroll`), layer `l`'s forward and
 backward nodes on the stage that holds it, `l // (layers / stages)` (the
-pipelined program splits the layer dim over the stage axis, major). Every
+pipelined program splits the layer dim over the stage axis, major; under
+the interleaved schedule, chunk `l // (layers / (stages k))` on stage
+that `% stages`). Every
 other op gets the stage the pipelined program runs it on when that is one
 stage: the replay of the pipelining (partition, SPMD lowering, schedule, on
 a numbered copy of the import, as `partir.onnx_interop.export` replays a
@@ -72,14 +74,14 @@ def export_pipelined(
     graph = imported.clone()
     number_ops(graph)
     loops = find_layer_loops(graph, axis)
-    per_stage = loops.layers // schedule.stages
+    per_chunk = loops.layers // (schedule.stages * schedule.chunks)
     layer_stage: dict[Operation, int] = {}
     for loop in (loops.forward, loops.backward):
         if loop is None:
             continue
         for j, ops in enumerate(unroll(graph, loop)):
             row = loop.trips - 1 - j if loop.reverse else j
-            layer_stage.update(dict.fromkeys(ops, row // per_stage))
+            layer_stage.update(dict.fromkeys(ops, row // per_chunk % schedule.stages))
     ops = list(entry_function(graph).body.block.ops)
     position = {
         number.value.data: p

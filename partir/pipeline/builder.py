@@ -9,6 +9,7 @@ StableHLO and the SPMD dialect.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from xdsl.dialects.builtin import (
@@ -113,13 +114,59 @@ class Builder:
         ).results[0]
 
     def stack(self, values: Sequence[SSAValue]) -> SSAValue:
+        return self.concat([self._lead(v) for v in values])
+
+    def concat(self, values: Sequence[SSAValue]) -> SSAValue:
+        """`values` one after another along dim 0."""
         ty = values[0].type
         assert isinstance(ty, TensorType)
+        rows = sum(v.type.get_shape()[0] for v in values)  # type: ignore[attr-defined]
         return self.add(
             shlo.ConcatenateOp.create(
-                operands=[self._lead(v) for v in values],
-                result_types=[stacked(ty, len(values))],
+                operands=list(values),
+                result_types=[TensorType(ty.get_element_type(), [rows, *ty.get_shape()[1:]])],
                 properties={"dimension": IntegerAttr(0, i64)},
+            )
+        ).results[0]
+
+    def reshape(self, value: SSAValue, shape: Sequence[int]) -> SSAValue:
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        return self.add(
+            shlo.ReshapeOp.create(
+                operands=[value], result_types=[TensorType(ty.get_element_type(), list(shape))]
+            )
+        ).results[0]
+
+    def flat(self, value: SSAValue) -> SSAValue:
+        """`value` as one dim."""
+        return self.reshape(value, [math.prod(value.type.get_shape())])  # type: ignore[attr-defined]
+
+    def rows_at(self, value: SSAValue, index: SSAValue, n: int) -> SSAValue:
+        """Rows `index * n` to `(index + 1) * n` of `value` (`index` known at run time)."""
+        ty = value.type
+        assert isinstance(ty, TensorType)
+        _, *shape = ty.get_shape()
+        start = self.add(shlo.MultiplyOp(index, self.const(n), index.type)).results[0]
+        return self.add(
+            shlo.DynamicSliceOp.create(
+                operands=[value, start, *[self.const(0)] * len(shape)],
+                result_types=[TensorType(ty.get_element_type(), [n, *shape])],
+                properties={"slice_sizes": DenseArrayBase.from_list(i64, [n, *shape])},
+            )
+        ).results[0]
+
+    def add_rows(self, value: SSAValue, part: SSAValue, index: SSAValue) -> SSAValue:
+        """`value` with `part` added to its rows `index * n` on (`n`: `part`'s rows)."""
+        ty = part.type
+        assert isinstance(ty, TensorType)
+        n = ty.get_shape()[0]
+        added = self.sum(self.rows_at(value, index, n), part)
+        start = self.add(shlo.MultiplyOp(index, self.const(n), index.type)).results[0]
+        return self.add(
+            DynamicUpdateSliceOp.create(
+                operands=[value, added, start, *[self.const(0)] * (ty.get_num_dims() - 1)],
+                result_types=[value.type],
             )
         ).results[0]
 
@@ -134,11 +181,7 @@ class Builder:
                 properties={"slice_sizes": DenseArrayBase.from_list(i64, [1, *shape])},
             )
         ).results[0]
-        return self.add(
-            shlo.ReshapeOp.create(
-                operands=[rows], result_types=[TensorType(ty.get_element_type(), shape)]
-            )
-        ).results[0]
+        return self.reshape(rows, shape)
 
     def store(self, stack: SSAValue, value: SSAValue, index: SSAValue, valid: SSAValue) -> SSAValue:
         """`stack` with row `index` set to `value` where `valid` holds; else the

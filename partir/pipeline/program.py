@@ -27,14 +27,18 @@ loops over the stage axis (`partir.pipeline.layer_loops`, `stage_loops`):
 - the ops that do not depend on the batch (the update) run once, on each
   stage's own layers.
 
-The schedule (GPipe, 1F1B) is a table of each stage's action per time step
-(`partir.pipeline.schedule`). An op outside the loops on the stacked values
-runs on a stage's rows where its registry rule lets the layer dim split (a
-sum factor completed by an all-reduce over the stages). What does not fit
-gets a `PipelineError` naming the op: a collective over the
-microbatch axis other than a sum (a batch statistic, a contrastive loss
-across microbatches), a value the backward reads from the head besides its
-gradient, a per-example result.
+The schedule (GPipe, 1F1B, interleaved) is a table of each stage's action
+per time step (`partir.pipeline.schedule`). Under the interleaved schedule a
+stage holds several chunks of layers: the loops run one chunk's rows, the
+step's *case* picks the action's chunk, the sends wrap from the last stage
+to the first, and the stacked values the loops read are dealt to the
+chunks' stages once a step, their gradients back (`deal_chunks`). An op
+outside the loops on the stacked values runs on a stage's rows where its
+registry rule lets the layer dim split (a sum factor completed by an
+all-reduce over the stages). What does not fit gets a `PipelineError`
+naming the op: a collective over the microbatch axis other than a sum (a
+batch statistic, a contrastive loss across microbatches), a value the
+backward reads from the head besides its gradient, a per-example result.
 """
 
 from __future__ import annotations
@@ -75,8 +79,8 @@ from dialects.spmd import (
 )
 from partir.pipeline.builder import Builder, stacked
 from partir.pipeline.layer_loops import LayerLoops, PipelineError, find_layer_loops
-from partir.pipeline.schedule import Schedule, make_schedule
-from partir.pipeline.stage_loops import split_rows
+from partir.pipeline.schedule import Action, Schedule, make_schedule
+from partir.pipeline.stage_loops import deal_chunks, split_rows
 from partir.pipeline.tactic import MICROBATCH_AXIS
 from rewrites.registry import FactorKind, OpRule, rule_for
 
@@ -94,12 +98,13 @@ def pipeline(
     stages: int,
     microbatches: int,
     schedule: str = "gpipe",
+    virtual_stages: int = 1,
     microbatch_axis: str = MICROBATCH_AXIS,
 ) -> None:
     """Rewrite the per-microbatch SPMD `module` (its mesh has `microbatch_axis`)
     as the pipelined program over `axis` (see the module docstring), its
     schedule recorded on the module (`Schedule.record`)."""
-    table = make_schedule(schedule, stages, microbatches)
+    table = make_schedule(schedule, stages, microbatches, virtual_stages)
     Pipelining(module, axis, stages, microbatch_axis, table).run()
     table.record(module, axis)
 
@@ -109,7 +114,7 @@ class Pipelining:
         self, module: ModuleOp, axis: str, stages: int, mb_axis: str, schedule: Schedule
     ) -> None:
         self.module, self.axis, self.mb, self.schedule = module, axis, mb_axis, schedule
-        self.S, self.M = stages, schedule.microbatches
+        self.S, self.M, self.chunks = stages, schedule.microbatches, schedule.chunks
         self.entry = entry_function(module)
         mesh_op = next(op for op in module.body.block.ops if isinstance(op, MeshOp))
         self.mesh_size = dict(mesh_op.axes.items())
@@ -177,8 +182,15 @@ class Pipelining:
                     )
         self._check_results(ops)
         self._retype_stacked(invariant)
-        split_rows(self.forward, self.S, self.axis)
-        split_rows(self.backward, self.S, self.axis)
+        if self.chunks > 1 and self.forward.trips % (self.S * self.chunks):
+            raise self.error(
+                f"{self.forward.trips} layers do not split into {self.S} stages x "
+                f"{self.chunks} virtual stages; give the stack a multiple of "
+                f"{self.S * self.chunks} layers, or fewer virtual_stages"
+            )
+        self.chunk_rows = self.forward.trips // (self.S * self.chunks)
+        split_rows(self.forward, self.S * self.chunks, self.axis)
+        split_rows(self.backward, self.S * self.chunks, self.axis)
         self._build(block, ops)
 
     def _strip_inner_sums(self) -> dict[int, tuple[str, ...]]:
@@ -576,8 +588,9 @@ class Pipelining:
 
     def _run_schedule(self) -> None:
         b, f, bw, sched = self.b, self.forward, self.backward, self.schedule
-        flowing_f, flowing_b, residuals = self._flowing(f), self._flowing(bw), self._residuals()
-        for k in flowing_b:
+        self.flowing_f, self.flowing_b = self._flowing(f), self._flowing(bw)
+        self.residuals = self._residuals()
+        for k in self.flowing_b:
             v = bw.op.operands[k]
             if not (isinstance(v.owner, Operation) and v.owner in self.head):
                 raise self.error(
@@ -585,176 +598,244 @@ class Pipelining:
                     "come from the head; Pipeline passes only the gradient of the loop's output"
                 )
         self._stack_pre_values()
-        head_sums = [s for s in self.sums if self._made_in(s.operands[0], self.head, f.op)]
-        post_sums = [s for s in self.sums if self._made_in(s.operands[0], self.post, bw.op)]
-        for op in self.post if post_sums else ():
+        self.head_sums = [s for s in self.sums if self._made_in(s.operands[0], self.head, f.op)]
+        self.post_sums = [s for s in self.sums if self._made_in(s.operands[0], self.post, bw.op)]
+        for op in self.post if self.post_sums else ():
             if any(isinstance(v.owner, Operation) and v.owner in self.head for v in op.operands):
                 raise self.error(
                     f"{op_name(op)} after the backward loop reads a value of the head; "
                     "the head runs on the last stage and this op on the first"
                 )
+        self._deal_stacks()
         state: dict[tuple[str, object], SSAValue] = {}
-        slots = self.slots = sched.slots  # microbatch m is kept in slot m % slots
-        rows = slots + 1  # and a spare row for what a stage does not keep (`Builder.store`)
-        for k in flowing_f:
+        # a stage keeps each (chunk, microbatch) in its `sched.slot`, and has a
+        # spare row for what it does not keep (`Builder.store`)
+        rows = sched.slots + 1
+        for k in self.flowing_f:
             state[("act", k)] = b.zeros(stacked(f.op.operands[k].type, rows))
-        for k in flowing_b:
+        for k in self.flowing_b:
             state[("grad", k)] = b.zeros(stacked(bw.op.operands[k].type, rows))
             state[("seed", k)] = b.zeros(stacked(bw.op.operands[k].type, rows))
-        for j in residuals:
+        for j in self.residuals:
             state[("res", j)] = b.zeros(stacked(f.op.results[j].type, rows))
-        for k in sorted(self.partial_writes):
-            state[("w", k)] = b.zeros(bw.op.results[k].type)
-        for sm in (*head_sums, *post_sums):
+        for k in sorted(self.partial_writes):  # a stage's rows: its chunks' rows
+            n, *rest = bw.op.results[k].type.get_shape()  # type: ignore[attr-defined]
+            dtype = bw.op.results[k].type.get_element_type()  # type: ignore[attr-defined]
+            state[("w", k)] = b.zeros(TensorType(dtype, [n * self.chunks, *rest]))
+        for sm in (*self.head_sums, *self.post_sums):
             state[("sum", sm)] = b.zeros(sm.operands[0].type)
         self.first = b.cmp(self.stage, b.const(0), "EQ")
         self.last = b.cmp(self.stage, b.const(self.S - 1), "EQ")
-        f_results: dict[SSAValue, int] = {r: j for j, r in enumerate(f.op.results)}
-        Key = tuple[str, object]
-        f_types: dict[Key, Attribute] = {("act", k): f.op.operands[k].type for k in flowing_f}
-        f_types |= {("res", j): f.op.results[j].type for j in residuals}
-        b_types: dict[Key, Attribute] = {("grad", k): bw.op.operands[k].type for k in flowing_b}
-        b_types |= {("w", k): bw.op.results[k].type for k in sorted(self.partial_writes)}
         for t, row in enumerate(sched.table):
-            # The buffers stay out of the step's `case`: each stage reads its
-            # slot before it and keeps what it made after it, so the case
-            # passes only one microbatch's values (a case threading every
-            # buffer through makes XLA copy them all at every step), and a
-            # phase no stage runs this step costs nothing.
-            phases = {a.phase for a in row if a is not None}
-            kind = b.of_stage([0 if a is None else 1 if a.phase == "F" else 2 for a in row],
-                              self.stage)
-            m = b.of_stage([0 if a is None else a.microbatch for a in row], self.stage)
-            slot = b.of_stage([0 if a is None else a.microbatch % slots for a in row], self.stage)
-            last, first = row[self.S - 1], row[0]
-            # the microbatch the last stage's head (the first stage's ops after the loop) runs on
-            head_m = last.microbatch if last is not None and last.phase == "F" else None
-            post_m = first.microbatch if first and first.phase == "B" and post_sums else None
-            types: dict[Key, Attribute] = dict(f_types if "F" in phases else {})
-            types |= b_types if "B" in phases else {}
-            if head_m is not None:
-                types |= {("seed", k): b_types[("grad", k)] for k in flowing_b}
-                types |= {("sum", sm): sm.operands[0].type for sm in head_sums}
-            if post_m is not None:
-                types |= {("sum", sm): sm.operands[0].type for sm in post_sums}
-            keys = list(types)
-
-            def made(
-                values: dict[Key, SSAValue], keys: Sequence[Key] = keys,
-                types: dict[Key, Attribute] = types,
-            ) -> list[SSAValue]:
-                """The step's values in `keys` order: a running sum adds what the
-                branch made to it (inside the case: outside, XLA would fuse the
-                steps' additions into one, keeping every step's part alive), a
-                value the branch did not make is zeros."""
-                return [
-                    (b.sum(state[k], values[k]) if k in values else state[k])
-                    if k[0] in ("w", "sum")
-                    else values[k] if k in values else b.zeros(types[k])
-                    for k in keys
-                ]
-
-            def forward(
-                m: SSAValue = m, slot: SSAValue = slot, head_m: int | None = head_m
-            ) -> list[SSAValue]:
-                received = {
-                    k: b.select(self.first, b.load(self.stacks[f.op.operands[k]], m),
-                                b.load(state[("act", k)], slot))
-                    for k in flowing_f
-                }
-                clone = self._run_loop(f, m, received)
-                values: dict[Key, SSAValue] = {("act", k): clone.results[k] for k in flowing_f}
-                values |= {("res", j): clone.results[j] for j in residuals}
-                if head_m is not None:
-                    values |= self._segment(
-                        self.last, self.head, head_m, f.op, clone, head_sums, flowing_b
-                    )
-                return made(values)
-
-            def backward(
-                m: SSAValue = m, slot: SSAValue = slot, post_m: int | None = post_m
-            ) -> list[SSAValue]:
-                given = {
-                    k: b.load(state[("res", f_results[v])], slot)
-                    for k, v in enumerate(bw.op.operands)
-                    if v in f_results
-                }
-                for k in flowing_b:
-                    seed, got = b.load(state[("seed", k)], slot), b.load(state[("grad", k)], slot)
-                    given[k] = b.select(self.last, seed, got)
-                clone = self._run_loop(bw, m, given)
-                values: dict[Key, SSAValue] = {("grad", k): clone.results[k] for k in flowing_b}
-                values |= {("w", k): clone.results[k] for k in self.partial_writes}
-                if post_m is not None:
-                    values |= self._segment(self.first, self.post, post_m, bw.op, clone, post_sums)
-                return made(values)
-
-            def idle(
-                made: Callable[[dict[Key, SSAValue]], list[SSAValue]] = made,
-            ) -> list[SSAValue]:
-                return made({})
-
-            branches: list[Callable[[], list[SSAValue]]] = [idle, idle, idle]
-            if "F" in phases:
-                branches[1] = forward
-            if "B" in phases:
-                branches[2] = backward
-            varying = [self._state_axes(k) for k in keys]
-            out = dict(zip(keys, b.case(kind, branches, varying), strict=True))
-            if "F" in phases:
-                did_forward = b.cmp(kind, b.const(1), "EQ")
-                for j in residuals:
-                    state[("res", j)] = b.store(state[("res", j)], out[("res", j)], slot,
-                                                did_forward)
-            state.update((key, out[key]) for key in keys if key[0] in ("w", "sum"))
-            if head_m is not None:
-                at = b.const(head_m % slots)
-                for k in flowing_b:
-                    state[("seed", k)] = b.store(state[("seed", k)], out[("seed", k)], at,
-                                                 self.last)
-            for sends, kind_, flowing in (
-                (sched.forward_sends(t), "act", flowing_f),
-                (sched.backward_sends(t), "grad", flowing_b),
-            ):
-                self._send(sends, flowing, [out[(kind_, k)] for k in flowing] if sends else [],
-                           kind_, state)
-        self.grads = {k: state[("w", k)] for k in self.partial_writes}
-        for sm in (*head_sums, *post_sums):
+            self._time_step(row, state)
+            self._send(sched.forward_sends(t), self.flowing_f, "act", state)
+            self._send(sched.backward_sends(t), self.flowing_b, "grad", state)
+        written = sorted(self.partial_writes)
+        dealt = self._dealt([state[("w", k)] for k in written], cyclic=False)
+        self.grads = dict(zip(written, dealt, strict=True))
+        for sm in (*self.head_sums, *self.post_sums):
             self.acc[sm] = state[("sum", sm)]
             self.one_stage.add(sm)
 
-    def _run_loop(self, loop: CountedLoop, m: SSAValue, given: dict[int, SSAValue]) -> Operation:
-        """A stage's `loop` on microbatch `m`: the operands `given` by position,
-        microbatch `m`'s part of each per-microbatch value it reads, the rest as
-        they are."""
+    def _time_step(
+        self, row: tuple[Action | None, ...], state: dict[tuple[str, object], SSAValue]
+    ) -> None:
+        """One `stablehlo.case` on the stage's action in `row`: idle, a forward
+        (the last chunk's with the head) or a backward (the first chunk's with
+        the ops after the loop); `state` updated, and the activations (the
+        gradients) the step sends kept in `out` for `_send`.
+
+        The buffers stay out of the case: a branch reads its slot and returns
+        only what it made, which is kept after the case (a case threading
+        every buffer makes XLA copy them all at every step); the running sums
+        are added inside it (outside, XLA fuses the steps' additions into one
+        that keeps every step's part alive). A phase no stage runs in `row`
+        costs nothing."""
+        b, f, bw, sched = self.b, self.forward.op, self.backward.op, self.schedule
+        flowing_f, flowing_b = self.flowing_f, self.flowing_b
+        Key = tuple[str, object]
+
+        def of_stage(cell: Callable[[int, Action], int]) -> SSAValue:
+            cells = [0 if a is None else cell(s, a) for s, a in enumerate(row)]
+            return b.of_stage(cells, self.stage)
+
+        kind = of_stage(lambda s, a: 1 if a.phase == "F" else 2)
+        m = of_stage(lambda s, a: a.microbatch)
+        slot = of_stage(sched.slot)
+        chunk = of_stage(lambda s, a: a.chunk) if self.chunks > 1 else None
+        phases = {a.phase for a in row if a is not None}
+        last, first = row[self.S - 1], row[0]
+        head = last is not None and last.phase == "F" and last.chunk == self.chunks - 1
+        post = first is not None and first.phase == "B" and first.chunk == 0 and self.post_sums
+        types: dict[Key, Attribute] = {}
+        if "F" in phases:
+            types |= {("act", k): f.operands[k].type for k in flowing_f}
+            types |= {("res", j): f.results[j].type for j in self.residuals}
+        if "B" in phases:
+            types |= {("grad", k): bw.operands[k].type for k in flowing_b}
+            types |= {("w", k): state[("w", k)].type for k in sorted(self.partial_writes)}
+        if head:
+            types |= {("seed", k): bw.operands[k].type for k in flowing_b}
+            types |= {("sum", sm): sm.operands[0].type for sm in self.head_sums}
+        if post:
+            types |= {("sum", sm): sm.operands[0].type for sm in self.post_sums}
+        keys = list(types)
+
+        def made(values: dict[Key, SSAValue]) -> list[SSAValue]:
+            """The branch's values in `keys` order: a running sum with what the
+            branch adds to it, zeros for a value the branch does not make."""
+            return [
+                values.get(k, state[k])
+                if k[0] in ("w", "sum")
+                else values[k] if k in values else b.zeros(types[k])
+                for k in keys
+            ]
+
+        def forward() -> list[SSAValue]:
+            received = {
+                k: b.select(
+                    self._on_chunk(self.first, chunk, 0),
+                    b.load(self.stacks[f.operands[k]], m),
+                    b.load(state[("act", k)], slot),
+                )
+                for k in flowing_f
+            }
+            clone = self._run_loop(self.forward, m, chunk, received)
+            values: dict[Key, SSAValue] = {("act", k): clone.results[k] for k in flowing_f}
+            values |= {("res", j): clone.results[j] for j in self.residuals}
+            if head:
+                assert last is not None
+                values |= self._segment(self.last, self.head, last.microbatch, f, clone, state,
+                                        self.head_sums, flowing_b)
+            return made(values)
+
+        def backward() -> list[SSAValue]:
+            f_results: dict[SSAValue, int] = {r: j for j, r in enumerate(f.results)}
+            given = {
+                k: b.load(state[("res", f_results[v])], slot)
+                for k, v in enumerate(bw.operands)
+                if v in f_results
+            }
+            for k in flowing_b:
+                seed, got = b.load(state[("seed", k)], slot), b.load(state[("grad", k)], slot)
+                given[k] = b.select(self._on_chunk(self.last, chunk, self.chunks - 1), seed, got)
+            clone = self._run_loop(self.backward, m, chunk, given)
+            values: dict[Key, SSAValue] = {("grad", k): clone.results[k] for k in flowing_b}
+            for k in sorted(self.partial_writes):
+                w, dw = state[("w", k)], clone.results[k]
+                values[("w", k)] = b.sum(w, dw) if chunk is None else b.add_rows(w, dw, chunk)
+            if post:
+                assert first is not None
+                values |= self._segment(self.first, self.post, first.microbatch, bw, clone, state,
+                                        self.post_sums)
+            return made(values)
+
+        def idle() -> list[SSAValue]:
+            return made({})
+
+        branches = [idle, forward if "F" in phases else idle, backward if "B" in phases else idle]
+        varying = [self._state_axes(k) for k in keys]
+        out = dict(zip(keys, b.case(kind, branches, varying), strict=True))
+        if "F" in phases:
+            did_forward = b.cmp(kind, b.const(1), "EQ")
+            for j in self.residuals:
+                state[("res", j)] = b.store(state[("res", j)], out[("res", j)], slot, did_forward)
+        state.update((k, out[k]) for k in keys if k[0] in ("w", "sum"))
+        if head:
+            assert last is not None
+            at = b.const(sched.slot(self.S - 1, last))
+            for k in flowing_b:
+                state[("seed", k)] = b.store(state[("seed", k)], out[("seed", k)], at, self.last)
+        self.out = out
+
+    # --- a stage's chunks (the interleaved schedule) -------------------------------------
+
+    def _on_chunk(self, pred: SSAValue, chunk: SSAValue | None, at: int) -> SSAValue:
+        """`pred` (the stage is the first, the last) and the action is on chunk `at`."""
+        if chunk is None:
+            return pred
+        return self.b.and_(pred, self.b.cmp(chunk, self.b.const(at), "EQ"))
+
+    def _deal_stacks(self) -> None:
+        """Where a stage holds several chunks: its chunks of each stacked value
+        the loops read, dealt to it from the stages' consecutive rows
+        (`deal_chunks`), once a step; zeros need no dealing."""
+        self.dealt: dict[SSAValue, SSAValue] = {}
+        if self.chunks == 1:
+            return
+        stacks: list[SSAValue] = []
+        for loop in (self.forward, self.backward):
+            for k in sorted({*loop.reads, *loop.writes}):
+                v = loop.op.operands[k]
+                if v in stacks or v.owner is self.forward.op or _is_zeros(v):
+                    continue
+                ty = v.type
+                assert isinstance(ty, TensorType)
+                if v in self.varying or ty.get_shape()[0] != self.chunks * self.chunk_rows:
+                    raise self.error(
+                        f"the layer loop reads a stacked value of {ty.get_shape()[0]} rows per "
+                        f"stage{' per microbatch' if v in self.varying else ''}; the interleaved "
+                        f"schedule deals each stage its {self.chunks} chunks of "
+                        f"{self.chunk_rows} layers of values split over the stage axis alone"
+                    )
+                stacks.append(v)
+        self.dealt = dict(zip(stacks, self._dealt(stacks, cyclic=True), strict=True))
+
+    def _dealt(self, values: list[SSAValue], cyclic: bool) -> list[SSAValue]:
+        """`values`' chunks dealt to the interleaved schedule's stages (`cyclic`)
+        or back to the stages' consecutive rows; as they are where a stage holds
+        one chunk."""
+        if self.chunks == 1 or not values:
+            return values
+        return deal_chunks(self.b, values, self.stage, self.axis, self.S, self.chunks, cyclic)
+
+    def _run_loop(
+        self,
+        loop: CountedLoop,
+        m: SSAValue,
+        chunk: SSAValue | None,
+        given: dict[int, SSAValue],
+    ) -> Operation:
+        """A stage's `loop` on microbatch `m` (and its `chunk`, if it holds
+        several): the operands `given` by position, microbatch `m`'s part of
+        each per-microbatch value it reads, the chunk's rows of a stacked one,
+        the rest as they are."""
         b = self.b
-        operands = [
-            given[k] if k in given else b.load(self.stacks[v], m) if v in self.varying else v
-            for k, v in enumerate(loop.op.operands)
-        ]
+        rows = {*loop.reads, *loop.writes}
+
+        def operand(k: int, v: SSAValue) -> SSAValue:
+            if k in given:
+                return given[k]
+            if v in self.varying:
+                return b.load(self.stacks[v], m)
+            if chunk is not None and k in rows:
+                return b.rows_at(self.dealt.get(v, v), chunk, self.chunk_rows)
+            return v
+
+        operands = [operand(k, v) for k, v in enumerate(loop.op.operands)]
         clone = b.clone_loop(loop.op, operands, [self.axis])
         self._own_parts([clone], m)
         return clone
 
     def _send(
         self,
-        sends: list[tuple[int, int, int]],
+        sends: list[tuple[int, int, Action]],
         flowing: list[int],
-        values: Sequence[SSAValue],
         kind: str,
         state: dict[tuple[str, object], SSAValue],
     ) -> None:
-        """Hand each sender's value to its neighbour, which keeps it for its microbatch."""
+        """Hand each sender's value (the time step's `out`) to its neighbour,
+        which keeps it in the slot of the action it is for."""
         if not sends:
             return
         b = self.b
         pairs = [(s, r) for s, r, _ in sends]
-        arriving = [self.slots] * self.S  # a stage that receives nothing writes the spare row
-        for _, r, mb in sends:
-            arriving[r] = mb % self.slots
+        arriving = [self.schedule.slots] * self.S  # who receives nothing writes the spare row
+        for _, r, action in sends:
+            arriving[r] = self.schedule.slot(r, action)
         index = b.of_stage(arriving, self.stage)
-        for k, value in zip(flowing, values, strict=True):
-            got = b.add(CollectivePermuteOp(value, [self.axis], pairs)).results[0]
+        for k in flowing:
+            got = b.add(CollectivePermuteOp(self.out[(kind, k)], [self.axis], pairs)).results[0]
             state[(kind, k)] = b.put(state[(kind, k)], got, index)
 
     def _segment(
@@ -764,39 +845,41 @@ class Pipelining:
         m: int,
         loop: Operation,
         clone: Operation,
+        state: dict[tuple[str, object], SSAValue],
         sums: list[Operation],
         seeds: Sequence[int] = (),
     ) -> dict[tuple[str, object], SSAValue]:
         """Where `on` holds (the last stage: the head; the first: the ops after
         the backward loop), `ops` on microbatch `m`, `loop`'s results as its
-        `clone` made them: the backward's `seeds` and the segment's share of
-        `sums` (zeros elsewhere)."""
+        `clone` made them: the backward's `seeds` (zeros elsewhere), and
+        `sums` with the segment's share added."""
         b, bw = self.b, self.backward.op
         values = dict(self.per_mb[m])
         values.update(zip(loop.results, clone.results, strict=True))
         keys = [("seed", k) for k in seeds] + [("sum", s) for s in sums]
-        types = [bw.operands[k].type for k in seeds] + [s.operands[0].type for s in sums]
 
         def taken() -> list[SSAValue]:
             mapping = dict(values)
             self._own_parts(b.clone(ops, mapping), m)
             out = [mapping[bw.operands[k]] for k in seeds]
-            return out + [mapping.get(s.operands[0], s.operands[0]) for s in sums]
+            return out + [
+                b.sum(state[("sum", s)], mapping.get(s.operands[0], s.operands[0])) for s in sums
+            ]
+
+        def other() -> list[SSAValue]:
+            zeros = [b.zeros(bw.operands[k].type) for k in seeds]
+            return zeros + [state[("sum", s)] for s in sums]
 
         varying = [self._state_axes(k) for k in keys]
-        results = b.if_(on, taken, lambda: [b.zeros(ty) for ty in types], varying)
-        return dict(zip(keys, results, strict=True))
+        return dict(zip(keys, b.if_(on, taken, other, varying), strict=True))
 
     def _state_axes(self, key: tuple[str, object]) -> tuple[str, ...]:
         """The mesh axes a value the schedule keeps differs over: its own
         distribution's (without the microbatch axis), and the stage axis."""
         kind, at = key
-        if kind == "act":
-            return self._carried_axes(self.forward.op, at)  # type: ignore[arg-type]
-        if kind in ("grad", "seed", "w"):
-            return self._carried_axes(self.backward.op, at)  # type: ignore[arg-type]
-        if kind == "res":
-            return self._carried_axes(self.forward.op, at)  # type: ignore[arg-type]
+        if kind in ("act", "res", "grad", "seed", "w"):
+            loop = self.forward.op if kind in ("act", "res") else self.backward.op
+            return self._carried_axes(loop, at)  # type: ignore[arg-type]
         assert isinstance(at, Operation)
         return self._dist_axes(at.operands[0])
 
@@ -860,7 +943,6 @@ class Pipelining:
 
     def _finish(self, block: Block, new: Block, ops: list[Operation]) -> None:
         b = self.b
-        results = []
         returned = ops[-1]
         for op in ops:
             if isinstance(op, FromLocalOp):
@@ -871,8 +953,7 @@ class Pipelining:
                 made = b.add(FromLocalOp(value, typed))
                 made.attributes[DIST] = typed
                 op.results[0].replace_all_uses_with(made.results[0])
-        for v in returned.operands:
-            results.append(v)
+        results = list(returned.operands)
         b.add(func.ReturnOp(*results))
         for op in reversed(ops):
             if op.parent_block() is block:

@@ -10,9 +10,18 @@ dim 0), its condition compares against L / S, and a reversed loop's row
 index is `L / S - 1 - i`; every other value is untouched. The rewrite
 refuses a loop whose body reads a stacked value other than one row at a
 time, since a stage has only its own rows.
+
+Where each stage holds several chunks of the layers that are not adjacent
+(the interleaved schedule: chunk `c` on stage `c % stages`), its rows of a
+stacked value are dealt to it from the stages' consecutive rows, and its
+gradients' rows back, by `deal_chunks`.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
 
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Block, Operation, SSAValue
@@ -22,6 +31,8 @@ from xdsl_jax.dialects import stablehlo as shlo
 from dialects.counted_loops import CountedLoop
 from dialects.escaping import quoted
 from dialects.names import op_name
+from dialects.spmd import CollectivePermuteOp
+from partir.pipeline.builder import Builder
 from partir.pipeline.layer_loops import PipelineError
 from rewrites.padding import splat
 
@@ -78,6 +89,77 @@ def split_rows(loop: CountedLoop, parts: int, axis: str = "stage") -> None:
                 Rewriter.insert_op([last, index], InsertPoint.before(access))
                 access.operands[ROW_ACCESSES[access.name]] = index.results[0]
     _erase_dead(list(body.ops))
+
+
+def deal_chunks(
+    b: Builder,
+    values: Sequence[SSAValue],
+    stage: SSAValue,
+    axis: str,
+    stages: int,
+    chunks: int,
+    cyclic: bool,
+) -> list[SSAValue]:
+    """A stage's rows of stacked `values` (dim 0: its `chunks` chunks, in
+    order) from the block layout (stage `s` holds chunks `s * chunks` on) to
+    the cyclic one (chunk `c` on stage `c % stages`, as its chunk `c //
+    stages`), or back (`cyclic=False`). The values of one element type move
+    together, flattened into one buffer per chunk: per pair of a chunk's
+    place on the sender and on the receiver, one `spmd.collective_permute`
+    over `axis` of the stages that trade it (at most `chunks`^2 in all); a
+    chunk that stays is kept."""
+    dealt: dict[SSAValue, SSAValue] = {}
+    for element_type in {v.type.get_element_type() for v in values}:  # type: ignore[attr-defined]
+        group = [v for v in values if v.type.get_element_type() == element_type]  # type: ignore[attr-defined]
+        shapes = [v.type.get_shape() for v in group]  # type: ignore[attr-defined]
+        sizes = [math.prod(shape) // chunks for shape in shapes]
+        n = shapes[0][0] // chunks  # rows a chunk
+        parts = [
+            b.concat([b.flat(b.rows(v, 0, q * n, (q + 1) * n)) for v in group])
+            for q in range(chunks)
+        ]
+        packed = _deal_parts(b, parts, stage, axis, stages, cyclic)
+        starts = itertools.accumulate(sizes[:-1], initial=0)
+        for v, shape, size, at in zip(group, shapes, sizes, starts, strict=True):
+            dealt[v] = b.concat(
+                [b.reshape(b.rows(part, 0, at, at + size), [n, *shape[1:]]) for part in packed]
+            )
+    return [dealt[v] for v in values]
+
+
+def _deal_parts(
+    b: Builder, parts: list[SSAValue], stage: SSAValue, axis: str, stages: int, cyclic: bool
+) -> list[SSAValue]:
+    """`deal_chunks` of one buffer per chunk (`parts`): the buffers each stage holds after."""
+    chunks = len(parts)
+    places = [
+        ((c // chunks, c % chunks), (c % stages, c // stages)) for c in range(stages * chunks)
+    ]
+    whole = b.concat(parts)
+    size = parts[0].type.get_shape()[0]  # type: ignore[attr-defined]
+    dealt = []
+    for p in range(chunks):
+        moved: SSAValue | None = None
+        kept = [-1] * stages  # per stage, its own place of the chunk it keeps at p
+        for q in range(chunks):
+            pairs = []
+            for block, cycle in places:
+                (src, at), (dst, to) = (block, cycle) if cyclic else (cycle, block)
+                if (to, at) == (p, q):
+                    if src == dst:
+                        kept[dst] = q
+                    else:
+                        pairs.append((src, dst))
+            if pairs:
+                got = b.add(CollectivePermuteOp(parts[q], [axis], pairs)).results[0]
+                moved = got if moved is None else b.sum(moved, got)  # one sender per stage
+        if any(q >= 0 for q in kept):
+            own = b.rows_at(whole, b.of_stage([max(q, 0) for q in kept], stage), size)
+            keeps = b.cmp(b.of_stage(kept, stage), b.const(0), "GE")
+            moved = own if moved is None else b.select(keeps, own, moved)
+        assert moved is not None
+        dealt.append(moved)
+    return dealt
 
 
 def _row_values(body: Block, carried: list[int]) -> set[SSAValue]:

@@ -1,9 +1,10 @@
 """`partir.Pipeline`: pipeline parallelism over a mesh axis.
 
 The layer loop's stacked parameters are split over `axis` on their layer
-dim (each stage owns `layers / |axis|` consecutive layers), the batch into
-`microbatches`, and the step runs `schedule` ("gpipe" or "1f1b",
-`partir.pipeline.schedule.ORDERS`) as one SPMD program.
+dim (each stage owns `layers / |axis|` consecutive layers; under
+"interleaved", `virtual_stages` chunks of them that are not adjacent), the
+batch into `microbatches`, and the step runs `schedule` ("gpipe", "1f1b" or
+"interleaved", `partir.pipeline.schedule.ORDERS`) as one SPMD program.
 
 It is two moves on the IR (`partir.lowered.lower`, or `partir-opt`'s
 `partir-pipeline` and `partir-schedule-pipeline`): the step is partitioned
@@ -24,7 +25,7 @@ from typing import ClassVar
 from dialects.errors import PartirTypeError
 from dialects.escaping import quoted
 from partir.mesh import Mesh
-from partir.pipeline.schedule import ORDERS
+from partir.pipeline.schedule import schedule_problem
 from partir.plan import Leaf, Plan, ProgramView, TacticError
 from partir.tactics import BatchParallel, Megatron, Tactic
 
@@ -39,11 +40,15 @@ class Pipeline(Tactic):
 
     The stacked values (parameters, their optimizer state, their updates) are
     the ones whose dim runs over the layer loop's rows, by the registry's
-    factor rules (`partir.pipeline.layer_loops`)."""
+    factor rules (`partir.pipeline.layer_loops`). Under `schedule="interleaved"`
+    each stage holds `virtual_stages` chunks of the layers, chunk `c` of
+    `|axis| x virtual_stages` on stage `c % |axis|` (Megatron-LM's interleaved
+    1F1B: a smaller bubble for more transfers)."""
 
     axis: str
     microbatches: int
     schedule: str = "1f1b"
+    virtual_stages: int = 1
 
     CLI_NAME: ClassVar[str] = "partir-pipeline"
 
@@ -63,12 +68,12 @@ class Pipeline(Tactic):
                 f"Pipeline: microbatches must be at least 2, got {self.microbatches} (a "
                 "pipeline of one microbatch runs its stages one after another)"
             )
-        if self.schedule not in ORDERS:
-            raise TacticError(
-                f"Pipeline: unknown schedule {self.schedule!r}; the schedules are "
-                + ", ".join(repr(n) for n in ORDERS)
-            )
         mesh.check_axis(self.axis, "Pipeline")
+        problem = schedule_problem(
+            self.schedule, mesh.axes[self.axis], self.microbatches, self.virtual_stages
+        )
+        if problem is not None:
+            raise TacticError(problem)
         if MICROBATCH_AXIS in mesh:
             raise TacticError(
                 f"Pipeline: the mesh has an axis named {quoted(MICROBATCH_AXIS)}, the name "

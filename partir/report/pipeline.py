@@ -3,7 +3,8 @@
 `PipelineSection` is what a pipelined program's `Report` shows: the schedule
 the program records (`partir.pipeline.schedule.recorded_schedule`) drawn as a
 table, one row per stage, one column per time step (`F3`: the forward of
-microbatch 3, `B3` its backward, `.` idle), and the transfers as counted in
+microbatch 3, `B3` its backward, `.` idle; `F3v1` through a stage's second
+chunk under the interleaved schedule), and the transfers as counted in
 the program (its `spmd.collective_permute`s on the stage axis).
 """
 
@@ -54,10 +55,10 @@ class PipelineSection:
         )
 
     def table(self) -> Table:
-        """One row per stage, one column per time step: `F<m>`, `B<m>` or `.`."""
+        """One row per stage, one column per time step: `F<m>`, `B<m>` (`F<m>v<chunk>`) or `.`."""
         sched = self.schedule
         rows = [
-            (str(s), *(str(row[s]) if row[s] else "." for row in sched.table))
+            (str(s), *(sched.label(row[s]) for row in sched.table))
             for s in range(sched.stages)
         ]
         return Table(self.title(), ("stage", *map(str, range(sched.steps))), rows)
@@ -74,5 +75,5 @@ class PipelineSection:
             "slots": sched.slots,
             "transfers": self.transfers,
             "transfer_bytes": self.transfer_bytes,
-            "table": [[str(a) if a else None for a in row] for row in sched.table],
+            "table": [[sched.label(a) if a else None for a in row] for row in sched.table],
         }
