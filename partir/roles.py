@@ -429,7 +429,12 @@ class _Nodes:
 
 def _ancestors(node: str) -> list[str]:
     """The nodes `node` lies strictly within (`a/b/c`: `a`, `a/b`)."""
-    return [node[:at] for at, char in enumerate(node) if char == "/"]
+    found = []
+    at = node.find("/")
+    while at != -1:
+        found.append(node[:at])
+        at = node.find("/", at + 1)
+    return found
 
 
 def _overlap(node: str, other: str) -> bool:
