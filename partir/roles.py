@@ -99,22 +99,34 @@ class Roles:
             roots[_root(leaf)].append(leaf)
         state: dict[str, str] = {}
         returned_as: dict[str, str] = {}
-        claimed: set[str] = set()
+        claimed = _Nodes()
+        # Where each candidate list's first unclaimed node is: claims only
+        # grow, so a node passed over once stays taken.
+        cursors: dict[tuple[Signature, bool], int] = defaultdict(int)
+        lone_results: dict[Signature, list[str]] = {}
         trees = {root: _subtrees(leaves) for root, leaves in roots.items()}
         for root, leaves in roots.items():
             tree = trees[root][root]
             nodes = by_signature.get(tree, [])
-            if len(leaves) == 1 and slash_path(leaves[0].name) == root:
+            lone = len(leaves) == 1 and slash_path(leaves[0].name) == root
+            if lone:
                 # A lone array: only as a result of its own (`result/1`) among
                 # others, not as the only result (a forward function's output).
-                nodes = [n for n in nodes if n.count("/") == 1 and len(results) > 1]
+                if tree not in lone_results:
+                    lone_results[tree] = [
+                        n for n in nodes if n.count("/") == 1 and len(results) > 1
+                    ]
+                nodes = lone_results[tree]
             # Each result subtree is one argument's: gradients passed in beside
             # the parameters match the same updated tree, but it is taken.
-            free = [n for n in nodes if not any(_overlap(n, c) for c in claimed)]
-            if free:
-                claimed.add(free[0])
-                returned_as[root] = free[0]
-                state[root] = f"returned updated as {display_path(free[0])}"
+            at = cursors[tree, lone]
+            while at < len(nodes) and claimed.overlaps(nodes[at]):
+                at += 1
+            cursors[tree, lone] = at
+            if at < len(nodes):
+                claimed.add(nodes[at])
+                returned_as[root] = nodes[at]
+                state[root] = f"returned updated as {display_path(nodes[at])}"
             elif root in STATE_ROOTS:
                 state[root] = "named as state"
         parameters, optimizer, mirrors, untrained = _parameters_and_optimizer(list(state), trees)
@@ -238,26 +250,30 @@ def _parameters_and_optimizer(
     leaves no copy holds (`Roles.untrained`)."""
     nodes = {node: tree for root in state for node, tree in trees[root].items()}
     order = {node: i for i, node in enumerate(nodes)}
-    mirrored_by = _mirrors(state, nodes, order)
+    roots = _Nodes(state)
+    mirrored_by = _Mirrors(roots, nodes, order)
     parameters: list[str] = []
     optimizer: list[str] = []
     mirrors: dict[str, str] = {}
     untrained: set[str] = set()
-    taken: list[str] = []
-    for node in sorted(mirrored_by, key=lambda n: (-len(nodes[n]), order[n])):
-        copies = [m for m in mirrored_by[node] if not any(_overlap(m, t) for t in taken)]
-        if any(_overlap(node, t) for t in taken) or not copies:
+    taken = _Nodes()
+    for node in sorted(mirrored_by.holders, key=lambda n: (-len(nodes[n]), order[n])):
+        if taken.overlaps(node):
+            continue
+        copies = [m for m in mirrored_by(node) if not taken.overlaps(m)]
+        if not copies:
             continue
         parameters.append(node)
-        taken.append(node)
+        taken.add(node)
         copied: set[str] = set()
         for copy in copies:
-            if any(_overlap(copy, t) for t in taken):
+            if taken.overlaps(copy):
                 continue
-            taken.append(copy)
+            taken.add(copy)
             copied |= {below for below, _, _ in nodes[copy]}
-            holder = _holder(copy, node, state)
-            optimizer += [holder] if holder not in optimizer else []
+            holder = _holder(copy, node, roots)
+            if holder not in mirrors:
+                optimizer.append(holder)
             mirrors.setdefault(holder, node)
         untrained |= {_join(node, below) for below, _, _ in nodes[node] if below not in copied}
     if not parameters:
@@ -267,67 +283,83 @@ def _parameters_and_optimizer(
     return tuple(parameters), tuple(optimizer), mirrors, frozenset(untrained)
 
 
-def _mirrors(
-    state: list[str], nodes: dict[str, Signature], order: dict[str, int]
-) -> dict[str, list[str]]:
+class _Mirrors:
     """Argument (or top-level entry) -> the nodes that mirror it, in order:
     in another argument, or strictly inside another entry of the same one
     (an optimizer's state holds more than the copy: NNX's `Optimizer` a
     step, optax a tuple), holding its tree or, with two leaves or more, a
     part of it (NNX's optimizer copies the parameters, not the RNG counters
     beside them). A lone leaf mirrors only a whole argument (a lone array
-    and its momentum)."""
-    holding: dict[tuple[str, tuple[int, ...], Attribute], set[str]] = defaultdict(set)
-    for node, tree in nodes.items():
-        if node in state or _entry(node, state) == node:
-            for leaf in tree:
-                holding[leaf].add(node)
-    found: dict[str, list[str]] = defaultdict(list)
-    for copy, tree in nodes.items():
-        if not tree:
-            continue
-        candidates = set.intersection(*(holding[leaf] for leaf in tree))
-        for node in sorted(candidates, key=order.__getitem__):
-            if not _apart(node, copy, state):
+    and its momentum). Found when asked, for the nodes not yet taken: a
+    program whose arrays are all lone arguments of a few shapes would
+    otherwise pair every array with every other of its shape."""
+
+    def __init__(self, state: _Nodes, nodes: dict[str, Signature], order: dict[str, int]) -> None:
+        self.state, self.nodes, self.order = state, nodes, order
+        self.holders = [
+            node for node, tree in nodes.items()
+            if tree and (node in state or _entry(node, state) == node)
+        ]
+        """The nodes that may be mirrored, in order."""
+        self.by_leaf: dict[tuple[str, tuple[int, ...], Attribute], list[str]] = defaultdict(list)
+        """One leaf of each node's tree -> the nodes: a copy's tree lies in
+        what it mirrors, that leaf among them."""
+        for node, tree in nodes.items():
+            if tree:
+                self.by_leaf[next(iter(tree))].append(node)
+
+    def __call__(self, node: str) -> list[str]:
+        tree, state = self.nodes[node], self.state
+        found = {copy for leaf in tree for copy in self.by_leaf.get(leaf, ())}
+        copies = []
+        for copy in sorted(found, key=self.order.__getitem__):
+            held = self.nodes[copy]
+            if not held <= tree or not _apart(node, copy, state):
                 continue
-            inner = len(tree) > 1 and all(below for below, _, _ in tree)
-            if inner or (node in state and nodes[node] == tree):
-                found[node].append(copy)
-    for node, copies in found.items():
-        found[node] = [c for c in copies if _only_copies(c, copies, node, nodes, state)]
-    return defaultdict(list, {node: copies for node, copies in found.items() if copies})
+            inner = len(held) > 1 and all(below for below, _, _ in held)
+            if inner or (node in state and tree == held):
+                copies.append(copy)
+        return _only_copies(copies, node, self.nodes, state)
 
 
 def _only_copies(
-    copy: str, copies: list[str], node: str, nodes: dict[str, Signature], state: list[str]
-) -> bool:
-    """Where `copy` shares the parameters' argument, the entry holding it
-    must be optimizer state through and through: each of its arrays inside
-    one of the copies (a step count beside them is a scalar). A layer list
-    whose blocks each hold a norm shaped like a final norm beside them does
-    not mirror that norm: the blocks hold weights no copy accounts for."""
-    if not _overlap(copy, _root_of(node, state)):
-        return True
-    entry = _entry(copy, state)
-    inside = [c for c in copies if _entry(c, state) == entry]
-    return all(
-        not shape or any(_overlap(_join(entry, below), c) for c in inside)
-        for below, shape, _ in nodes[entry]
-    )
+    copies: list[str], node: str, nodes: dict[str, Signature], state: _Nodes
+) -> list[str]:
+    """The `copies` that mirror `node`: where one shares the parameters'
+    argument, the entry holding it must be optimizer state through and
+    through: each of its arrays inside one of the copies (a step count
+    beside them is a scalar). A layer list whose blocks each hold a norm
+    shaped like a final norm beside them does not mirror that norm: the
+    blocks hold weights no copy accounts for."""
+    root = _root_of(node, state)
+    inside: dict[str, _Nodes] = defaultdict(_Nodes)
+    for copy in copies:
+        if _overlap(copy, root):
+            inside[_entry(copy, state)].add(copy)
+    whole = {
+        entry: all(
+            not shape or held.overlaps(_join(entry, below)) for below, shape, _ in nodes[entry]
+        )
+        for entry, held in inside.items()
+    }
+    return [c for c in copies if not _overlap(c, root) or whole[_entry(c, state)]]
 
 
-def _root_of(node: str, state: list[str]) -> str:
-    return next(r for r in state if _overlap(node, r))
+def _root_of(node: str, state: _Nodes) -> str:
+    root = state.first(node)
+    if root is None:
+        raise ValueError(f"{node} lies under no state root")  # internal: callers pass state nodes
+    return root
 
 
-def _entry(node: str, state: list[str]) -> str:
+def _entry(node: str, state: _Nodes) -> str:
     """The top-level entry of an argument `node` lies in (the root itself
     for the root)."""
     root = _root_of(node, state)
     return node if node == root else f"{root}/{node[len(root) + 1 :].split('/')[0]}"
 
 
-def _apart(node: str, copy: str, state: list[str]) -> bool:
+def _apart(node: str, copy: str, state: _Nodes) -> bool:
     """Whether `copy` may mirror `node`: in another argument, or strictly
     inside another top-level entry of the same one."""
     root = _root_of(node, state)
@@ -339,7 +371,7 @@ def _apart(node: str, copy: str, state: list[str]) -> bool:
     return entry != _entry(node, state) and entry != copy
 
 
-def _holder(copy: str, node: str, state: list[str]) -> str:
+def _holder(copy: str, node: str, state: _Nodes) -> str:
     """The optimizer state holding `copy` of the parameters `node`: its
     argument, or its entry where it shares the parameters' argument."""
     root = _root_of(copy, state)
@@ -352,6 +384,57 @@ def _join(node: str, below: str) -> str:
 
 def _node_of(path: str, nodes: Sequence[str]) -> str | None:
     return next((n for n in nodes if path == n or path.startswith(n + "/")), None)
+
+
+class _Nodes:
+    """Tree nodes (slash paths), in the order added, that tell which of
+    them a node overlaps (`_overlap`) in the node's depth rather than their
+    number: one of them is the node or one of its ancestors, or lies below
+    it. Each step's search over the state and the nodes taken so far stays
+    linear in the program's size."""
+
+    def __init__(self, nodes: Sequence[str] = ()) -> None:
+        self.members: dict[str, int] = {}
+        self.below: dict[str, int] = {}
+        """A strict ancestor of members -> the first of them it is above."""
+        self.ordered: list[str] = []
+        for node in nodes:
+            self.add(node)
+
+    def add(self, node: str) -> None:
+        if node in self.members:
+            return
+        self.members[node] = len(self.ordered)
+        for above in _ancestors(node):
+            self.below.setdefault(above, len(self.ordered))
+        self.ordered.append(node)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.members
+
+    def first(self, node: str) -> str | None:
+        """The first node added that overlaps `node`, or None."""
+        found = [self.members[a] for a in (node, *_ancestors(node)) if a in self.members]
+        if node in self.below:
+            found.append(self.below[node])
+        return self.ordered[min(found)] if found else None
+
+    def overlaps(self, node: str) -> bool:
+        return (
+            node in self.members
+            or node in self.below
+            or any(a in self.members for a in _ancestors(node))
+        )
+
+
+def _ancestors(node: str) -> list[str]:
+    """The nodes `node` lies strictly within (`a/b/c`: `a`, `a/b`)."""
+    found = []
+    at = node.find("/")
+    while at != -1:
+        found.append(node[:at])
+        at = node.find("/", at + 1)
+    return found
 
 
 def _overlap(node: str, other: str) -> bool:

@@ -4,11 +4,13 @@ structure (`partir.roles`), whatever the arguments are called."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from xdsl.dialects.builtin import TensorType, f32
 
 import partir
 from examples import block_forward, block_train_step, cnn_train_step, scanned_stack
@@ -173,3 +175,50 @@ def test_the_optimizer_state_beside_the_parameters_in_one_argument():
     split = {s.leaf for s in compiled.lower((model, optimizer), x).report().selections
              if s.tactic == "ZeRO-1(batch)" and s.dim is not None}
     assert len(split) == 8 and all("['moments']" in leaf for leaf in split)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+    name: str
+    type: TensorType
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.type.get_shape())
+
+
+def test_unnamed_leaves_are_told_apart_in_linear_work(monkeypatch):
+    """IR that names no argument: every array a lone `args/i` of one of two
+    shapes, each returned as `result/i`. Each is matched to its result, the
+    first of each shape is parameters and the others its copies, and the
+    work (nodes checked against the claimed or taken ones, copies
+    examined) grows with the arrays, not with their pairs."""
+    from partir import roles
+
+    counts = collections.Counter()
+    overlaps, apart = roles._Nodes.overlaps, roles._apart
+
+    def counted_overlaps(self, node):
+        counts["overlaps"] += 1
+        return overlaps(self, node)
+
+    def counted_apart(node, copy, state):
+        counts["apart"] += 1
+        return apart(node, copy, state)
+
+    monkeypatch.setattr(roles._Nodes, "overlaps", counted_overlaps)
+    monkeypatch.setattr(roles, "_apart", counted_apart)
+    found = {}
+    for n in (40, 160):
+        types = [TensorType(f32, [3, 2] if i % 2 else [5]) for i in range(n)]
+        counts.clear()
+        found[n] = roles.Roles.of(
+            [_Leaf(f"args[{i}]", t) for i, t in enumerate(types)],
+            [_Leaf(f"result[{i}]", t) for i, t in enumerate(types)],
+        )
+        assert found[n].returned == {f"args/{i}": f"result/{i}" for i in range(n)}
+        assert found[n].parameters == ("args/0", "args/1")
+        copies = [*range(2, n, 2), *range(3, n, 2)]  # args/0's, then args/1's
+        assert found[n].optimizer == tuple(f"args/{i}" for i in copies)
+        assert found[n].mirrors == {f"args/{i}": f"args/{i % 2}" for i in range(2, n)}
+        assert counts["overlaps"] <= 6 * n and counts["apart"] <= 2 * n, (n, counts)
