@@ -301,6 +301,19 @@ def test_call_through_partir_jit() -> None:
     assert isinstance(jitted.lower(*args), partir.Lowered)
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+def test_a_step_that_returns_the_stacked_gradients_as_they_are(schedule: str) -> None:
+    """`value_and_grad` with no update: the stacked gradients are returned as
+    the backward loop wrote them, each stage's rows split over "stage" (they
+    were typed whole, and JAX refused the rows of one stage as the whole)."""
+    step = jax.value_and_grad(scanned_stack.mlp_loss)
+    params, _, x, y = scanned_stack.mlp_train_args(layers_=4, batch=16, width=8, hidden=8)
+    virtual = 2 if schedule == "interleaved" else 1
+    tactic = partir.Pipeline("stage", 4, schedule, virtual_stages=virtual)
+    jitted = partir.jit(step, mesh=partir.Mesh({"stage": 2}), tactics=[tactic])
+    assert_leaves_close(jitted(params, x, y), jax.jit(step)(params, x, y), what=schedule)
+
+
 # --- report and estimate -------------------------------------------------------------------------
 
 

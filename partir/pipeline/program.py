@@ -935,6 +935,7 @@ class Pipelining:
         for k, total in self.grads.items():
             if self.partial_writes[k]:
                 total = self.b.add(AllReduceOp(total, self.partial_writes[k])).results[0]
+            self.layer_dim[total] = 0  # its rows are the stage's layers (a step may return it)
             self.backward.op.results[k].replace_all_uses_with(total)
         for k in self.backward.reads:
             self.backward.op.results[k].replace_all_uses_with(self.backward.op.operands[k])
