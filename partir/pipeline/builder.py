@@ -142,12 +142,11 @@ class Builder:
         """`value` as one dim."""
         return self.reshape(value, [math.prod(value.type.get_shape())])  # type: ignore[attr-defined]
 
-    def rows_at(self, value: SSAValue, index: SSAValue, n: int) -> SSAValue:
-        """Rows `index * n` to `(index + 1) * n` of `value` (`index` known at run time)."""
+    def _rows(self, value: SSAValue, start: SSAValue, n: int) -> SSAValue:
+        """Rows `start` to `start + n` of `value` (`start` known at run time)."""
         ty = value.type
         assert isinstance(ty, TensorType)
         _, *shape = ty.get_shape()
-        start = self.add(shlo.MultiplyOp(index, self.const(n), index.type)).results[0]
         return self.add(
             shlo.DynamicSliceOp.create(
                 operands=[value, start, *[self.const(0)] * len(shape)],
@@ -156,32 +155,33 @@ class Builder:
             )
         ).results[0]
 
-    def add_rows(self, value: SSAValue, part: SSAValue, index: SSAValue) -> SSAValue:
-        """`value` with `part` added to its rows `index * n` on (`n`: `part`'s rows)."""
-        ty = part.type
+    def _updated(self, value: SSAValue, rows: SSAValue, start: SSAValue) -> SSAValue:
+        """`value` with `rows` written from row `start` on."""
+        ty = value.type
         assert isinstance(ty, TensorType)
-        n = ty.get_shape()[0]
-        added = self.sum(self.rows_at(value, index, n), part)
-        start = self.add(shlo.MultiplyOp(index, self.const(n), index.type)).results[0]
         return self.add(
             DynamicUpdateSliceOp.create(
-                operands=[value, added, start, *[self.const(0)] * (ty.get_num_dims() - 1)],
-                result_types=[value.type],
+                operands=[value, rows, start, *[self.const(0)] * (ty.get_num_dims() - 1)],
+                result_types=[ty],
             )
         ).results[0]
 
+    def _times(self, index: SSAValue, n: int) -> SSAValue:
+        return self.add(shlo.MultiplyOp(index, self.const(n), index.type)).results[0]
+
+    def rows_at(self, value: SSAValue, index: SSAValue, n: int) -> SSAValue:
+        """Rows `index * n` to `(index + 1) * n` of `value` (`index` known at run time)."""
+        return self._rows(value, self._times(index, n), n)
+
+    def add_rows(self, value: SSAValue, part: SSAValue, index: SSAValue) -> SSAValue:
+        """`value` with `part` added to its rows `index * n` on (`n`: `part`'s rows)."""
+        n = part.type.get_shape()[0]  # type: ignore[attr-defined]
+        start = self._times(index, n)
+        return self._updated(value, self.sum(self._rows(value, start, n), part), start)
+
     def load(self, stack: SSAValue, index: SSAValue) -> SSAValue:
-        ty = stack.type
-        assert isinstance(ty, TensorType)
-        _, *shape = ty.get_shape()
-        rows = self.add(
-            shlo.DynamicSliceOp.create(
-                operands=[stack, index, *[self.const(0)] * len(shape)],
-                result_types=[TensorType(ty.get_element_type(), [1, *shape])],
-                properties={"slice_sizes": DenseArrayBase.from_list(i64, [1, *shape])},
-            )
-        ).results[0]
-        return self.reshape(rows, shape)
+        """Row `index` of `stack`."""
+        return self.reshape(self._rows(stack, index, 1), stack.type.get_shape()[1:])  # type: ignore[attr-defined]
 
     def store(self, stack: SSAValue, value: SSAValue, index: SSAValue, valid: SSAValue) -> SSAValue:
         """`stack` with row `index` set to `value` where `valid` holds; else the
@@ -294,14 +294,7 @@ class Builder:
     def put(self, stack: SSAValue, value: SSAValue, index: SSAValue | int) -> SSAValue:
         """`stack` with row `index` set to `value`."""
         at = self.const(index) if isinstance(index, int) else index
-        ty = stack.type
-        assert isinstance(ty, TensorType)
-        return self.add(
-            DynamicUpdateSliceOp.create(
-                operands=[stack, self._lead(value), at, *[self.const(0)] * (ty.get_num_dims() - 1)],
-                result_types=[ty],
-            )
-        ).results[0]
+        return self._updated(stack, self._lead(value), at)
 
 
 def per_result(varying: Sequence[Sequence[str]]) -> ArrayAttr:
