@@ -347,8 +347,7 @@ def _only_copies(
 
 def _root_of(node: str, state: _Nodes) -> str:
     root = state.first(node)
-    if root is None:
-        raise ValueError(f"{node} lies under no state root")  # internal: callers pass state nodes
+    assert root is not None, f"{node} lies under no state root"  # callers pass state nodes
     return root
 
 
