@@ -54,8 +54,8 @@ def test_block_train_step_with_adam_on_4x2():
         assert_close(g, np.asarray(r))
 
 
-def test_four_layer_stack_train_step():
-    run_and_check(stack_train_step.program, stack_train_step.make_args(layers_=4),
+def test_two_layer_stack_train_step():
+    run_and_check(stack_train_step.program, stack_train_step.make_args(layers_=2),
                   [partir.BatchParallel("batch"), partir.Megatron("model")])
 
 

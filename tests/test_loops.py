@@ -29,9 +29,13 @@ MESH = partir.Mesh({"batch": 4, "model": 2})
 
 
 def assert_matches_jax_jit(fn, args, tactics):
-    compiled = partir.jit(fn, mesh=MESH, tactics=tactics)
-    assert_leaves_close(compiled(*args), jax.jit(fn)(*args), what=getattr(fn, "__name__", "fn"))
-    return compiled.lower(*args)
+    """partir's program of `fn` runs to jax.jit's numbers; its `Lowered`, whose
+    XLA program (`xla_compiled`) the checks below reuse rather than compile again."""
+    lowered = partir.jit(fn, mesh=MESH, tactics=tactics).lower(*args)
+    got = xla_compiled(lowered, args)(*lowered._placed)
+    want = jax.tree.leaves(jax.jit(fn)(*args))
+    assert_leaves_close(list(got), want, what=getattr(fn, "__name__", "fn"))
+    return lowered
 
 
 def test_the_scanned_stack_equals_its_unrolled_form():
@@ -132,15 +136,18 @@ def test_a_layer_picked_at_run_time_keeps_its_other_dims_tiled():
 
 
 def xla_compiled(lowered, args):
-    """XLA's compiled program, with the inputs placed as it expects them."""
+    """XLA's compiled program of `lowered`, compiled once (kept on it, beside
+    `args` placed as it expects them: `lowered._placed`)."""
     from jax.sharding import NamedSharding
 
-    compiled = lowered.compile()
-    placed = [
-        jax.device_put(x, NamedSharding(compiled.jax_mesh, spec))
-        for x, spec in zip(jax.tree.leaves(args), compiled.program.IN_SPECS, strict=True)
-    ]
-    return compiled.run.lower(*placed).compile()
+    if not hasattr(lowered, "_xla"):
+        compiled = lowered.compile()
+        lowered._placed = [
+            jax.device_put(x, NamedSharding(compiled.jax_mesh, spec))
+            for x, spec in zip(jax.tree.leaves(args), compiled.program.IN_SPECS, strict=True)
+        ]
+        lowered._xla = compiled.run.lower(*lowered._placed).compile()
+    return lowered._xla
 
 
 def per_device_flops(lowered, args) -> float:
