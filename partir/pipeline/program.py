@@ -628,8 +628,8 @@ class Pipelining:
         self.last = b.cmp(self.stage, b.const(self.S - 1), "EQ")
         for t, row in enumerate(sched.table):
             self._time_step(row, state)
-            self._send(sched.forward_sends(t), self.flowing_f, "act", state)
-            self._send(sched.backward_sends(t), self.flowing_b, "grad", state)
+            self._send(sched.sends(t, "F"), self.flowing_f, "act", state)
+            self._send(sched.sends(t, "B"), self.flowing_b, "grad", state)
         written = sorted(self.partial_writes)
         dealt = self._dealt([state[("w", k)] for k in written], cyclic=False)
         self.grads = dict(zip(written, dealt, strict=True))
