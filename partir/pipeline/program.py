@@ -871,7 +871,7 @@ class Pipelining:
             return zeros + [state[("sum", s)] for s in sums]
 
         varying = [self._state_axes(k) for k in keys]
-        return dict(zip(keys, b.if_(on, taken, other, varying), strict=True))
+        return dict(zip(keys, b.case(on, [taken, other], varying, shlo.IfOp), strict=True))
 
     def _state_axes(self, key: tuple[str, object]) -> tuple[str, ...]:
         """The mesh axes a value the schedule keeps differs over: its own

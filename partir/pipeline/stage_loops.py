@@ -114,8 +114,9 @@ def deal_chunks(
         shapes = [v.type.get_shape() for v in group]  # type: ignore[attr-defined]
         sizes = [math.prod(shape) // chunks for shape in shapes]
         n = shapes[0][0] // chunks  # rows a chunk
+        pairs = list(zip(group, sizes, strict=True))
         parts = [
-            b.concat([b.flat(b.rows(v, 0, q * n, (q + 1) * n)) for v in group])
+            b.concat([b.reshape(b.rows(v, 0, q * n, (q + 1) * n), [k]) for v, k in pairs])
             for q in range(chunks)
         ]
         packed = _deal_parts(b, parts, stage, axis, stages, cyclic)
