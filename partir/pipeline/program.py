@@ -69,6 +69,10 @@ LINEAR = frozenset(
 )
 """Ops a sum over microbatches passes through unchanged (linear, one operand)."""
 
+Key = tuple[str, object]
+"""What the schedule keeps, by kind ("act", "res", "grad", "seed", "w", "sum")
+and the carried position (the sum) it is of."""
+
 
 def pipeline(
     module: ModuleOp,
@@ -513,10 +517,11 @@ class Pipelining:
                     "the head runs on the last stage and this op on the first"
                 )
         self._deal_stacks()
-        state: dict[tuple[str, object], SSAValue] = {}
+        state: dict[Key, SSAValue] = {}
+        self.state = state
         # a stage keeps each (chunk, microbatch) in its `sched.slot`, and has a
         # spare row for what it does not keep (`Builder.store`)
-        buffers: list[tuple[tuple[str, object], SSAValue]]
+        buffers: list[tuple[Key, SSAValue]]
         buffers = [(("act", k), f.op.operands[k]) for k in self.flowing_f]
         for kind in ("grad", "seed"):
             buffers += [((kind, k), bw.op.operands[k]) for k in self.flowing_b]
@@ -534,16 +539,14 @@ class Pipelining:
         self.first = b.cmp(self.stage, b.const(0), "EQ")
         self.last = b.cmp(self.stage, b.const(self.S - 1), "EQ")
         for t, row in enumerate(sched.table):
-            self._time_step(row, state)
-            self._send(sched.sends(t, "F"), self.flowing_f, "act", state)
-            self._send(sched.sends(t, "B"), self.flowing_b, "grad", state)
+            self._time_step(row)
+            self._send(sched.sends(t, "F"), self.flowing_f, "act")
+            self._send(sched.sends(t, "B"), self.flowing_b, "grad")
         dealt = self._dealt([state[("w", k)] for k in self.writes], cyclic=False)
         self.grads = dict(zip(self.writes, dealt, strict=True))
         self.acc.update((sm, state[("sum", sm)]) for sm in (*self.head_sums, *self.post_sums))
 
-    def _time_step(
-        self, row: tuple[Action | None, ...], state: dict[tuple[str, object], SSAValue]
-    ) -> None:
+    def _time_step(self, row: tuple[Action | None, ...]) -> None:
         """One `stablehlo.case` on the stage's action in `row`: idle, a forward
         (the last chunk's with the head) or a backward (the first chunk's with
         the ops after the loop); `state` updated, and the activations (the
@@ -556,8 +559,7 @@ class Pipelining:
         that keeps every step's part alive). A phase no stage runs in `row`
         costs nothing."""
         b, f, bw, sched = self.b, self.forward.op, self.backward.op, self.schedule
-        flowing_f, flowing_b = self.flowing_f, self.flowing_b
-        Key = tuple[str, object]
+        flowing_f, flowing_b, state = self.flowing_f, self.flowing_b, self.state
 
         def of_stage(cell: Callable[[int, Action], int]) -> SSAValue:
             cells = [0 if a is None else cell(s, a) for s, a in enumerate(row)]
@@ -606,8 +608,9 @@ class Pipelining:
             values |= {("res", j): clone.results[j] for j in self.residuals}
             if head:
                 assert last is not None
-                values |= self._segment(self.last, self.head, last.microbatch, f, clone, state,
-                                        self.head_sums, flowing_b)
+                values |= self._segment(
+                    self.last, self.head, last.microbatch, f, clone, self.head_sums, flowing_b
+                )
             return made(values)
 
         def backward() -> list[SSAValue]:
@@ -627,8 +630,9 @@ class Pipelining:
                 values[("w", k)] = b.sum(w, dw) if chunk is None else b.add_rows(w, dw, chunk)
             if post:
                 assert first is not None
-                values |= self._segment(self.first, self.post, first.microbatch, bw, clone, state,
-                                        self.post_sums)
+                values |= self._segment(
+                    self.first, self.post, first.microbatch, bw, clone, self.post_sums
+                )
             return made(values)
 
         def idle() -> list[SSAValue]:
@@ -691,11 +695,7 @@ class Pipelining:
         return deal_chunks(self.b, values, self.stage, self.axis, self.S, self.chunks, cyclic)
 
     def _run_loop(
-        self,
-        loop: CountedLoop,
-        m: SSAValue,
-        chunk: SSAValue | None,
-        given: dict[int, SSAValue],
+        self, loop: CountedLoop, m: SSAValue, chunk: SSAValue | None, given: dict[int, SSAValue]
     ) -> Operation:
         """A stage's `loop` on microbatch `m` (and its `chunk`, if it holds
         several): the operands `given` by position, microbatch `m`'s part of
@@ -718,13 +718,7 @@ class Pipelining:
         self._own_parts([clone], m)
         return clone
 
-    def _send(
-        self,
-        sends: list[tuple[int, int, Action]],
-        flowing: list[int],
-        kind: str,
-        state: dict[tuple[str, object], SSAValue],
-    ) -> None:
+    def _send(self, sends: list[tuple[int, int, Action]], flowing: list[int], kind: str) -> None:
         """Hand each sender's value (the time step's `out`) to its neighbour,
         which keeps it in the slot of the action it is for."""
         if not sends:
@@ -737,24 +731,17 @@ class Pipelining:
         index = b.of_stage(arriving, self.stage)
         for k in flowing:
             got = b.add(CollectivePermuteOp(self.out[(kind, k)], [self.axis], pairs)).results[0]
-            state[(kind, k)] = b.put(state[(kind, k)], got, index)
+            self.state[(kind, k)] = b.put(self.state[(kind, k)], got, index)
 
     def _segment(
-        self,
-        on: SSAValue,
-        ops: Sequence[Operation],
-        m: int,
-        loop: Operation,
-        clone: Operation,
-        state: dict[tuple[str, object], SSAValue],
-        sums: list[Operation],
-        seeds: Sequence[int] = (),
-    ) -> dict[tuple[str, object], SSAValue]:
+        self, on: SSAValue, ops: Sequence[Operation], m: int, loop: Operation, clone: Operation,
+        sums: list[Operation], seeds: Sequence[int] = (),
+    ) -> dict[Key, SSAValue]:
         """Where `on` holds (the last stage: the head; the first: the ops after
         the backward loop), `ops` on microbatch `m`, `loop`'s results as its
         `clone` made them: the backward's `seeds` (zeros elsewhere), and
         `sums` with the segment's share added."""
-        b, bw = self.b, self.backward.op
+        b, bw, state = self.b, self.backward.op, self.state
         values = dict(self.per_mb[m])
         values.update(zip(loop.results, clone.results, strict=True))
         keys = [("seed", k) for k in seeds] + [("sum", s) for s in sums]
@@ -774,7 +761,7 @@ class Pipelining:
         varying = [self._state_axes(k) for k in keys]
         return dict(zip(keys, b.case(on, [taken, other], varying, shlo.IfOp), strict=True))
 
-    def _state_axes(self, key: tuple[str, object]) -> tuple[str, ...]:
+    def _state_axes(self, key: Key) -> tuple[str, ...]:
         """The mesh axes a value the schedule keeps differs over: its own
         distribution's (without the microbatch axis), and the stage axis."""
         kind, at = key
