@@ -25,12 +25,25 @@ from xdsl_jax.dialects import stablehlo as shlo
 
 import partir
 from dialects.counted_loops import CountedLoop, counted_loop, trip_count
+from dialects.functions import entry_function
 from dialects.interpreter import run_function
 from dialects.stablehlo_ext import SliceOp
 from examples import scanned_stack
-from partir.pipeline.layer_loops import PipelineError, find_layer_loops
+from partir.pipeline.layer_loops import LayerLoops, PipelineError, find_layer_loops
 from partir.pipeline.stage_loops import split_rows
 from tests import client_models
+
+
+def stacked(module: Any, loops: LayerLoops) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The entry arguments and results whose dim 0 is the layers."""
+    entry = entry_function(module)
+    returned = entry.body.block.last_op
+    assert returned is not None
+    args, results = (
+        tuple(i for i, v in enumerate(values) if loops.layer_dim.get(v) == 0)
+        for values in (entry.body.block.args, returned.operands)
+    )
+    return args, results
 
 
 def _scanned_mlp() -> tuple[Any, tuple[Any, ...]]:
@@ -66,18 +79,20 @@ IN_CI = ("lax.scan MLP + Adam",)
 )
 def test_stacked_arguments_are_the_state_s_layers(name: str) -> None:
     step, args = STACKS[name]()
-    loops = find_layer_loops(partir.import_jax(step, *args))
+    module = partir.import_jax(step, *args)
+    loops = find_layer_loops(module)
+    stacked_arguments, stacked_results = stacked(module, loops)
     assert loops.backward is not None and loops.backward.trips == loops.layers
     leaves = jax.tree.leaves(args)
     state = len(jax.tree.leaves(args[:2]))  # (params, opt_state, data...)
     layered = {
         i for i, x in enumerate(leaves[:state]) if np.ndim(x) and np.shape(x)[0] == loops.layers
     }
-    assert set(loops.stacked_arguments) == layered
+    assert set(stacked_arguments) == layered
     results = jax.eval_shape(step, *args)
     returned = jax.tree.leaves(results[1:3])  # the updated params and state, after the loss
     updated = {1 + i for i, x in enumerate(returned) if x.ndim and x.shape[0] == loops.layers}
-    assert set(loops.stacked_results) == updated
+    assert set(stacked_results) == updated
 
 
 def sgd_step(p: dict[str, Any], x: Any, y: Any) -> Any:
@@ -119,7 +134,8 @@ def test_loops_read_alike_in_the_import_and_the_spmd_form() -> None:
     """The counter, the rows each loop reads and writes and their direction,
     and the stacked leaves, in both forms; the cost model's trip count is the loop's."""
     args = sgd_args()
-    imported = find_layer_loops(partir.import_jax(sgd_step, *args))
+    module = partir.import_jax(sgd_step, *args)
+    imported = find_layer_loops(module)
     lowered = partir.jit(
         sgd_step, mesh=partir.Mesh({"batch": 2}), tactics=[partir.BatchParallel("batch")]
     ).lower(*args)
@@ -136,8 +152,7 @@ def test_loops_read_alike_in_the_import_and_the_spmd_form() -> None:
         )
         assert trip_count(b.op) == 6
     assert imported.forward.reverse is False and imported.backward.reverse is True
-    assert imported.stacked_arguments == spmd.stacked_arguments == (1,)
-    assert imported.stacked_results == spmd.stacked_results == (2,)
+    assert stacked(module, imported) == stacked(lowered.module, spmd) == ((1,), (2,))
 
 
 def test_the_gradient_of_a_fori_loop_over_layers_is_refused() -> None:

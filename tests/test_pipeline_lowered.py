@@ -125,7 +125,7 @@ def _scheduled_program(schedule: str, stages: int, microbatches: int, n: int = 6
             f"    }}) : (tensor<i32>) -> {ty}",
         ]
         value = f"%c{t}"  # what the stage holds next: what it made, or what it received
-        for k, sends in enumerate((sched.forward_sends(t), sched.backward_sends(t))):
+        for k, sends in enumerate((sched.sends(t, "F"), sched.sends(t, "B"))):
             if sends:
                 pairs = ", ".join(f"[{s}, {r}]" for s, r, _ in sends)
                 lines.append(
@@ -226,8 +226,8 @@ def test_unrolled_layer_loops_compute_what_the_loops_did() -> None:
 
 def test_a_module_records_its_schedule_with_the_table() -> None:
     """`Schedule.record` writes the table; what reads it gets the same schedule
-    back, and a record without a table (a pipeline asked for, not scheduled
-    yet) is no schedule."""
+    back, and a record without its table (the request `partir-pipeline` leaves
+    is `partir.pipeline_request`) is refused as malformed."""
     module = parse_module('builtin.module {\n  partir.mesh @mesh ["stage" = 3]\n}')
     assert recorded_schedule(module) is None
     want = make_schedule("1f1b", 3, 5)
@@ -237,4 +237,5 @@ def test_a_module_records_its_schedule_with_the_table() -> None:
     assert [row.data for row in table.data[:3]] == ["F0 . .", "F1 F0 .", "F2 F1 F0"]
     asked = {k: v for k, v in module.attributes["partir.pipeline"].data.items() if k != "table"}  # type: ignore[attr-defined]
     module.attributes["partir.pipeline"] = DictionaryAttr(asked)
-    assert recorded_schedule(module) is None
+    with pytest.raises(partir.PartirValueError, match=r"malformed partir\.pipeline attribute"):
+        recorded_schedule(module)

@@ -1,21 +1,15 @@
 """A training step's layer loops, found on the IR: what a pipeline splits.
 
 A step that differentiates a loss through a `lax.scan` over stacked layers
-(flax's `nn.scan`, haiku's `layer_stack`, an equinox stack under `lax.scan`)
-has two counted loops over the same rows (`dialects.counted_loops`) in its
-entry function: the *forward* loop, which reads one layer of the stacked
-parameters per iteration and writes the residuals, and the *backward* loop
-JAX's transpose made, which runs the rows in reverse and writes the stacked
-gradients. The ops before, between and after them are the step's *pre*
-(embedding), *head* (the loss and its gradient) and *update* (the optimizer).
-
-Which other values are stacked, that is, carry the layer dim, is a question
-of factors, so the registry answers it (`rewrites.registry.rule_for`): the
-rows the loops read and write are one factor, and every op's rule joins the
-dims of its operands and results that run over one factor. An argument or a
-result whose dim 0 joins the loops' rows is split over the stages with
-them: the parameters, the optimizer state that mirrors them, the updated
-values. This reads the same in the import and in the SPMD form.
+(flax's `nn.scan`, haiku's `layer_stack`, an equinox stack) has two counted
+loops over the same rows (`dialects.counted_loops`): the *forward* loop,
+reading one layer of the stacked parameters per iteration, and the
+*backward* loop JAX's transpose made, running the rows in reverse. Which
+other values are stacked (carry the layer dim) is a question of factors, so
+the registry's rules answer it: every op joins the dims of its operands and
+results that run over one factor, so the parameters, the optimizer state
+that mirrors them and the updated values join the loops' rows. This reads
+the same in the import and in the SPMD form.
 """
 
 from __future__ import annotations
@@ -23,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from xdsl.dialects import func
-from xdsl.dialects.builtin import ModuleOp, StringAttr, TensorType
+from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Operation, SSAValue
 from xdsl_jax.dialects import stablehlo as shlo
 
@@ -48,18 +41,9 @@ class LayerLoops:
     backward: CountedLoop | None
     """None for a step without a backward loop (a forward pass alone)."""
     layers: int
-    stacked_arguments: tuple[int, ...]
-    """Entry arguments (flat leaf indices) whose dim 0 is the layers."""
-    stacked_results: tuple[int, ...]
-    """Entry results whose dim 0 is the layers."""
     layer_dim: dict[SSAValue, int]
     """Per value of the entry function (arguments and its ops' results), the
     dim that runs over the layers, for those that have one."""
-    pre: tuple[Operation, ...]
-    head: tuple[Operation, ...]
-    update: tuple[Operation, ...]
-    """The entry function's ops before the forward loop, between the loops,
-    and after the last one (its return excluded)."""
 
 
 def find_layer_loops(module: ModuleOp, axis: str = "stage") -> LayerLoops:
@@ -93,11 +77,10 @@ def find_layer_loops(module: ModuleOp, axis: str = "stage") -> LayerLoops:
             f"Pipeline({quoted(axis)}): the backward loop runs {backward.trips} rows and "
             f"the forward loop {forward.trips}; Pipeline needs the backward of the same scan"
         )
-    rows = _LayerRows(entry)
-    for loop in (forward, backward):
-        if loop is not None:
-            rows.seed(loop)
-    rows.propagate(body)
+    rows = _LayerRows((forward, backward) if backward is not None else (forward,))
+    for op in body:
+        for a, b in _same_factor(op):
+            rows.union(a, b)
     layer_loops = {loop.op: loop for loop in (forward, backward) if loop is not None}
     for op in body:
         if not isinstance(op, shlo.WhileOp):
@@ -122,43 +105,22 @@ def find_layer_loops(module: ModuleOp, axis: str = "stage") -> LayerLoops:
     layer_dim = {
         v: d
         for v in (*entry.body.block.args, *(r for op in body for r in op.results))
-        if (d := rows.layer_dim(v)) is not None
+        if (d := next((d for d in range(_rank(v)) if rows.is_layers(v, d)), None)) is not None
     }
-    args = tuple(i for i, a in enumerate(entry.body.block.args) if rows.is_layers(a))
-    returned = entry.body.block.last_op
-    assert returned is not None
-    results = tuple(i for i, v in enumerate(returned.operands) if rows.is_layers(v))
-    first = body.index(forward.op)
-    last = body.index((backward or forward).op)
-    return LayerLoops(
-        forward,
-        backward,
-        forward.trips,
-        args,
-        results,
-        layer_dim,
-        tuple(body[:first]),
-        tuple(body[first + 1 : last]) if backward is not None else (),
-        tuple(op for op in body[last + 1 :] if op is not returned),
-    )
-
-
-def argument_name(entry: func.FuncOp, index: int) -> str:
-    """The user's name of entry argument `index` (its pytree path), quoted."""
-    attrs = entry.arg_attrs
-    name = None
-    if attrs is not None:
-        name = attrs.data[index].data.get("partir.name")
-    return quoted(name.data) if isinstance(name, StringAttr) else f"argument {index}"
+    return LayerLoops(forward, backward, forward.trips, layer_dim)
 
 
 class _LayerRows:
-    """Union-find over (value, dim): the dims that run over the loops' rows."""
+    """Union-find over (value, dim): the dims that run over the loops' rows,
+    seeded with dim 0 of the values the loops read and write a row of (the
+    two loops' rows are the same layers)."""
 
-    def __init__(self, entry: func.FuncOp) -> None:
-        self.entry = entry
+    def __init__(self, loops: tuple[CountedLoop, ...]) -> None:
         self.parent: dict[tuple[SSAValue, int], tuple[SSAValue, int]] = {}
-        self.roots: set[tuple[SSAValue, int]] = set()
+        self.root = (loops[0].op.operands[(loops[0].reads + loops[0].writes)[0]], 0)
+        for loop in loops:
+            for k in (*loop.reads, *loop.writes):
+                self.union((loop.op.operands[k], 0), self.root)
 
     def find(self, key: tuple[SSAValue, int]) -> tuple[SSAValue, int]:
         path = []
@@ -174,32 +136,13 @@ class _LayerRows:
         if ra != rb:
             self.parent[ra] = rb
 
-    def seed(self, loop: CountedLoop) -> None:
-        """The rows a loop reads and writes: dim 0 of those carried values."""
-        anchor = (loop.op.operands[(loop.reads + loop.writes)[0]], 0)
-        self.roots.add(anchor)
-        for k in (*loop.reads, *loop.writes):
-            self.union((loop.op.operands[k], 0), anchor)
-
-    def propagate(self, ops: list[Operation]) -> None:
-        """Join the dims each top-level op's rule runs over one factor; a loop
-        carries each dim of a value to the same dim of its result."""
-        for op in ops:
-            for a, b in _same_factor(op):
-                self.union(a, b)
-
     def is_layers(self, value: SSAValue, dim: int = 0) -> bool:
-        if dim >= _rank(value):
-            return False
-        key = self.find((value, dim))
-        return any(self.find(root) == key for root in self.roots)
-
-    def layer_dim(self, value: SSAValue) -> int | None:
-        return next((d for d in range(_rank(value)) if self.is_layers(value, d)), None)
+        return dim < _rank(value) and self.find((value, dim)) == self.find(self.root)
 
 
 def _same_factor(op: Operation) -> Iterator[tuple[tuple[SSAValue, int], tuple[SSAValue, int]]]:
-    """Pairs of (value, dim) that run over one factor of `op`."""
+    """Pairs of (value, dim) that run over one factor of `op`; a loop (a
+    barrier) carries each dim of a value to the same dim of its result."""
     if isinstance(op, shlo.WhileOp) or op.name == "stablehlo.optimization_barrier":
         for operand, result in zip(op.operands, op.results, strict=True):
             for d in range(_rank(result)):
@@ -211,22 +154,15 @@ def _same_factor(op: Operation) -> Iterator[tuple[tuple[SSAValue, int], tuple[SS
             yield (op.operands[0], d), (op.results[0], d)
         return
     rule = rule_for(op)
-    if rule is None:
-        return
-    for f in range(len(rule.factors)):
-        places = [
-            (op.operands[j], d)
-            for j, dims in enumerate(rule.operands)
-            for d in range(len(dims))
-            if rule.operand_factor(j, d) == f
-        ] + [
-            (op.results[i], d)
-            for i, dims in enumerate(rule.results)
-            for d in range(len(dims))
-            if rule.result_factor(i, d) == f
-        ]
-        for place in places[1:]:
-            yield places[0], place
+    places: dict[int, list[tuple[SSAValue, int]]] = {}  # per factor, the dims it is major in
+    for values, dims in ((op.operands, rule.operands), (op.results, rule.results)) if rule else ():
+        for value, factors in zip(values, dims, strict=False):  # a rule may omit operands
+            for d, f in enumerate(factors):
+                if f:
+                    places.setdefault(f[0], []).append((value, d))
+    for same in places.values():
+        for place in same[1:]:
+            yield same[0], place
 
 
 def _rank(value: SSAValue) -> int:

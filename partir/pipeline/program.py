@@ -1,70 +1,48 @@
 """A per-microbatch SPMD program run as a pipeline schedule over a stage axis.
 
-partir pipelines a training step in two moves. First the step is partitioned
-as any other, with every tactic the user gave and one more: the batch split
-over a *microbatch* axis (`BatchParallel`, the axis minor to the others), so
-the engine decides every value's sharding per microbatch and the SPMD
-program is what one microbatch's device runs. Its collectives over that axis
-are where microbatches meet: the gradients and the loss they add up to.
-Second, this pass turns the microbatch axis into time and splits the layer
-loops over the stage axis (`partir.pipeline.layer_loops`, `stage_loops`):
-
-- each stage runs the forward and the backward loop on its own layers
-  (`split_rows`), the stacked values it holds retyped to its rows;
-- per time step of the schedule every stage runs the forward (backward)
-  loop on the microbatch the schedule gives it, the first stage on the
-  step's *pre* ops' output (embedding), the others on what the previous
-  stage sent; the activation goes to the next stage and the gradient to the
-  previous one by `spmd.collective_permute` over the stage axis, whose pairs
-  are exactly the stages that send that step (2 (S - 1) M transfers a step);
-- the last stage runs the *head* (loss and its gradient) on each
-  microbatch's output, the first stage the ops after the backward loop on
-  each microbatch's gradient; both under `stablehlo.if` on the stage index;
-- what the step adds up over microbatches (an all-reduce over the
-  microbatch axis in the per-microbatch program) is added up over the time
-  steps instead, and a value one stage made that every device returns is
-  all-reduced over the stage axis once;
-- the ops that do not depend on the batch (the update) run once, on each
-  stage's own layers.
-
-The schedule (GPipe, 1F1B, interleaved) is a table of each stage's action
-per time step (`partir.pipeline.schedule`). Under the interleaved schedule a
-stage holds several chunks of layers: the loops run one chunk's rows, the
-step's *case* picks the action's chunk, the sends wrap from the last stage
-to the first, and the stacked values the loops read are dealt to the
-chunks' stages once a step, their gradients back (`deal_chunks`). An op
-outside the loops on the stacked values runs on a stage's rows where its
-registry rule lets the layer dim split (a sum factor completed by an
-all-reduce over the stages). What does not fit gets a `PipelineError`
-naming the op: a collective over the microbatch axis other than a sum (a
-batch statistic, a contrastive loss across microbatches), a value the
-backward reads from the head besides its gradient, a per-example result.
+The step was partitioned as any other, with one more tactic: the batch split
+over a *microbatch* axis, minor to the others, so every value's sharding is
+decided per microbatch and the program's collectives over that axis are
+where microbatches meet (the gradients and the loss they add up to). This
+pass turns that axis into time, the layer loops split over the stage axis
+(`layer_loops`, `stage_loops`). Per time step of the schedule (a table,
+`partir.pipeline.schedule`) each stage runs its forward or backward loop on
+its own layers, on the microbatch the table gives it: the first stage on the
+*pre* ops' output, the others on what their neighbour sent by
+`spmd.collective_permute` (exactly the stages that send that step). The last
+stage runs the *head* (loss and its gradient), the first the ops after the
+backward loop, each under `stablehlo.if` on the stage index. A sum over
+microbatches becomes a sum over time steps; a value one stage made that
+every device returns is all-reduced over the stage axis once; the ops that
+do not depend on the batch (the update) run once on each stage's rows,
+completed across stages where the registry's rule makes a layer dim a sum
+(`_retype_stacked`). Under the interleaved schedule a stage holds several
+chunks: the loops run one chunk's rows and the stacked values are dealt to
+the chunks' stages once a step (`deal_chunks`). What does not fit is a
+`PipelineError` naming the op (a batch statistic across microbatches, a
+per-example result, a value the backward reads from the head besides its
+gradient).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import (
-    ArrayAttr,
-    DenseArrayBase,
-    ModuleOp,
-    TensorType,
-    i1,
-    i32,
-)
+from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, ModuleOp, TensorType, i1, i32
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl_jax.dialects import stablehlo as shlo
 
-from dialects.counted_loops import CountedLoop
+from dialects.counted_loops import CountedLoop, constant_int
 from dialects.distribution import Distribution
 from dialects.escaping import quoted
 from dialects.functions import entry_function
+from dialects.mesh import Mesh
 from dialects.names import op_name
-from dialects.partir import MeshOp
+from dialects.regions import combiner_name
 from dialects.spmd import (
     CARRIED,
     DIST,
@@ -77,11 +55,13 @@ from dialects.spmd import (
     LocalSliceOp,
     ToLocalOp,
 )
+from dialects.stablehlo_collectives import REDUCTIONS
 from partir.pipeline.builder import Builder, stacked
 from partir.pipeline.layer_loops import LayerLoops, PipelineError, find_layer_loops
 from partir.pipeline.schedule import Action, Schedule, make_schedule
 from partir.pipeline.stage_loops import deal_chunks, split_rows
 from partir.pipeline.tactic import MICROBATCH_AXIS
+from partir.tiling import module_mesh
 from rewrites.registry import FactorKind, OpRule, rule_for
 
 LINEAR = frozenset(
@@ -89,6 +69,9 @@ LINEAR = frozenset(
 )
 """Ops a sum over microbatches passes through unchanged (linear, one operand)."""
 
+Key = tuple[str, object]
+"""What the schedule keeps, by kind ("act", "res", "grad", "seed", "w", "sum")
+and the carried position (the sum) it is of."""
 
 
 def pipeline(
@@ -116,8 +99,7 @@ class Pipelining:
         self.module, self.axis, self.mb, self.schedule = module, axis, mb_axis, schedule
         self.S, self.M, self.chunks = stages, schedule.microbatches, schedule.chunks
         self.entry = entry_function(module)
-        mesh_op = next(op for op in module.body.block.ops if isinstance(op, MeshOp))
-        self.mesh_size = dict(mesh_op.axes.items())
+        self.mesh_size = dict(module_mesh(module, "Pipeline").axes)
         self.loops: LayerLoops = find_layer_loops(module, axis)
         if self.loops.backward is None:
             raise self.error(
@@ -135,52 +117,35 @@ class Pipelining:
         block = self.entry.body.block
         ops = list(block.ops)
         self.partial_writes = self._strip_inner_sums()
-        varying, sums = self._varying(ops)
-        self.varying, self.sums = varying, sums
+        self.varying, self.sums = self._varying(ops)  # a sum's result is never varying
         f_at, b_at = ops.index(self.forward.op), ops.index(self.backward.op)
-        segment = {
-            op: ("pre" if i < f_at else "head" if i < b_at else "post")
-            for i, op in enumerate(ops)
-            if i not in (f_at, b_at)
-        }
-        self.pre = [
-            op
-            for op in ops
-            if segment.get(op) == "pre" and self._is_varying(op) and not isinstance(op, ToLocalOp)
-        ]
-        self.head = [
-            op
-            for op in ops
-            if segment.get(op) == "head" and self._is_varying(op) and op not in sums
-        ]
-        self.post = [
-            op
-            for op in ops
-            if segment.get(op) == "post"
-            and self._is_varying(op)
-            and op not in sums
-            and not isinstance(op, FromLocalOp)
-        ]
+        each = [(i, op) for i, op in enumerate(ops) if self._is_varying(op)]
+        self.pre = [op for i, op in each if i < f_at and not isinstance(op, ToLocalOp)]
+        self.head = [op for i, op in each if f_at < i < b_at]
+        self.post = [op for i, op in each if i > b_at and not isinstance(op, FromLocalOp)]
         after = self._after_sums(ops)
         invariant = [
             op
             for op in ops
             if not self._is_varying(op)
-            and op not in sums
+            and op not in self.sums
             and op not in (self.forward.op, self.backward.op)
             and not isinstance(op, ToLocalOp | FromLocalOp | func.ReturnOp)
         ]
         self.before_ops = [op for op in invariant if op not in after]
         self.after_ops = [op for op in invariant if op in after]
         for op in (*self.pre, *self.head, *self.post):
-            for v in op.operands:
-                if v.owner in after:
-                    raise self.error(
-                        f"{op_name(op)} of each microbatch reads a value made from the whole "
-                        "batch's sum (a batch statistic across microbatches); compute it per "
-                        "microbatch, or do not pipeline this step"
-                    )
-        self._check_results(ops)
+            if any(v.owner in after for v in op.operands):
+                raise self.error(
+                    f"{op_name(op)} of each microbatch reads a value made from the whole "
+                    "batch's sum (a batch statistic across microbatches); compute it per "
+                    "microbatch, or do not pipeline this step"
+                )
+        if any(isinstance(op, FromLocalOp) and op.operands[0] in self.varying for op in ops):
+            raise self.error(
+                "the step returns a per-example value; Pipeline returns what the step "
+                "adds up over the batch (the loss, the updated state)"
+            )
         self._retype_stacked(invariant)
         if self.chunks > 1 and self.forward.trips % (self.S * self.chunks):
             raise self.error(
@@ -233,9 +198,7 @@ class Pipelining:
                     raise self.error(
                         "the backward loop sums parts of one gradient over different axes"
                     )
-                inner.result.replace_all_uses_with(inner.input)
-                inner.detach()
-                inner.erase()
+                Rewriter.replace_op(inner, [], [inner.input])
             _partial_carries(loop.op, {k: v for k, v in partial.items() if v})
         return partial
 
@@ -284,17 +247,10 @@ class Pipelining:
                     )
                 sums.append(op)
                 continue
-            if op is self.backward.op:
-                for k, r in enumerate(op.results):
-                    if (
-                        k not in self.backward.writes
-                        and k not in self.backward.reads
-                        and k != self.backward.counter
-                    ):
-                        if reads:
-                            varying.add(r)
-                continue
-            if reads:
+            if reads and op is self.backward.op:  # not its stacked results or counter
+                fixed = (*self.backward.reads, *self.backward.writes, self.backward.counter)
+                varying.update(r for k, r in enumerate(op.results) if k not in fixed)
+            elif reads:
                 varying.update(op.results)
         return varying, sums
 
@@ -314,13 +270,8 @@ class Pipelining:
                 if not isinstance(op, LocalSliceOp) or self.mb not in op.axis_names:
                     continue
                 d = op.dim.value.data
-                ty = op.result.type
-                assert isinstance(ty, TensorType)
-                n = ty.get_shape()[d]
-                part = self.b.part(op.input, d, n, index, before=op)
-                op.result.replace_all_uses_with(part)
-                op.detach()
-                op.erase()
+                n = op.result.type.get_shape()[d]
+                Rewriter.replace_op(op, [], [self.b.part(op.input, d, n, index, before=op)])
 
     def _is_varying(self, op: Operation) -> bool:
         return any(r in self.varying for r in op.results)
@@ -339,41 +290,36 @@ class Pipelining:
                 tainted.update(op.results)
         return after
 
-    def _check_results(self, ops: list[Operation]) -> None:
-        returned = ops[-1]
-        assert isinstance(returned, func.ReturnOp)
-        for op in ops:
-            if isinstance(op, FromLocalOp) and op.operands[0] in self.varying:
-                raise self.error(
-                    "the step returns a per-example value; Pipeline returns what the step "
-                    "adds up over the batch (the loss, the updated state)"
-                )
-
     # --- a stage's rows ----------------------------------------------------------------
 
     def _retype_stacked(self, invariant: Sequence[Operation]) -> None:
-        """Values of the layer class keep a stage's rows."""
+        """Values of the layer class keep a stage's rows; each op outside the
+        loops on them is checked, and completed across stages, by its rule."""
         layer_dim = self.layer_dim = dict(self.loops.layer_dim)
         self.completions: dict[Operation, list[Operation]] = {}
         for arg in self.entry.body.block.args:
-            d = layer_dim.get(arg)
-            if d is not None:
-                assert isinstance(arg.type, DTensorType)
-                self._check_layers_split(arg.type, d)
-                staged = self._staged(arg.type, d)
-                layer_dim[Rewriter.replace_value_with_new_type(arg, staged)] = d
+            if (d := layer_dim.get(arg)) is None:
+                continue
+            assert isinstance(arg.type, DTensorType)
+            layers, axes = arg.type.global_type.get_shape()[d], arg.type.distribution.dims[d]
+            parts = self.S * math.prod(self.mesh_size[a] for a in axes)
+            if layers % parts:
+                more = f" x {parts // self.S} parts over {', '.join(map(quoted, axes))}"
+                raise self.error(
+                    f"{layers} layers do not split over {self.S} stages{more if axes else ''}: "
+                    "give the stack a layer count they divide"
+                )
+            layer_dim[Rewriter.replace_value_with_new_type(arg, self._staged(arg.type, d))] = d
         ops = [*self._to_locals(), *invariant]
         rules = {op: rule_for(op) for op in ops}  # read at the whole shapes, before any retype
         for op in ops:
+            rule, plain = rules[op], not isinstance(op, CollectiveOp | ToLocalOp)
             if op.name == "stablehlo.reduce":
                 self._reduce_across_stages(op, _reducer(op))
-            elif rules[op] is not None and not isinstance(op, CollectiveOp | ToLocalOp):
-                self._check_stage_rows(op, rules[op])  # type: ignore[arg-type]
+            elif rule is not None and plain:
+                self._check_stage_rows(op, rule)
             layered = [(r, d) for r in op.results if (d := layer_dim.get(r)) is not None]
-            if not layered:
-                continue
-            rule = rules[op]
-            if rule is None and not isinstance(op, CollectiveOp | ToLocalOp):
+            if layered and rule is None and plain:
                 raise self.error(
                     f"{op_name(op)} outside the layer loops has the layers in its shape, "
                     "and partir has no rule to give a stage its own part of it; read the "
@@ -383,26 +329,13 @@ class Pipelining:
                 if rule is not None and rule.localize is not None:  # sizes in its properties
                     factor = rule.result_factor(r.index, d)
                     assert factor is not None
-                    op.properties.update(rule.localize(op, rule, factor, self._stage_rows))
+                    op.properties.update(rule.localize(op, rule, factor, lambda n: n // self.S))
                 ty = r.type
                 assert isinstance(ty, TensorType)
                 shape = list(ty.get_shape())
-                shape[d] = self._stage_rows(shape[d])
+                shape[d] //= self.S
                 retyped = TensorType(ty.get_element_type(), shape)
                 layer_dim[Rewriter.replace_value_with_new_type(r, retyped)] = d
-
-    def _check_layers_split(self, ty: DTensorType, d: int) -> None:
-        layers, axes = ty.global_type.get_shape()[d], ty.distribution.dims[d]
-        parts = self.S * math.prod(self.mesh_size[a] for a in axes)
-        if layers % parts:
-            more = f" x {parts // self.S} parts over {', '.join(map(quoted, axes))}" if axes else ""
-            raise self.error(
-                f"{layers} layers do not split over {self.S} stages{more}: give the stack a "
-                "layer count they divide"
-            )
-
-    def _stage_rows(self, size: int) -> int:
-        return size // self.S
 
     def _check_stage_rows(self, op: Operation, rule: OpRule) -> None:
         """Whether a stage's rows of the layers run `op` as the whole does, by
@@ -453,24 +386,19 @@ class Pipelining:
         result = op.results[0]
         ty = result.type
         assert isinstance(ty, TensorType)
-        made: list[Operation] = []
-        value: SSAValue = result
         uses = list(result.uses)
-        if ty.get_element_type() == i1:  # all / any: min / max of 0 and 1
-            as_int = shlo.ConvertOp.create(
-                operands=[value], result_types=[TensorType(i32, ty.get_shape())]
-            )
-            made.append(as_int)
-            value = as_int.results[0]
-        made.append(AllReduceOp(value, [self.axis], combiner))
-        value = made[-1].results[0]
-        if ty.get_element_type() == i1:
-            made.append(shlo.ConvertOp.create(operands=[value], result_types=[ty]))
-            value = made[-1].results[0]
+        made: list[Operation] = []
+        boolean = ty.get_element_type() == i1  # all / any: min / max of 0 and 1
+        if boolean:
+            as_int = TensorType(i32, ty.get_shape())
+            made.append(shlo.ConvertOp.create(operands=[result], result_types=[as_int]))
+        made.append(AllReduceOp((made[-1] if made else op).results[0], [self.axis], combiner))
+        if boolean:
+            made.append(shlo.ConvertOp.create(operands=[made[-1].results[0]], result_types=[ty]))
         Rewriter.insert_op(made, InsertPoint.after(op))
         self.completions[op] = made
         for use in uses:
-            use.operation.operands[use.index] = value
+            use.operation.operands[use.index] = made[-1].results[0]
 
     def _to_locals(self) -> list[Operation]:
         return [op for op in self.entry.body.block.ops if isinstance(op, ToLocalOp)]
@@ -479,37 +407,31 @@ class Pipelining:
 
     def _build(self, block: Block, ops: list[Operation]) -> None:
         axes = {k: v for k, v in self.mesh_size.items() if k != self.mb}
-        self.mesh_axes = {self.axis: self.S, **axes} if self.axis not in axes else axes
+        self.mesh = Mesh({self.axis: self.S, **axes} if self.axis not in axes else axes)
         new = Block(arg_types=[self._without_mb(a.type) for a in block.args])
         was: dict[SSAValue, Attribute] = {}
         for old, arg in zip(block.args, new.args, strict=True):
             arg.name_hint = old.name_hint
             was[arg] = old.type
             old.replace_all_uses_with(arg)
-        b = Builder(new)
-        self.b = b
+        b = self.b = Builder(new)
         # the arguments' parts: a microbatch's rows of each batch-split one
         self.per_mb: list[dict[SSAValue, SSAValue]] = [{} for _ in range(self.M)]
         for op in self._to_locals():
             op.detach()
-            dtensor = was[op.operands[0]]
-            assert isinstance(dtensor, DTensorType)
-            if self.mb in dtensor.distribution.axes:
-                d = next(i for i, dim in enumerate(dtensor.distribution.dims) if self.mb in dim)
-                if dtensor.distribution.dims[d][-1] != self.mb:
-                    raise self.error("the microbatch axis must split the batch minor to the others")
-                part = op.results[0].type
-                assert isinstance(part, TensorType)
-                given = op.operands[0].type
-                assert isinstance(given, DTensorType)
-                whole = ToLocalOp(op.operands[0], self._local(given))
-                whole.attributes[DIST] = given
-                b.add(whole)
-                n = part.get_shape()[d]
-                for m in range(self.M):
-                    self.per_mb[m][op.results[0]] = b.rows(whole.results[0], d, m * n, (m + 1) * n)
-            else:
+            given, part, dist = op.operands[0].type, op.results[0].type, was[op.operands[0]]
+            assert isinstance(given, DTensorType) and isinstance(dist, DTensorType)
+            d = dist.distribution.split_dim_of(self.mb)
+            if d is None:
                 b.add(op)
+                continue
+            if dist.distribution.dims[d][-1] != self.mb:
+                raise self.error("the microbatch axis must split the batch minor to the others")
+            whole = b.add(ToLocalOp(op.operands[0], given.local_type(self.mesh)))
+            whole.attributes[DIST] = given
+            n = part.get_shape()[d]  # type: ignore[attr-defined]
+            for m in range(self.M):
+                self.per_mb[m][op.results[0]] = b.rows(whole.results[0], d, m * n, (m + 1) * n)
         self._move(self.before_ops)
         self.stage = b.add(AxisIndexOp([self.axis], TensorType(i32, []))).results[0]
         for m in range(self.M):
@@ -527,14 +449,6 @@ class Pipelining:
             for moved in (op, *self.completions.get(op, ())):
                 moved.detach()
                 self.b.add(moved)
-
-    def _local(self, dtensor: DTensorType) -> TensorType:
-        """The local type of `dtensor` on the pipelined mesh."""
-        shape = list(dtensor.global_type.get_shape())
-        for d, dim in enumerate(dtensor.distribution.dims):
-            for a in dim:
-                shape[d] //= self.mesh_axes[a]
-        return TensorType(dtensor.global_type.get_element_type(), shape)
 
     def _without_mb(self, ty: Attribute) -> Attribute:
         return _without(ty, self.mb) if isinstance(ty, DTensorType) else ty
@@ -562,11 +476,6 @@ class Pipelining:
             and v in self.varying
         ]
 
-    def _residuals(self) -> list[int]:
-        """Forward results the backward loop reads (its residuals)."""
-        needed = set(self.backward.op.operands)
-        return [k for k, r in enumerate(self.forward.op.results) if r in needed]
-
     def _stack_pre_values(self) -> None:
         """Per pre value a layer loop reads, its microbatches stacked (a stage
         reads the one it works on)."""
@@ -576,7 +485,7 @@ class Pipelining:
             for k, v in enumerate(loop.op.operands):
                 if v not in self.varying or v in f_results or v in self.stacks:
                     continue
-                if loop is self.backward and k in self._flowing(loop):
+                if loop is self.backward and k in self.flowing_b:
                     continue  # the head's seed, passed on by stages
                 if v not in self.per_mb[0]:
                     raise self.error(
@@ -589,7 +498,8 @@ class Pipelining:
     def _run_schedule(self) -> None:
         b, f, bw, sched = self.b, self.forward, self.backward, self.schedule
         self.flowing_f, self.flowing_b = self._flowing(f), self._flowing(bw)
-        self.residuals = self._residuals()
+        needed = set(bw.op.operands)  # the forward results the backward reads: residuals
+        self.residuals = [k for k, r in enumerate(f.op.results) if r in needed]
         for k in self.flowing_b:
             v = bw.op.operands[k]
             if not (isinstance(v.owner, Operation) and v.owner in self.head):
@@ -607,18 +517,20 @@ class Pipelining:
                     "the head runs on the last stage and this op on the first"
                 )
         self._deal_stacks()
-        state: dict[tuple[str, object], SSAValue] = {}
+        state: dict[Key, SSAValue] = {}
+        self.state = state
         # a stage keeps each (chunk, microbatch) in its `sched.slot`, and has a
         # spare row for what it does not keep (`Builder.store`)
-        rows = sched.slots + 1
-        for k in self.flowing_f:
-            state[("act", k)] = b.zeros(stacked(f.op.operands[k].type, rows))
-        for k in self.flowing_b:
-            state[("grad", k)] = b.zeros(stacked(bw.op.operands[k].type, rows))
-            state[("seed", k)] = b.zeros(stacked(bw.op.operands[k].type, rows))
-        for j in self.residuals:
-            state[("res", j)] = b.zeros(stacked(f.op.results[j].type, rows))
-        for k in sorted(self.partial_writes):  # a stage's rows: its chunks' rows
+        buffers: list[tuple[Key, SSAValue]]
+        buffers = [(("act", k), f.op.operands[k]) for k in self.flowing_f]
+        for kind in ("grad", "seed"):
+            buffers += [((kind, k), bw.op.operands[k]) for k in self.flowing_b]
+        buffers += [(("res", j), f.op.results[j]) for j in self.residuals]
+        self.row_types = {key: v.type for key, v in buffers}
+        for key, v in buffers:
+            state[key] = b.zeros(stacked(v.type, sched.slots + 1))
+        self.writes = sorted(self.partial_writes)
+        for k in self.writes:  # a stage's rows: its chunks' rows
             n, *rest = bw.op.results[k].type.get_shape()  # type: ignore[attr-defined]
             dtype = bw.op.results[k].type.get_element_type()  # type: ignore[attr-defined]
             state[("w", k)] = b.zeros(TensorType(dtype, [n * self.chunks, *rest]))
@@ -627,19 +539,14 @@ class Pipelining:
         self.first = b.cmp(self.stage, b.const(0), "EQ")
         self.last = b.cmp(self.stage, b.const(self.S - 1), "EQ")
         for t, row in enumerate(sched.table):
-            self._time_step(row, state)
-            self._send(sched.forward_sends(t), self.flowing_f, "act", state)
-            self._send(sched.backward_sends(t), self.flowing_b, "grad", state)
-        written = sorted(self.partial_writes)
-        dealt = self._dealt([state[("w", k)] for k in written], cyclic=False)
-        self.grads = dict(zip(written, dealt, strict=True))
-        for sm in (*self.head_sums, *self.post_sums):
-            self.acc[sm] = state[("sum", sm)]
-            self.one_stage.add(sm)
+            self._time_step(row)
+            self._send(sched.sends(t, "F"), self.flowing_f, "act")
+            self._send(sched.sends(t, "B"), self.flowing_b, "grad")
+        dealt = self._dealt([state[("w", k)] for k in self.writes], cyclic=False)
+        self.grads = dict(zip(self.writes, dealt, strict=True))
+        self.acc.update((sm, state[("sum", sm)]) for sm in (*self.head_sums, *self.post_sums))
 
-    def _time_step(
-        self, row: tuple[Action | None, ...], state: dict[tuple[str, object], SSAValue]
-    ) -> None:
+    def _time_step(self, row: tuple[Action | None, ...]) -> None:
         """One `stablehlo.case` on the stage's action in `row`: idle, a forward
         (the last chunk's with the head) or a backward (the first chunk's with
         the ops after the loop); `state` updated, and the activations (the
@@ -652,8 +559,7 @@ class Pipelining:
         that keeps every step's part alive). A phase no stage runs in `row`
         costs nothing."""
         b, f, bw, sched = self.b, self.forward.op, self.backward.op, self.schedule
-        flowing_f, flowing_b = self.flowing_f, self.flowing_b
-        Key = tuple[str, object]
+        flowing_f, flowing_b, state = self.flowing_f, self.flowing_b, self.state
 
         def of_stage(cell: Callable[[int, Action], int]) -> SSAValue:
             cells = [0 if a is None else cell(s, a) for s, a in enumerate(row)]
@@ -667,27 +573,24 @@ class Pipelining:
         last, first = row[self.S - 1], row[0]
         head = last is not None and last.phase == "F" and last.chunk == self.chunks - 1
         post = first is not None and first.phase == "B" and first.chunk == 0 and self.post_sums
-        types: dict[Key, Attribute] = {}
+        keys: list[Key] = []
         if "F" in phases:
-            types |= {("act", k): f.operands[k].type for k in flowing_f}
-            types |= {("res", j): f.results[j].type for j in self.residuals}
+            keys += [("act", k) for k in flowing_f] + [("res", j) for j in self.residuals]
         if "B" in phases:
-            types |= {("grad", k): bw.operands[k].type for k in flowing_b}
-            types |= {("w", k): state[("w", k)].type for k in sorted(self.partial_writes)}
+            keys += [("grad", k) for k in flowing_b] + [("w", k) for k in self.writes]
         if head:
-            types |= {("seed", k): bw.operands[k].type for k in flowing_b}
-            types |= {("sum", sm): sm.operands[0].type for sm in self.head_sums}
+            keys += [("seed", k) for k in flowing_b] + [("sum", sm) for sm in self.head_sums]
         if post:
-            types |= {("sum", sm): sm.operands[0].type for sm in self.post_sums}
-        keys = list(types)
+            keys += [("sum", sm) for sm in self.post_sums]
+        running = {k for k in keys if k[0] in ("w", "sum")}
 
         def made(values: dict[Key, SSAValue]) -> list[SSAValue]:
-            """The branch's values in `keys` order: a running sum with what the
-            branch adds to it, zeros for a value the branch does not make."""
+            """The branch's values in `keys` order: a running value with what
+            the branch adds to it, zeros (a slot's) for one it does not make."""
             return [
-                values.get(k, state[k])
-                if k[0] in ("w", "sum")
-                else values[k] if k in values else b.zeros(types[k])
+                values.get(k, state[k]) if k in running
+                else values[k] if k in values
+                else b.zeros(self.row_types[k])
                 for k in keys
             ]
 
@@ -705,8 +608,9 @@ class Pipelining:
             values |= {("res", j): clone.results[j] for j in self.residuals}
             if head:
                 assert last is not None
-                values |= self._segment(self.last, self.head, last.microbatch, f, clone, state,
-                                        self.head_sums, flowing_b)
+                values |= self._segment(
+                    self.last, self.head, last.microbatch, f, clone, self.head_sums, flowing_b
+                )
             return made(values)
 
         def backward() -> list[SSAValue]:
@@ -721,13 +625,14 @@ class Pipelining:
                 given[k] = b.select(self._on_chunk(self.last, chunk, self.chunks - 1), seed, got)
             clone = self._run_loop(self.backward, m, chunk, given)
             values: dict[Key, SSAValue] = {("grad", k): clone.results[k] for k in flowing_b}
-            for k in sorted(self.partial_writes):
+            for k in self.writes:
                 w, dw = state[("w", k)], clone.results[k]
                 values[("w", k)] = b.sum(w, dw) if chunk is None else b.add_rows(w, dw, chunk)
             if post:
                 assert first is not None
-                values |= self._segment(self.first, self.post, first.microbatch, bw, clone, state,
-                                        self.post_sums)
+                values |= self._segment(
+                    self.first, self.post, first.microbatch, bw, clone, self.post_sums
+                )
             return made(values)
 
         def idle() -> list[SSAValue]:
@@ -740,7 +645,7 @@ class Pipelining:
             did_forward = b.cmp(kind, b.const(1), "EQ")
             for j in self.residuals:
                 state[("res", j)] = b.store(state[("res", j)], out[("res", j)], slot, did_forward)
-        state.update((k, out[k]) for k in keys if k[0] in ("w", "sum"))
+        state.update((k, out[k]) for k in running)
         if head:
             assert last is not None
             at = b.const(sched.slot(self.S - 1, last))
@@ -790,11 +695,7 @@ class Pipelining:
         return deal_chunks(self.b, values, self.stage, self.axis, self.S, self.chunks, cyclic)
 
     def _run_loop(
-        self,
-        loop: CountedLoop,
-        m: SSAValue,
-        chunk: SSAValue | None,
-        given: dict[int, SSAValue],
+        self, loop: CountedLoop, m: SSAValue, chunk: SSAValue | None, given: dict[int, SSAValue]
     ) -> Operation:
         """A stage's `loop` on microbatch `m` (and its `chunk`, if it holds
         several): the operands `given` by position, microbatch `m`'s part of
@@ -817,13 +718,7 @@ class Pipelining:
         self._own_parts([clone], m)
         return clone
 
-    def _send(
-        self,
-        sends: list[tuple[int, int, Action]],
-        flowing: list[int],
-        kind: str,
-        state: dict[tuple[str, object], SSAValue],
-    ) -> None:
+    def _send(self, sends: list[tuple[int, int, Action]], flowing: list[int], kind: str) -> None:
         """Hand each sender's value (the time step's `out`) to its neighbour,
         which keeps it in the slot of the action it is for."""
         if not sends:
@@ -836,24 +731,17 @@ class Pipelining:
         index = b.of_stage(arriving, self.stage)
         for k in flowing:
             got = b.add(CollectivePermuteOp(self.out[(kind, k)], [self.axis], pairs)).results[0]
-            state[(kind, k)] = b.put(state[(kind, k)], got, index)
+            self.state[(kind, k)] = b.put(self.state[(kind, k)], got, index)
 
     def _segment(
-        self,
-        on: SSAValue,
-        ops: Sequence[Operation],
-        m: int,
-        loop: Operation,
-        clone: Operation,
-        state: dict[tuple[str, object], SSAValue],
-        sums: list[Operation],
-        seeds: Sequence[int] = (),
-    ) -> dict[tuple[str, object], SSAValue]:
+        self, on: SSAValue, ops: Sequence[Operation], m: int, loop: Operation, clone: Operation,
+        sums: list[Operation], seeds: Sequence[int] = (),
+    ) -> dict[Key, SSAValue]:
         """Where `on` holds (the last stage: the head; the first: the ops after
         the backward loop), `ops` on microbatch `m`, `loop`'s results as its
         `clone` made them: the backward's `seeds` (zeros elsewhere), and
         `sums` with the segment's share added."""
-        b, bw = self.b, self.backward.op
+        b, bw, state = self.b, self.backward.op, self.state
         values = dict(self.per_mb[m])
         values.update(zip(loop.results, clone.results, strict=True))
         keys = [("seed", k) for k in seeds] + [("sum", s) for s in sums]
@@ -871,27 +759,19 @@ class Pipelining:
             return zeros + [state[("sum", s)] for s in sums]
 
         varying = [self._state_axes(k) for k in keys]
-        return dict(zip(keys, b.if_(on, taken, other, varying), strict=True))
+        return dict(zip(keys, b.case(on, [taken, other], varying, shlo.IfOp), strict=True))
 
-    def _state_axes(self, key: tuple[str, object]) -> tuple[str, ...]:
+    def _state_axes(self, key: Key) -> tuple[str, ...]:
         """The mesh axes a value the schedule keeps differs over: its own
         distribution's (without the microbatch axis), and the stage axis."""
         kind, at = key
-        if kind in ("act", "res", "grad", "seed", "w"):
+        if isinstance(at, Operation):  # a running sum: its operand's distribution
+            owner = at.operands[0].owner
+            dist = owner.attributes.get(DIST) if isinstance(owner, Operation) else None
+        else:  # a loop's carried value
             loop = self.forward.op if kind in ("act", "res") else self.backward.op
-            return self._carried_axes(loop, at)  # type: ignore[arg-type]
-        assert isinstance(at, Operation)
-        return self._dist_axes(at.operands[0])
-
-    def _carried_axes(self, loop: Operation, k: int) -> tuple[str, ...]:
-        carried = loop.attributes.get(CARRIED)
-        entry = carried.data[k] if isinstance(carried, ArrayAttr) else None
-        axes = entry.distribution.axes if isinstance(entry, DTensorType) else ()
-        return (*(a for a in axes if a != self.mb), self.axis)
-
-    def _dist_axes(self, value: SSAValue) -> tuple[str, ...]:
-        owner = value.owner
-        dist = owner.attributes.get(DIST) if isinstance(owner, Operation) else None
+            carried = loop.attributes.get(CARRIED)
+            dist = carried.data[at] if isinstance(carried, ArrayAttr) else None  # type: ignore[call-overload]
         axes = dist.distribution.axes if isinstance(dist, DTensorType) else ()
         return (*(a for a in axes if a != self.mb), self.axis)
 
@@ -904,19 +784,10 @@ class Pipelining:
     def _accumulate_pre_sums(self) -> None:
         """Sums of the pre ops' values: every stage makes them alike."""
         self.acc: dict[Operation, SSAValue] = {}
-        self.one_stage: set[Operation] = set()
         for s in self.sums:
-            summed = s.operands[0]
-            if summed in self.per_mb[0]:  # a pre op's value, or an argument's rows
-                for m in range(self.M):
-                    self._add(s, self.per_mb[m][summed], one_stage=False)
-
-    def _add(self, s: Operation, value: SSAValue, one_stage: bool = True) -> None:
-        if one_stage:
-            self.one_stage.add(s)
-        if s not in self.acc:
-            self.acc[s] = self.b.zeros(value.type)
-        self.acc[s] = self.b.sum(self.acc[s], value)
+            if s.operands[0] in self.per_mb[0]:  # a pre op's value, or an argument's rows
+                parts = [self.per_mb[m][s.operands[0]] for m in range(self.M)]
+                self.acc[s] = functools.reduce(self.b.sum, parts, self.b.zeros(parts[0].type))
 
     def _finish_sums(self) -> None:
         for s in self.sums:
@@ -924,7 +795,7 @@ class Pipelining:
             if s not in self.acc:
                 raise self.error(f"{op_name(s)} over microbatches sums a value no stage makes")
             rest = [a for a in s.axis_names if a != self.mb]
-            if s in self.one_stage:
+            if s in (*self.head_sums, *self.post_sums):  # one stage made it
                 rest = [self.axis, *rest]
             value = self.acc[s]
             if rest:
@@ -965,9 +836,7 @@ class Pipelining:
         self.entry.function_type = func.FunctionType.from_lists(
             [a.type for a in new.args], [v.type for v in results]
         )
-        for op in list(self.module.body.block.ops):
-            if isinstance(op, MeshOp):
-                Rewriter.replace_op(op, MeshOp(self.mesh_axes))
+        Rewriter.replace_op(module_mesh(self.module, "Pipeline"), self.mesh.to_op())
         for op in new.walk():
             _drop_axis(op, self.mb)
 
@@ -1003,16 +872,13 @@ def _drop_axis(op: Operation, axis: str) -> None:
 
 
 def _is_zeros(value: SSAValue) -> bool:
-    owner = value.owner
-    while isinstance(owner, Operation) and owner.name in (
-        "stablehlo.broadcast_in_dim",
-        "spmd.to_local",
-    ):
-        owner = owner.operands[0].owner
-    if not isinstance(owner, Operation) or owner.name != "stablehlo.constant":
-        return False
-    values = owner.properties["value"].get_values()  # type: ignore[attr-defined]
-    return all(v == 0 for v in values)
+    """A constant of zeros, through broadcasts and `spmd.to_local`."""
+    while isinstance(op := value.owner, Operation) and op.name in _PASSING_ZEROS:
+        value = op.operands[0]
+    return constant_int(value) == 0
+
+
+_PASSING_ZEROS = ("stablehlo.broadcast_in_dim", "spmd.to_local")
 
 
 def _is_splat(op: Operation) -> bool:
@@ -1021,17 +887,7 @@ def _is_splat(op: Operation) -> bool:
 
 
 def _reducer(op: Operation) -> str | None:
-    body = op.regions[0].block
-    combine = body.first_op
-    return _COMBINERS.get(combine.name if combine is not None else "")
-
-
-_COMBINERS = {
-    "stablehlo.add": "sum",
-    "stablehlo.maximum": "max",
-    "stablehlo.minimum": "min",
-    "stablehlo.and": "min",
-    "stablehlo.or": "max",
-}
-"""A reducer's combiner, as the all-reduce that completes stages' partial
-reductions (booleans' and / or as min / max of 0 and 1)."""
+    """A reducer's combiner, as the all-reduce that completes stages' partial
+    reductions (booleans' and / or as min / max of 0 and 1)."""
+    combiner = combiner_name(op.regions[0]) or ""
+    return {**REDUCTIONS, "stablehlo.and": "min", "stablehlo.or": "max"}.get(combiner)

@@ -1,23 +1,13 @@
 """Pipeline schedules as data: which stage runs which microbatch, when.
 
-The layers are cut into `stages x chunks` consecutive *chunks*; chunk
-`c` lives on stage `c % stages` as its virtual stage `c // stages` (one
-chunk per stage, the stage's own layers, unless the schedule interleaves).
-A schedule is a table (time step, stage) -> (microbatch, forward/backward,
-virtual stage) or idle. Each stage runs its actions in a fixed order (the
-schedule's kind); a time step is the unit an action takes, and an action
-starts at the first step after its inputs exist: a forward after the
-previous chunk's forward of that microbatch, a backward after the next
-chunk's backward (the last chunk's, after its own forward). So a schedule
-is named by its per-stage order alone, and others (ZeroBubble, as in
-Shardy's `mpmd` set) are another order function in `ORDERS`.
-
-From the table follow what the pipelined program needs: the transfers at
-each step (one microbatch's activation to the next chunk's stage after a
-forward, the last stage's to the first; its gradient back after a
-backward: 2 x (stages x chunks - 1) x microbatches in all), and how many
-(chunk, microbatch) units a stage holds at once, which sizes its buffers
-(`slots`): every microbatch under GPipe, about `stages` under 1F1B.
+The layers are cut into `stages x chunks` consecutive *chunks*; chunk `c`
+lives on stage `c % stages` as its virtual stage `c // stages` (one chunk per
+stage unless the schedule interleaves). A schedule is a table (time step,
+stage) -> action or idle. Each stage runs its actions in a fixed order, each
+as early as its inputs exist, so a schedule is named by its per-stage order
+alone (`WARMUPS`; ZeroBubble, as in Shardy's `mpmd` set, would be another).
+From the table follow the transfers at each step and how many (chunk,
+microbatch) units a stage holds at once, which sizes its buffers (`slots`).
 """
 
 from __future__ import annotations
@@ -30,6 +20,7 @@ from typing import Literal
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
 
 from dialects.errors import PartirValueError
+from partir.plan import TacticError
 
 RECORD = "partir.pipeline"
 """The module attribute a pipelined program records its schedule in
@@ -53,37 +44,25 @@ class Action:
         return f"{self.phase}{self.microbatch}" + (f"v{self.chunk}" if self.chunk else "")
 
 
-Order = Callable[[int, int, int, int], list[Action]]
-"""(stage, stages, microbatches, chunks per stage) -> the stage's actions, in
-the order it runs them."""
+WARMUPS: dict[str, Callable[[int, int, int, int], int]] = {
+    "gpipe": lambda stage, stages, units, chunks: units,
+    "1f1b": lambda stage, stages, units, chunks: stages - stage - 1,
+    "interleaved": lambda stage, stages, units, chunks: 2 * (stages - stage - 1)
+    + (chunks - 1) * stages,
+}
+"""Per schedule, (stage, stages, units, chunks) -> the forwards a stage runs
+before it alternates forward and backward. GPipe: all of them. 1F1B
+(PipeDream-flush): `stages - stage - 1`, so a stage never holds more than
+`stages - stage` microbatches' activations. Interleaved 1F1B (Megatron-LM's):
+each stage holds `chunks` chunks, 1 / chunks of its layers each, so the
+bubble is about 1 / chunks of 1F1B's, for more transfers."""
 
 
-def gpipe_order(stage: int, stages: int, microbatches: int, chunks: int) -> list[Action]:
-    """GPipe: every forward, then every backward."""
-    del stage, stages, chunks
-    return [Action(m, "F") for m in range(microbatches)] + [
-        Action(m, "B") for m in range(microbatches)
-    ]
-
-
-def one_f_one_b_order(stage: int, stages: int, microbatches: int, chunks: int) -> list[Action]:
-    """1F1B (PipeDream-flush): `stages - stage - 1` warm-up forwards, then one
-    forward and one backward in turn, then the remaining backwards; a stage
-    never holds more than `stages - stage` microbatches' activations."""
-    del chunks
-    return _warm_steady_cool(
-        min(stages - stage - 1, microbatches),
-        [Action(m, "F") for m in range(microbatches)],
-        [Action(m, "B") for m in range(microbatches)],
-    )
-
-
-def interleaved_order(stage: int, stages: int, microbatches: int, chunks: int) -> list[Action]:
-    """Interleaved 1F1B (Megatron-LM's): a stage holds `chunks` chunks and
-    runs the microbatches in groups of `stages`, each group through its
-    chunks in turn (backwards in reverse); `2 (stages - stage - 1) + (chunks
-    - 1) stages` warm-up forwards, then 1F1B. Each chunk has 1 / chunks of a
-    stage's layers, so the bubble is about 1 / chunks of 1F1B's."""
+def stage_order(name: str, stage: int, stages: int, microbatches: int, chunks: int) -> list[Action]:
+    """`stage`'s actions in the order it runs them: its warm-up forwards, then
+    a forward and a backward in turn, then the rest. The units run in groups
+    of `stages` microbatches, each group through the chunks in turn
+    (backwards in reverse); with one chunk, microbatch by microbatch."""
     group = stages * chunks
 
     def unit(i: int, phase: Phase) -> Action:
@@ -92,26 +71,12 @@ def interleaved_order(stage: int, stages: int, microbatches: int, chunks: int) -
         return Action(m, phase, chunk if phase == "F" else chunks - 1 - chunk)
 
     units = range(microbatches * chunks)
-    return _warm_steady_cool(
-        min(2 * (stages - stage - 1) + (chunks - 1) * stages, len(units)),
-        [unit(i, "F") for i in units],
-        [unit(i, "B") for i in units],
-    )
-
-
-def _warm_steady_cool(warmup: int, forwards: list[Action], backwards: list[Action]) -> list[Action]:
-    """`warmup` forwards, then a forward and a backward in turn, then the rest."""
+    forwards, backwards = [unit(i, "F") for i in units], [unit(i, "B") for i in units]
+    warmup = min(WARMUPS[name](stage, stages, len(units), chunks), len(units))
     order = forwards[:warmup]
     for f, b in zip(forwards[warmup:], backwards, strict=False):
         order += [f, b]
     return order + backwards[len(forwards) - warmup :]
-
-
-ORDERS: dict[str, Order] = {
-    "gpipe": gpipe_order,
-    "1f1b": one_f_one_b_order,
-    "interleaved": interleaved_order,
-}
 
 
 @dataclass(frozen=True)
@@ -154,18 +119,11 @@ class Schedule:
             if a is not None and a.phase == phase and (to := self.neighbour(s, a, step))
         ]
 
-    def forward_sends(self, t: int) -> list[tuple[int, int, Action]]:
-        return self.sends(t, "F")
-
-    def backward_sends(self, t: int) -> list[tuple[int, int, Action]]:
-        return self.sends(t, "B")
-
     @property
     def transfers(self) -> int:
-        """Point-to-point transfers of one microbatch's activation or gradient."""
-        return sum(
-            len(self.forward_sends(t)) + len(self.backward_sends(t)) for t in range(self.steps)
-        )
+        """Point-to-point transfers of one microbatch's activation or gradient:
+        2 (stages x chunks - 1) microbatches."""
+        return sum(len(self.sends(t, "F")) + len(self.sends(t, "B")) for t in range(self.steps))
 
     @property
     def bubble(self) -> float:
@@ -174,38 +132,26 @@ class Schedule:
         idle = sum(a is None for row in self.table for a in row)
         return idle / (self.steps * self.stages)
 
-    def unit(self, action: Action) -> int:
-        """A stage's (chunk, microbatch) as one number, its buffers' key: its
-        place in the stages-wide groups of microbatches through each chunk in
-        turn (the interleaved order; `microbatch` where a stage has one chunk)."""
-        m, s = action.microbatch, self.stages
-        return (m // s * self.chunks + action.chunk) * s + m % s
-
-    def live(self, stage: int) -> list[tuple[int, int, int]]:
-        """(unit, first step, last step) a stage holds each chunk's microbatch:
-        from its activation's arrival to its backward."""
-        spans = []
-        for v in range(self.chunks):
-            for m in range(self.microbatches):
-                own = Action(m, "F", v)
-                before = self.neighbour(stage, own, -1)
-                arrival = self.time_of(stage, own) if before is None else self.time_of(*before) + 1
-                spans.append((self.unit(own), arrival, self.time_of(stage, Action(m, "B", v))))
-        return spans
-
     @functools.cached_property
-    def _slot_of(self) -> tuple[dict[int, int], ...]:
-        """Per stage, each unit's buffer: the first one free since its last
-        unit's backward, in order of arrival (so as few as the most units a
-        stage holds at once)."""
+    def _slot_of(self) -> tuple[dict[tuple[int, int], int], ...]:
+        """Per stage, the buffer of each (chunk, microbatch) it holds, from its
+        activation's arrival to its backward: the first one free by then, in
+        order of arrival (so as few as the most units a stage holds at once)."""
         tables = []
         for stage in range(self.stages):
+            spans = []
+            for v in range(self.chunks):
+                for m in range(self.microbatches):
+                    own = Action(m, "F", v)
+                    before = self.neighbour(stage, own, -1)
+                    start = self.time_of(*before) + 1 if before else self.time_of(stage, own)
+                    spans.append((start, self.time_of(stage, Action(m, "B", v)), (v, m)))
             free_after: list[int] = []  # per slot, the last step its unit holds it
             table = {}
-            for unit, start, end in sorted(self.live(stage), key=lambda span: span[1]):
-                slot = next((i for i, last in enumerate(free_after) if last < start), None)
-                if slot is None:
-                    slot = len(free_after)
+            for start, end, unit in sorted(spans, key=lambda span: span[0]):
+                free = (i for i, last in enumerate(free_after) if last < start)
+                slot = next(free, len(free_after))
+                if slot == len(free_after):
                     free_after.append(end)
                 free_after[slot] = end
                 table[unit] = slot
@@ -219,7 +165,7 @@ class Schedule:
 
     def slot(self, stage: int, action: Action) -> int:
         """The buffer `stage` keeps `action`'s unit in."""
-        return self._slot_of[stage][self.unit(action)]
+        return self._slot_of[stage][(action.chunk, action.microbatch)]
 
     def label(self, action: Action | None) -> str:
         """A table cell: `.` (idle), `F3`, or where stages hold several chunks
@@ -268,15 +214,14 @@ class Schedule:
 
 
 def recorded_schedule(module: ModuleOp) -> tuple[str, Schedule] | None:
-    """The stage axis and the schedule a pipelined `module` records (`RECORD`),
-    or None (none recorded, or a pipeline asked for and not scheduled yet: no table)."""
+    """The stage axis and the schedule a pipelined `module` records (`RECORD`), or None."""
     record = module.attributes.get(RECORD)
-    if not isinstance(record, DictionaryAttr) or "table" not in record.data:
+    if record is None:
         return None
-    fields = record.data
-    axis, name, rows = fields.get("axis"), fields.get("schedule"), fields.get("table")
-    microbatches = fields.get("microbatches")
-    chunks = fields.get("virtual_stages", IntegerAttr(1, i64))
+    fields = record.data if isinstance(record, DictionaryAttr) else {}
+    axis, name, rows, microbatches, chunks = (
+        fields.get(k) for k in ("axis", "schedule", "table", "microbatches", "virtual_stages")
+    )
     if not (
         isinstance(axis, StringAttr)
         and isinstance(name, StringAttr)
@@ -303,67 +248,50 @@ def _action(cell: str) -> Action | None:
     return Action(int(microbatch), phase, int(chunk or 0))  # type: ignore[arg-type]
 
 
-def schedule_problem(name: str, stages: int, microbatches: int, chunks: int) -> str | None:
-    """What is wrong with scheduling `microbatches` under `name` on `stages`
-    stages of `chunks` virtual stages each, or None."""
-    if name not in ORDERS:
-        return (
+def make_schedule(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedule:
+    """Run each stage's order as early as its inputs allow (one action per
+    step): a forward after the previous chunk's forward of its microbatch, a
+    backward after the next chunk's backward (the last chunk's, after its
+    own forward). A `TacticError` says what does not fit."""
+    if name not in WARMUPS:
+        raise TacticError(
             f"Pipeline: unknown schedule {name!r}; the schedules are "
-            f"{', '.join(repr(n) for n in ORDERS)}"
+            f"{', '.join(repr(n) for n in WARMUPS)}"
         )
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        return f"Pipeline: virtual_stages is a count of at least 1, got {chunks!r}"
+        raise TacticError(f"Pipeline: virtual_stages is a count of at least 1, got {chunks!r}")
     if name != "interleaved" and chunks != 1:
-        return (
+        raise TacticError(
             f"Pipeline: virtual_stages={chunks} needs schedule='interleaved' (the "
             f"{name!r} schedule runs one chunk of layers per stage)"
         )
     if name == "interleaved" and chunks < 2:
-        return (
+        raise TacticError(
             "Pipeline: schedule='interleaved' needs virtual_stages of at least 2 (the "
             "chunks of layers each stage holds), e.g. virtual_stages=2"
         )
     if name == "interleaved" and microbatches % stages:
-        return (
+        raise TacticError(
             f"Pipeline: the interleaved schedule runs microbatches in groups of the "
             f"{stages} stages; {microbatches} microbatches are not a multiple of {stages}"
         )
-    return None
-
-
-def make_schedule(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedule:
-    """Run each stage's order as early as its inputs allow (one action per step)."""
-    problem = schedule_problem(name, stages, microbatches, chunks)
-    if problem is not None:
-        raise PartirValueError(problem)
-    queues = [ORDERS[name](s, stages, microbatches, chunks) for s in range(stages)]
+    queues = [stage_order(name, s, stages, microbatches, chunks) for s in range(stages)]
     sched = Schedule(name, stages, microbatches, (), chunks)
     done: dict[tuple[int, Action], int] = {}
     table: list[tuple[Action | None, ...]] = []
-    t = 0
+
+    def ready(s: int, action: Action) -> bool:
+        before = sched.neighbour(s, action, -1 if action.phase == "F" else 1)
+        own = (s, Action(action.microbatch, "F", action.chunk)) if action.phase == "B" else None
+        return all(done.get(need, len(table)) < len(table) for need in (before, own) if need)
+
     while any(queues):
-        row: list[Action | None] = []
-        for s, queue in enumerate(queues):
-            action = queue[0] if queue else None
-            row.append(action if action is not None and _ready(sched, s, action, done, t) else None)
+        row = tuple(q[0] if q and ready(s, q[0]) else None for s, q in enumerate(queues))
         if not any(row):
-            raise AssertionError(f"schedule {name!r} deadlocks at step {t}")
+            raise AssertionError(f"schedule {name!r} deadlocks at step {len(table)}")
         for s, action in enumerate(row):
             if action is not None:
                 queues[s].pop(0)
-                done[(s, action)] = t
-        table.append(tuple(row))
-        t += 1
+                done[(s, action)] = len(table)
+        table.append(row)
     return Schedule(name, stages, microbatches, tuple(table), chunks)
-
-
-def _ready(
-    sched: Schedule, s: int, action: Action, done: dict[tuple[int, Action], int], t: int
-) -> bool:
-    """Whether `action`'s inputs exist before step `t`: the previous chunk's
-    forward; the next chunk's backward (the last chunk: its own forward)."""
-    before = sched.neighbour(s, action, -1 if action.phase == "F" else 1)
-    needs = [before] if before is not None else []
-    if action.phase == "B":
-        needs.append((s, Action(action.microbatch, "F", action.chunk)))
-    return all(done.get(need, t) < t for need in needs)

@@ -1,20 +1,14 @@
 """A layer loop split over stages: each stage's loop runs its own rows.
 
-A counted loop over L rows (`dialects.counted_loops`) equals S loops over
-L / S rows run one after another, each on its consecutive rows of every
-value the loop reads or writes a row of, the carried values flowing from one
-to the next (backwards for a reversed loop: the last rows first). That is
-what a pipeline stage runs: `split_rows` turns the loop into the per-stage
-loop in place. Its row-carried values become the stage's rows (L / S of
-dim 0), its condition compares against L / S, and a reversed loop's row
-index is `L / S - 1 - i`; every other value is untouched. The rewrite
-refuses a loop whose body reads a stacked value other than one row at a
-time, since a stage has only its own rows.
-
-Where each stage holds several chunks of the layers that are not adjacent
-(the interleaved schedule: chunk `c` on stage `c % stages`), its rows of a
-stacked value are dealt to it from the stages' consecutive rows, and its
-gradients' rows back, by `deal_chunks`.
+A counted loop over L rows equals S loops over L / S rows run one after
+another, each on its consecutive rows of every value the loop reads or
+writes a row of, the carried values flowing from one to the next. That is
+what a pipeline stage runs: `split_rows` rewrites the loop in place (its
+row-carried values the stage's rows, its condition against L / S, a reversed
+loop's row index `L / S - 1 - i`), and refuses a body that reads a stacked
+value other than row by row, since a stage has only its own rows. Where a
+stage holds chunks that are not adjacent (the interleaved schedule),
+`deal_chunks` deals it its rows from the stages' consecutive rows, and back.
 """
 
 from __future__ import annotations
@@ -38,12 +32,6 @@ from rewrites.padding import splat
 
 ROW_ACCESSES = {"stablehlo.dynamic_slice": 1, "stablehlo.dynamic_update_slice": 2}
 """The ops that read or write a row, by the operand position of their row index."""
-
-
-def stage_rows(ty: TensorType, parts: int) -> TensorType:
-    """`ty` with dim 0 cut to one part of `parts`."""
-    rows, *rest = ty.get_shape()
-    return TensorType(ty.get_element_type(), [rows // parts, *rest])
 
 
 def split_rows(loop: CountedLoop, parts: int, axis: str = "stage") -> None:
@@ -74,7 +62,8 @@ def split_rows(loop: CountedLoop, parts: int, axis: str = "stage") -> None:
     for k in carried:
         ty = op.results[k].type  # the whole rows (its operand may be a stage's already)
         assert isinstance(ty, TensorType)
-        local = stage_rows(ty, parts)
+        n, *rest = ty.get_shape()
+        local = TensorType(ty.get_element_type(), [n // parts, *rest])
         for value in (body.args[k], cond.args[k], op.results[k]):
             Rewriter.replace_value_with_new_type(value, local)
         for update in _updates_of(body.args[k]):
@@ -114,8 +103,9 @@ def deal_chunks(
         shapes = [v.type.get_shape() for v in group]  # type: ignore[attr-defined]
         sizes = [math.prod(shape) // chunks for shape in shapes]
         n = shapes[0][0] // chunks  # rows a chunk
+        pairs = list(zip(group, sizes, strict=True))
         parts = [
-            b.concat([b.flat(b.rows(v, 0, q * n, (q + 1) * n)) for v in group])
+            b.concat([b.reshape(b.rows(v, 0, q * n, (q + 1) * n), [k]) for v, k in pairs])
             for q in range(chunks)
         ]
         packed = _deal_parts(b, parts, stage, axis, stages, cyclic)

@@ -1,19 +1,11 @@
 """`partir.Pipeline`: pipeline parallelism over a mesh axis.
 
-The layer loop's stacked parameters are split over `axis` on their layer
-dim (each stage owns `layers / |axis|` consecutive layers; under
-"interleaved", `virtual_stages` chunks of them that are not adjacent), the
-batch into `microbatches`, and the step runs `schedule` ("gpipe", "1f1b" or
-"interleaved", `partir.pipeline.schedule.ORDERS`) as one SPMD program.
-
-It is two moves on the IR (`partir.lowered.lower`, or `partir-opt`'s
+Two moves on the IR (`partir.lowered.lower`, or `partir-opt`'s
 `partir-pipeline` and `partir-schedule-pipeline`): the step is partitioned
 with the tactics beside the Pipeline and one more, the batch split over a
-microbatch axis (`Pipeline.microbatched`), so every tactic (BatchParallel,
-Megatron, ZeRO, ManualPartition) works inside a stage as it works anywhere;
-then `partir.pipeline.program` turns that axis into the schedule's time
-steps on the SPMD program, the transfers `spmd.collective_permute`s over
-`axis`.
+microbatch axis (`Pipeline.microbatched`), so every tactic works inside a
+stage as it works anywhere; then `partir.pipeline.program` turns that axis
+into the schedule's time steps, the transfers `spmd.collective_permute`s.
 """
 
 from __future__ import annotations
@@ -25,7 +17,7 @@ from typing import ClassVar
 from dialects.errors import PartirTypeError
 from dialects.escaping import quoted
 from partir.mesh import Mesh
-from partir.pipeline.schedule import schedule_problem
+from partir.pipeline.schedule import make_schedule
 from partir.plan import Leaf, Plan, ProgramView, TacticError
 from partir.tactics import BatchParallel, Megatron, Tactic
 
@@ -69,11 +61,7 @@ class Pipeline(Tactic):
                 "pipeline of one microbatch runs its stages one after another)"
             )
         mesh.check_axis(self.axis, "Pipeline")
-        problem = schedule_problem(
-            self.schedule, mesh.axes[self.axis], self.microbatches, self.virtual_stages
-        )
-        if problem is not None:
-            raise TacticError(problem)
+        make_schedule(self.schedule, mesh.axes[self.axis], self.microbatches, self.virtual_stages)
         if MICROBATCH_AXIS in mesh:
             raise TacticError(
                 f"Pipeline: the mesh has an axis named {quoted(MICROBATCH_AXIS)}, the name "
@@ -81,20 +69,17 @@ class Pipeline(Tactic):
             )
         if any(isinstance(t, Pipeline) for t in others):
             raise TacticError("Pipeline: one Pipeline per step; the tactics list two")
-        data = [t for t in others if isinstance(t, BatchParallel)]
         taken = [t for t in others if getattr(t, "axis", None) == self.axis]
         if taken:
             raise TacticError(
                 f"Pipeline owns the axis {quoted(self.axis)}; give {taken[0]!r} beside it "
                 "another axis of the mesh"
             )
-        like = data[0] if data else None
-        split = Microbatches(
-            MICROBATCH_AXIS,
-            inputs=like.inputs if like is not None else None,
-            dim=like.dim if like is not None else 0,
-            shards=mesh.axes[like.axis] if like is not None else 1,
-        )
+        split = Microbatches(MICROBATCH_AXIS)
+        like = next((t for t in others if isinstance(t, BatchParallel)), None)
+        if like is not None:
+            shards = mesh.axes[like.axis]
+            split = Microbatches(MICROBATCH_AXIS, like.inputs, like.dim, shards=shards)
         axes = {**dict(mesh.axes), MICROBATCH_AXIS: self.microbatches}
         # the microbatches minor to the data's splits, before the model's
         at = next((i for i, t in enumerate(others) if isinstance(t, Megatron)), len(others))
