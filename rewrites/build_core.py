@@ -609,12 +609,8 @@ class _EngineOrder:
                     first = operands[arrived].owner
                     if id(first) in here and id(first) in ids:  # an op of the program
                         found.insert(0, first)  # type: ignore[arg-type]
-            for region in op.regions:
-                for inner in region.walk():
-                    for v in inner._operands:  # pyright: ignore[reportPrivateUsage]
-                        maker = v.owner
-                        if id(maker) in here:
-                            found.append(maker)  # type: ignore[arg-type]
+            if op.regions:
+                _makers_read_inside(op, here, found)
             return found
 
         return reads
@@ -629,6 +625,21 @@ class _EngineOrder:
             found = loop.axis.data if isinstance(loop, LoopOp) else ""
             self.index_axes[id(index)] = found
         return found
+
+
+def _makers_read_inside(op: Operation, here: set[int], found: list[Operation]) -> None:
+    """Append to `found` the ops of `here` (by id) that the ops nested in
+    `op` read, in `walk`'s order (each op's operands, then its regions'),
+    without `walk`'s generator per block."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.ops:
+                for v in inner._operands:  # pyright: ignore[reportPrivateUsage]
+                    maker = v.owner
+                    if id(maker) in here:
+                        found.append(maker)
+                if inner.regions:
+                    _makers_read_inside(inner, here, found)
 
 
 _BY_RANK = itemgetter(0, 1)
