@@ -280,18 +280,21 @@ class _Builder:
         users: list[tuple[_Place, int, int]],
     ) -> bool:
         """Whether op `o` can run inside its users' loop over `axis`."""
-        if self.d.inside_of(o, axis) and self.d.factor_of(o, axis) is None:
-            return True
+        d = self.d
+        a = d.axis_index[axis]
+        base, factors = o * len(d.axes), d.op_factor
+        f = factors[base + a]
+        if f < 0:  # not split over the axis: it runs in the loop whole, or not in it
+            return bool(d.inside[o] >> a & 1)
         dim = self._tile_dim(o, axis)
         if dim is None:
             return False
-        f = self.d.factor_of(o, axis)
-        assert f is not None
-        major = self.d.factor_axes_of(o, f)
-        before = major[: major.index(axis)]
-        if any(a not in {loop.axis for loop in shared} for a in before):
-            return False
-        a, want_dim = self.d.axis_index[axis], self.d._want_dim
+        for b in d.op_axes[o]:  # the axes splitting `f` before this one (major) are shared
+            if b == a:
+                break
+            if factors[base + b] == f and all(loop.axis != d.axes[b] for loop in shared):
+                return False
+        want_dim = d._want_dim
         return all(want_dim(q, i, a) == dim for _, q, i in users)
 
     # -- building ----------------------------------------------------------
