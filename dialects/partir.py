@@ -437,9 +437,27 @@ def find_mesh(op: Operation) -> MeshOp | None:
 # --------------------------------------------------------------------------
 
 
+def part_type(ty: Attribute, dim: int, parts: int) -> TensorType:
+    """`ty` with dimension `dim` split into `parts` (memoised: types repeat a
+    lot). Looked up by the type's identity first: hashing a type hashes its
+    shape and element type, Python calls each, and the importer and this
+    function share equal types, so the same few objects come back."""
+    key = (id(ty), dim, parts)
+    found = _PARTS_BY_ID.get(key)
+    if found is not None and found[0] is ty:
+        return found[1]
+    part = _part_type(ty, dim, parts)
+    if len(_PARTS_BY_ID) >= 65536:  # a long-lived process: stay bounded
+        _PARTS_BY_ID.clear()
+    _PARTS_BY_ID[key] = (ty, part)  # holds `ty`: no other object takes its id meanwhile
+    return part
+
+
+_PARTS_BY_ID: dict[tuple[int, int, int], tuple[Attribute, TensorType]] = {}
+
+
 @lru_cache(maxsize=65536)
-def part_type(ty: TensorType, dim: int, parts: int) -> TensorType:
-    """`ty` with dimension `dim` split into `parts` (memoised: types repeat a lot)."""
+def _part_type(ty: TensorType, dim: int, parts: int) -> TensorType:
     shape = list(ty.get_shape())
     shape[dim] //= parts
     return tensor_type(ty.element_type, shape)
@@ -448,6 +466,18 @@ def part_type(ty: TensorType, dim: int, parts: int) -> TensorType:
 @lru_cache(maxsize=256)
 def _dim_attr(dim: int) -> IntegerAttr:
     return IntegerAttr(dim, i64)
+
+
+@lru_cache(maxsize=256)
+def range_type(size: int) -> RangeType:
+    """`!partir.range<size>`, one object per size (attributes are immutable
+    values, and each loop built makes one: building verifies it)."""
+    return RangeType(size)
+
+
+@lru_cache(maxsize=256)
+def _axis_attr(axis: str) -> StringAttr:
+    return StringAttr(axis)
 
 
 @irdl_op_definition
@@ -495,7 +525,7 @@ class LoopOp(IRDLOperation):
         Operation.__init__(
             self,
             properties={
-                "axis": StringAttr(axis) if isinstance(axis, str) else axis,
+                "axis": _axis_attr(axis) if isinstance(axis, str) else axis,
                 "action": action,
             },
             regions=[body],

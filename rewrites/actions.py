@@ -22,10 +22,10 @@ from dialects.partir import (
     LoopOp,
     MeshOp,
     OriginAttr,
-    RangeType,
     SliceOp,
     TileAttr,
     YieldOp,
+    range_type,
 )
 from rewrites.conflicts import Conflict, ConflictLog, describe_origin
 from rewrites.padding import pad_for_divisibility
@@ -124,7 +124,7 @@ def identity_tile_loop(
 ) -> LoopOp:
     """`loop axis [tile dim] (\\r -> slice dim value[r])`, equal to `value`
     (not inserted)."""
-    block = Block(arg_types=[RangeType(parts)])
+    block = Block(arg_types=[range_type(parts)])
     part = SliceOp(value, dim, block.args[0])
     block.add_ops([part, YieldOp(part.result)])
     attributes: dict[str, Attribute] = {ORIGIN: origin} if origin is not None else {}

@@ -43,7 +43,7 @@ from xdsl_jax.dialects.stablehlo import WhileOp
 
 from dialects.errors import PartirValueError, UnsupportedError
 from dialects.functions import entry_function
-from dialects.partir import LoopOp, RangeType, SliceOp, TileAttr, YieldOp, part_type
+from dialects.partir import LoopOp, SliceOp, TileAttr, YieldOp, part_type, range_type
 from rewrites.factor_propagation import (
     _BARRIER,
     _BRANCH,
@@ -86,6 +86,11 @@ class _Place:
 
 _NOWHERE = _Place()
 """The place of an op in no loop (most ops): one, never changed."""
+
+
+_READ_AS_THEY_ARE = frozenset((_COMPUTE, _OTHER))
+"""The kinds of op whose operands `_Builder._operand` slices only in their
+own loops (a return, a while, a case or a barrier reads carried values)."""
 
 
 def _refuse(decision: Decision, top: list[int]) -> None:
@@ -149,8 +154,10 @@ class _Builder:
             (): (), **{(a,): (axis,) for a, axis in enumerate(decision.axes)}
         }
         """Axis numbers -> their names, for one axis or none (most ops): shared."""
-        self.slices: dict[tuple[SSAValue, int, SSAValue], SSAValue] = {}
-        """(source, dim, loop index) -> its slice: one per loop, shared by its readers."""
+        self.slices: dict[tuple[int, int, int], SSAValue] = {}
+        """(id(source), dim, id(loop index)) -> its slice: one per loop, shared
+        by its readers (by identity: a value's hash is a Python call; the IR
+        holds both values while the build runs)."""
         self.reps: list[SSAValue | None] = [None] * len(self.g.values)
         """Value id -> the value users outside its producer's own loops read
         (None: the value itself)."""
@@ -217,9 +224,12 @@ class _Builder:
 
     def place(self, o: int) -> None:
         op = self.g.ops[o]
-        if op.results and would_be_trivially_dead_after(self, o):
-            self.dead[o] = True  # as the rewrite engine's applier erases it
-            return
+        results = self.g.results[o]
+        if results:  # pure, and every use of its results is by a dead op
+            uses, dead = self.g.uses, self.dead
+            if all(dead[q] for v in results for q, _ in uses[v]) and would_be_trivially_dead(op):
+                self.dead[o] = True  # as the rewrite engine's applier erases it
+                return
         if not self.d.op_mask[o] and not self.d.inside[o]:
             self.places[o] = _NOWHERE  # in no loop of its own, nor in its users'
             return
@@ -256,7 +266,7 @@ class _Builder:
                 if dim is not None:
                     assert isinstance(ty, TensorType)
                     ty = part_type(ty, dim, self.d.mesh[outer.axis])
-            block = Block(arg_types=[RangeType(self.d.mesh[axis])])
+            block = Block(arg_types=[range_type(self.d.mesh[axis])])
             factor = self.d.factor_of(o, axis)
             assert factor is not None
             made = LoopOp(axis, loop_action(rule, factor), Region(block), ty,
@@ -270,18 +280,21 @@ class _Builder:
         users: list[tuple[_Place, int, int]],
     ) -> bool:
         """Whether op `o` can run inside its users' loop over `axis`."""
-        if self.d.inside_of(o, axis) and self.d.factor_of(o, axis) is None:
-            return True
+        d = self.d
+        a = d.axis_index[axis]
+        base, factors = o * len(d.axes), d.op_factor
+        f = factors[base + a]
+        if f < 0:  # not split over the axis: it runs in the loop whole, or not in it
+            return bool(d.inside[o] >> a & 1)
         dim = self._tile_dim(o, axis)
         if dim is None:
             return False
-        f = self.d.factor_of(o, axis)
-        assert f is not None
-        major = self.d.factor_axes_of(o, f)
-        before = major[: major.index(axis)]
-        if any(a not in {loop.axis for loop in shared} for a in before):
-            return False
-        a, want_dim = self.d.axis_index[axis], self.d._want_dim
+        for b in d.op_axes[o]:  # the axes splitting `f` before this one (major) are shared
+            if b == a:
+                break
+            if factors[base + b] == f and all(loop.axis != d.axes[b] for loop in shared):
+                return False
+        want_dim = d._want_dim
         return all(want_dim(q, i, a) == dim for _, q, i in users)
 
     # -- building ----------------------------------------------------------
@@ -321,7 +334,7 @@ class _Builder:
         for d, axes in sorted(nesting.items()):
             for axis in axes:
                 assert isinstance(ty, TensorType)
-                block = Block(arg_types=[RangeType(self.d.mesh[axis])])
+                block = Block(arg_types=[range_type(self.d.mesh[axis])])
                 origin = origins.get(axis)
                 loop = LoopOp(axis, TileAttr(d), Region(block), ty,
                               {"origin": origin[1]} if origin and origin[1] else {})
@@ -371,13 +384,19 @@ class _Builder:
         place = self.places[o]
         assert place is not None
         rule = self.g.rules[o]
-        order = self._slicing_order(o, place)
         read = self.g.operands[o]
-        operands = [self._operand(o, i, place, order) for i in range(len(read))]
+        values = self.g.values
+        if self.g.kinds[o] in _READ_AS_THEY_ARE and (not place.frames or not self.d.op_mask[o]):
+            # in no loop, or read whole (most ops outside loops): what
+            # `_operand` gives, without its questions
+            reps = self.reps
+            operands = [values[v] if (r := reps[v]) is None else r for v in read]
+        else:
+            order = self._slicing_order(o, place)
+            operands = [self._operand(o, i, place, order) for i in range(len(read))]
         op.detach()  # moved, not copied: the op keeps its identity, regions and name
         if self.d.op_mask[o] and self.g.kinds[o] != _RETURN:
             _localize(op, rule, self.d, o)
-        values = self.g.values
         for i, v in enumerate(read):
             if operands[i] is not values[v]:  # a part, a slice or a loop's result
                 op.operands = operands
@@ -477,112 +496,157 @@ class _Builder:
             if loop.axis in done:
                 continue
             level = max(level, k)  # in the loop whose index it reads (slices hoisted)
-            key = (value, dim, loop.index)
-            if key not in made:
+            key = (id(value), dim, id(loop.index))
+            found = made.get(key)
+            if found is None:
                 s = SliceOp(value, dim, loop.index)
                 s.location = self.g.ops[o].location
                 place.frames[level].block.add_op(s)
-                made[key] = s.results[0]
-            value = made[key]
+                found = made[key] = s.results[0]
+            value = found
         return value
 
 
-def _in_engine_order(loop: LoopOp, decision: Decision, ids: dict[int, int]) -> None:
-    """Order a loop body (and the bodies inside it) as the rewrite engine
-    leaves it, from the yield back: each op after what it reads (post-order),
-    in operand order (the engine fuses a producer's part where its slice
-    was), except that an op whose split over the loop's axis came through
-    an operand made in this body follows that operand's ops (the engine
-    moved it into their loop, after its body: `PushForward._join_loop`).
-    The build adds ops in program order; this makes the core IR text the
-    engine's, so `partir-opt`'s passes and the stages read the same."""
-    block = loop.body.block
-    ops = list(block.ops)
-    for op in ops:
-        if isinstance(op, LoopOp):
-            _in_engine_order(op, decision, ids)
-    terminator = block.last_op
-    if len(ops) < 3 or terminator is None:
-        return
-    axis = loop.axis.data
-    here = {id(op) for op in ops}
+class _EngineOrder:
+    """Orders loop bodies as the rewrite engine leaves them (`order`). One
+    per build: the ranks of the axes an op splits and the axis of each
+    loop index are shared by every body."""
 
-    def made_here(value: SSAValue) -> Operation | None:
-        owner = value.owner
-        return owner if id(owner) in here else None  # type: ignore[return-value]
+    def __init__(self, decision: Decision, ids: dict[int, int]) -> None:
+        self.d = decision
+        self.ids = ids
+        self.ranks: dict[tuple[int, ...], dict[str, int]] = {}
+        """An op's split axes (`Decision.op_axes`, shared tuples) -> axis -> its rank."""
+        self.index_axes: dict[int, str] = {}
+        """id(a loop's index) -> the loop's axis."""
 
-    def reads(op: Operation) -> list[Operation]:
-        o = ids.get(id(op))
-        found: list[Operation] = []
-        if o is None:  # a slice, loop or yield: its operands in order
-            for v in op.operands:
-                maker = v.owner
-                if id(maker) in here:
-                    found.append(maker)  # type: ignore[arg-type]
-        else:  # an op of the program: each operand's slices by the axis order
-            # in which the op was split (the engine slices per tiling), then
-            # the operand's producer; the operand it arrived through first
-            rank = {decision.axes[a]: k for k, a in enumerate(decision.op_axes[o])}
-            keyed: list[tuple[int, int, Operation]] = []
-            for i, v in enumerate(op.operands):
-                owner = made_here(v)
-                while isinstance(owner, SliceOp):
-                    keyed.append((rank.get(_axis_of(owner), len(rank)), i, owner))
-                    owner = made_here(owner.operands[0])
-                if owner is not None:  # made in the loop: where the last tiling sliced it
-                    keyed.append((max(len(rank) - 1, 0), i, owner))
-            keyed.sort(key=_BY_RANK)
-            found = [k[2] for k in keyed]
-            arrived = decision.arrival_of(o, axis)
-            if arrived is not None and arrived < len(op.operands):
-                first = made_here(op.operands[arrived])
-                if first is not None and id(first) in ids:  # an op of the program, not a slice
-                    found.insert(0, first)
-        for region in op.regions:
-            for inner in region.walk():
-                found += [p for v in inner.operands if (p := made_here(v)) is not None]
+    def order(self, loop: LoopOp) -> None:
+        """Order a loop body (and the bodies inside it) as the rewrite
+        engine leaves it, from the yield back: each op after what it reads
+        (post-order), in operand order (the engine fuses a producer's part
+        where its slice was), except that an op whose split over the loop's
+        axis came through an operand made in this body follows that
+        operand's ops (the engine moved it into their loop, after its body:
+        `PushForward._join_loop`). The build adds ops in program order; this
+        makes the core IR text the engine's, so `partir-opt`'s passes and
+        the stages read the same."""
+        block = loop.body.block
+        ops = list(block.ops)
+        for op in ops:
+            if type(op) is LoopOp:  # by class: an ABC's isinstance is a Python call
+                self.order(op)
+        terminator = block.last_op
+        if len(ops) < 3 or terminator is None:
+            return
+        here = {id(op) for op in ops}
+        reads = self._reader(here, self.d.axis_index[loop.axis.data])
+        order: list[Operation] = []
+        placed = {id(terminator)}  # by identity: an op's own hash is a Python call
+        stack: list[tuple[Operation, list[Operation]]] = [(terminator, reads(terminator)[::-1])]
+        while stack:
+            op, pending = stack[-1]
+            if pending:
+                nxt = pending.pop()
+                if id(nxt) not in placed:
+                    placed.add(id(nxt))
+                    stack.append((nxt, reads(nxt)[::-1]))
+                continue
+            stack.pop()
+            order.append(op)
+        if len(order) == len(ops):
+            wanted = order
+        else:
+            rest = [op for op in ops if id(op) not in placed]  # read by nothing the yield needs
+            wanted = [*order[:-1], *rest, terminator]
+        pairs = enumerate(zip(ops, wanted, strict=True))
+        first = next((k for k, (a, b) in pairs if a is not b), None)
+        if first is None:
+            return  # built in the engine's order already (about half the bodies)
+        for op in wanted[first:]:
+            op.detach()
+            block.add_op(op)
+
+    def _reader(self, here: set[int], a: int) -> Callable[[Operation], list[Operation]]:
+        """What an op of a body over axis number `a` (`here`: its ops'
+        ids) reads there, in the order the engine places it."""
+        d, ids, ranks, axis_of = self.d, self.ids, self.ranks, self._axis_of
+        op_axes, arrival, axes = d.op_axes, d.op_arrival, d.axes
+        width = len(axes)
+
+        def reads(op: Operation) -> list[Operation]:
+            o = ids.get(id(op))
+            found: list[Operation] = []
+            # the operands themselves: `op.operands` makes a view per call
+            operands = op._operands  # pyright: ignore[reportPrivateUsage]
+            if o is None:  # a slice, loop or yield: its operands in order
+                for v in operands:
+                    maker = v.owner
+                    if id(maker) in here:
+                        found.append(maker)  # type: ignore[arg-type]
+            else:  # an op of the program: each operand's slices by the axis order
+                # in which the op was split (the engine slices per tiling), then
+                # the operand's producer; the operand it arrived through first
+                split = op_axes[o]
+                rank = ranks.get(split)
+                if rank is None:
+                    rank = ranks[split] = {axes[b]: k for k, b in enumerate(split)}
+                n = len(rank)
+                last = max(n - 1, 0)
+                keyed: list[tuple[int, int, Operation]] = []
+                for i, v in enumerate(operands):
+                    owner = v.owner
+                    if id(owner) not in here:
+                        continue
+                    while type(owner) is SliceOp:
+                        keyed.append((rank.get(axis_of(owner), n), i, owner))
+                        owner = owner._operands[0].owner  # pyright: ignore[reportPrivateUsage]
+                        if id(owner) not in here:
+                            break
+                    else:  # made in the loop: where the last tiling sliced it
+                        keyed.append((last, i, owner))  # type: ignore[arg-type]
+                if len(keyed) > 1:
+                    keyed.sort(key=_BY_RANK)
+                found = [k[2] for k in keyed]
+                arrived = arrival[o * width + a]
+                if 0 <= arrived < len(operands):
+                    first = operands[arrived].owner
+                    if id(first) in here and id(first) in ids:  # an op of the program
+                        found.insert(0, first)  # type: ignore[arg-type]
+            if op.regions:
+                _makers_read_inside(op, here, found)
+            return found
+
+        return reads
+
+    def _axis_of(self, s: SliceOp) -> str:
+        """The axis of the loop whose index `s` reads."""
+        index = s._operands[1]  # pyright: ignore[reportPrivateUsage]
+        found = self.index_axes.get(id(index))
+        if found is None:
+            owner = index.owner
+            loop = owner.parent_op() if isinstance(owner, Block) else None
+            found = loop.axis.data if isinstance(loop, LoopOp) else ""
+            self.index_axes[id(index)] = found
         return found
 
-    order: list[Operation] = []
-    placed = {id(terminator)}  # by identity: an op's own hash is a Python call
-    stack: list[tuple[Operation, list[Operation]]] = [(terminator, reads(terminator)[::-1])]
-    while stack:
-        op, pending = stack[-1]
-        if pending:
-            nxt = pending.pop()
-            if id(nxt) not in placed:
-                placed.add(id(nxt))
-                stack.append((nxt, reads(nxt)[::-1]))
-            continue
-        stack.pop()
-        order.append(op)
-    rest = [op for op in ops if id(op) not in placed]  # read by nothing the yield needs
-    wanted = [*order[:-1], *rest, terminator]
-    first = next((k for k, (a, b) in enumerate(zip(ops, wanted, strict=True)) if a is not b), None)
-    if first is None:
-        return  # built in the engine's order already (about half the bodies)
-    for op in wanted[first:]:
-        op.detach()
-        block.add_op(op)
+
+def _makers_read_inside(op: Operation, here: set[int], found: list[Operation]) -> None:
+    """Append to `found` the ops of `here` (by id) that the ops nested in
+    `op` read, in `walk`'s order (each op's operands, then its regions'),
+    without `walk`'s generator per block."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.ops:
+                for v in inner._operands:  # pyright: ignore[reportPrivateUsage]
+                    maker = v.owner
+                    if id(maker) in here:
+                        found.append(maker)
+                if inner.regions:
+                    _makers_read_inside(inner, here, found)
 
 
 _BY_RANK = itemgetter(0, 1)
 """A slice's or producer's (tiling rank, operand): stable, it keeps a chain's order."""
-
-
-def _axis_of(s: SliceOp) -> str:
-    """The axis of the loop whose index `s` reads."""
-    owner = s.operands[1].owner
-    loop = owner.parent_op() if isinstance(owner, Block) else None
-    return loop.axis.data if isinstance(loop, LoopOp) else ""
-
-
-def would_be_trivially_dead_after(builder: _Builder, o: int) -> bool:
-    """Whether op `o` is pure and every use of its results is by a dead op."""
-    graph = builder.g
-    if any(not builder.dead[q] for v in graph.results[o] for q, _ in graph.uses[v]):
-        return False
-    return would_be_trivially_dead(graph.ops[o])
 
 
 def _origin(decision: Decision, o: int, axis: str) -> dict[str, Attribute]:
@@ -669,11 +733,11 @@ def build_core(module: ModuleOp, decision: Decision) -> None:
             if dead[o]:
                 graph.ops[o].detach()
                 graph.ops[o].erase(safe_erase=False)
-        ids = {id(graph.ops[o]): o for o in every}
+        engine_order = _EngineOrder(decision, {id(graph.ops[o]): o for o in every})
         for block, _ in blocks:
             for op in block.ops:
-                if isinstance(op, LoopOp):
-                    _in_engine_order(op, decision, ids)
+                if type(op) is LoopOp:
+                    engine_order.order(op)
     finally:
         entry.body.add_block(body)
     relations.seal(body)  # as built: the lowering may read it

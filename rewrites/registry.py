@@ -1221,12 +1221,17 @@ def rule_for(op: Operation) -> OpRule | None:
         return None
     operand_types = [v.type for v in op.operands]
     result_types = [r.type for r in op.results]
+    body: tuple[object, ...] = ()
     if op.regions or (type(op) is shlo.ConstantOp and not _is_splat(op.value)):
         # the rule reads a body or an init; a literal array (which may be
         # large) is not kept by the memo: it has no rule
         if not _all_tensors(operand_types, result_types):
             return None
-        return builder(op)
+        if type(op) is not ReduceOp or len(op.inputs) != 1:
+            return builder(op)
+        # what `reduce_rule` reads of its body and init (a stack's
+        # reductions are a few signatures)
+        body = (combiner_name(op.body), _is_zero_constant(op.init_values[0]))
     properties = tuple(op.properties.items())
     key = (
         op.name,
@@ -1234,6 +1239,7 @@ def rule_for(op: Operation) -> OpRule | None:
         *map(id, operand_types),
         *map(id, result_types),
         *[(name, id(value)) for name, value in properties],
+        *body,
     )
     found = _RULES_BY_SIGNATURE.get(key)
     if found is None:
@@ -1249,8 +1255,20 @@ def rule_for(op: Operation) -> OpRule | None:
 
 def _is_splat(value: Attribute) -> bool:
     """A constant of one value repeated: its rule is its type's (memoised;
-    a stack's thousands of constants are a few dozen attributes)."""
-    return isinstance(value, DenseIntOrFPElementsAttr) and value.is_splat()
+    a stack's thousands of constants are a few dozen attributes, so each
+    splat is decoded once: by identity, an attribute's hash hashes its
+    data). A literal array is not kept (it may be large; it has no rule)."""
+    if id(value) in _SPLATS and _SPLATS[id(value)] is value:
+        return True
+    splat = isinstance(value, DenseIntOrFPElementsAttr) and value.is_splat()
+    if splat:
+        if len(_SPLATS) >= _MAX_SIGNATURES:  # a long-lived process: stay bounded
+            _SPLATS.clear()
+        _SPLATS[id(value)] = value  # held (as its rule's memo holds it): its id stays its own
+    return splat
+
+
+_SPLATS: dict[int, Attribute] = {}
 
 
 def _all_tensors(operand_types: list[Attribute], result_types: list[Attribute]) -> bool:
@@ -1260,8 +1278,10 @@ def _all_tensors(operand_types: list[Attribute], result_types: list[Attribute]) 
 _RULES_BY_SIGNATURE: dict[tuple[object, ...], tuple[OpRule | None, object, object, object]] = {}
 """A region-free op's rule by its signature: its name, its operand and
 result types and its properties (no builder reads anything else), each by
-identity. The importer and `part_type` share equal types, so identity finds
-them (hashing the types' structure cost a third of reading the graph)."""
+identity; a one-input reduce's with its combiner and whether its init is
+zero (all `reduce_rule` reads of its body and init). The importer and
+`part_type` share equal types, so identity finds them (hashing the types'
+structure cost a third of reading the graph)."""
 _MAX_SIGNATURES = 1 << 14
 """Far more than one program's distinct signatures (the 6-layer step has 114)."""
 

@@ -20,12 +20,12 @@ from dialects.locations import give_location
 from dialects.partir import (
     HaloSliceOp,
     LoopOp,
-    RangeType,
     SliceOp,
     SumAttr,
     TileAttr,
     YieldOp,
     part_type,
+    range_type,
 )
 from rewrites.registry import OpRule
 
@@ -132,7 +132,7 @@ def tile_results(
     whose result is unused is erased as dead code."""
     loops = []
     for k, result in enumerate(op.results):
-        block = Block(arg_types=[RangeType(parts)])
+        block = Block(arg_types=[range_type(parts)])
         slices, operands = slice_operands(rule, factor, list(op.operands), block.args[0])
         body = part_op(op, rule, factor, parts, operands)
         block.add_ops([*slices, body, YieldOp(body.results[k])])
