@@ -1235,6 +1235,7 @@ def rule_for(op: Operation) -> OpRule | None:
     properties = tuple(op.properties.items())
     key = (
         op.name,
+        builder,  # a rule registered anew (or patched) is not answered by the old one's memo
         len(operand_types),
         *map(id, operand_types),
         *map(id, result_types),
@@ -1278,7 +1279,7 @@ def _all_tensors(operand_types: list[Attribute], result_types: list[Attribute]) 
 _RULES_BY_SIGNATURE: dict[tuple[object, ...], tuple[OpRule | None, object, object, object]] = {}
 """A region-free op's rule by its signature: its name, its operand and
 result types and its properties (no builder reads anything else), each by
-identity; a one-input reduce's with its combiner and whether its init is
+identity, and the builder itself; a one-input reduce's with its combiner and whether its init is
 zero (all `reduce_rule` reads of its body and init). The importer and
 `part_type` share equal types, so identity finds them (hashing the types'
 structure cost a third of reading the graph)."""

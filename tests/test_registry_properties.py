@@ -1650,3 +1650,22 @@ def test_splat_constants_share_a_rule_and_literal_arrays_are_not_kept() -> None:
     del literal
     gc.collect()  # the op and its result, a cycle
     assert gone() is None
+
+
+def test_a_rule_registered_anew_is_not_answered_by_the_old_one_s_memo(monkeypatch) -> None:
+    """The memo is keyed by the builder too: a rule registered (or patched,
+    as tests/test_validation.py's fault injection does) after its signature
+    was memoised is the one `rule_for` answers, and the old one again once
+    it is restored. (Keyed by name alone, a patched reduce rule outlived its
+    test and broke a later one's numbers.)"""
+    from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, TensorType, f32
+
+    ty = TensorType(f32, [4, 6])
+    op = shlo.ConstantOp(DenseIntOrFPElementsAttr.from_list(ty, [1.0] * 24))
+    before = rule_for(op)
+    assert before is not None
+    replaced = OpRule(before.factors, before.operands, before.results, before.localize)
+    monkeypatch.setitem(RULES, op.name, lambda _: replaced)
+    assert rule_for(op) is replaced
+    monkeypatch.undo()
+    assert rule_for(op) is before
