@@ -46,9 +46,9 @@ from rewrites.actions import (
     check_size,
     take_action_numbers,
 )
-from rewrites.build_core import build_core
+from rewrites.build_core import build_core, refuse_unbuildable
 from rewrites.conflicts import Conflict, record_conflicts, recorded_conflicts
-from rewrites.factor_propagation import Decision, Seed, decide
+from rewrites.factor_propagation import Decision, Seed, decide, pad_seeds
 
 
 @dataclass(frozen=True, eq=False)
@@ -242,9 +242,10 @@ def partition_decided(
     a copy of the imported module (what the rewrite engine's IR is after
     tactic k). An `Automatic` searches by rewriting (on a copy); the schedule
     it chose is then built here as its pasted schedule would be, so pasting
-    it gives the same program. What the builder does not build yet (a dim
-    padded for divisibility, a halo) and what only `apply_plan` does go to
-    the rewrite engine, with the same result."""
+    it gives the same program. A dim the first tactic pads for divisibility
+    is padded first, then decided on even shapes (`pad_seeds`). What the
+    builder does not build yet (a later tactic's padding, a halo) and what
+    only `apply_plan` does go to the rewrite engine, with the same result."""
     tactics = with_annotations(module, tactics)
     with paused_gc():
         plans = plan_schedule(module, mesh, tactics)
@@ -428,6 +429,22 @@ def _checked_actions(
     return actions
 
 
+def _decided_padded(
+    module: ModuleOp, mesh: Mesh, seeds: list[list[Seed]], decision: Decision
+) -> Decision:
+    """The decision of `seeds` once the dims it splits over padded sizes are
+    padded in `module` (`pad_seeds`), which the builder builds; `module` is
+    restored where the builder refuses it (the rewrite engine pads as it tiles)."""
+    original = module.clone()
+    try:
+        padded = decide(module, dict(mesh.axes), pad_seeds(module, decision, seeds))
+        refuse_unbuildable(module, padded)
+    except UnsupportedError:
+        adopt(module, original)
+        raise
+    return padded
+
+
 def _decide_and_build(
     module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic], plans: list[Plan]
 ) -> Partitioned:
@@ -457,6 +474,8 @@ def _decide_and_build(
                 )
             except ActionError as err:
                 raise tactic_error(plan, tile, err) from None
+    if decision.padded:  # padded for divisibility first, then decided on even shapes
+        decision = _decided_padded(module, mesh, seeds, decision)
     build_core(module, decision)  # checks what it builds before changing anything
     entry = entry_function(module)
     for plan in plans:

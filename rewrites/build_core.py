@@ -25,8 +25,10 @@ Straight-line programs only: a `while`/`case`/optimization barrier, a
 multi-result op that is split, an argmax or top_k along a split dim (which
 the rewrite engine regroups), a split factor with a halo (a convolution's
 window), an op whose properties hold sizes split on two factors, or a dim
-padded for divisibility raises `UnsupportedError` before anything is built
-(the rewrite engine handles them); the module is not changed then.
+padded for divisibility (which `partition` pads in the module first where
+the first tactic pads it: `factor_propagation.pad_seeds`) raises
+`UnsupportedError` before anything is built (the rewrite engine handles
+them); the module is not changed then.
 """
 
 from __future__ import annotations
@@ -695,6 +697,13 @@ def _localize(op: Operation, rule: OpRule | None, decision: Decision, o: int) ->
     # xDSL has no public setter: the result keeps its uses and name, only its
     # type becomes the part's
     result._type = ty
+
+
+def refuse_unbuildable(module: ModuleOp, decision: Decision) -> None:
+    """Raise `UnsupportedError` where `build_core` would refuse `decision`
+    (see the module doc); nothing changes."""
+    blocks = _program_blocks(decision, entry_function(module).body.block)
+    _refuse(decision, [o for _, ops in blocks for o in ops])
 
 
 def build_core(module: ModuleOp, decision: Decision) -> None:

@@ -39,7 +39,9 @@ The decisions follow the rewrite engine's (`rewrites.propagation`):
   carry).
 - **uneven dims**: a seed on a dim its axis does not divide pads it
   (`rewrites.padding`); the factors such a split flows through are split
-  over their padded size.
+  over their padded size. `pad_seeds` pads the first tactic's such dims in
+  the module, so that deciding again splits only even sizes, which
+  `rewrites.build_core` builds.
 - **order**: the worklist is a stack filled in program order, so a change is
   followed through its users before the next op (the engine's walker visits
   so, and which of two conflicting splits reaches an op first decides it).
@@ -74,21 +76,23 @@ from __future__ import annotations
 import time
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.ir import Block, BlockArgument, Operation, OpResult, SSAValue
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.carried import BRANCHING_OPS, enclosing_carrier
 from dialects.distribution import Distribution
 from dialects.dtypes import tensor_bytes
+from dialects.errors import UnsupportedError
 from dialects.functions import entry_function
 from dialects.partir import OriginAttr
 from rewrites.actions import describe_value
 from rewrites.conflicts import Conflict, ConflictLog, cheaper_exchange, describe_origin
+from rewrites.padding import pad_for_divisibility
 from rewrites.registry import FactorKind, OpRule, rule_for
 
 _COMPUTE, _WHILE, _BRANCH, _BARRIER, _RETURN, _OTHER = range(6)
@@ -1131,6 +1135,74 @@ def decide(module: ModuleOp, mesh: dict[str, int], schedule: Sequence[Sequence[S
         propagation.run()
     LAST_FIXPOINT_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
     return propagation.d
+
+
+def pad_seeds(
+    module: ModuleOp, decision: Decision, schedule: Sequence[Sequence[Seed]]
+) -> list[list[Seed]]:
+    """`schedule` with each seed `decision` split over a padded size (a dim
+    its axis does not divide) on its value padded for divisibility, as the
+    rewrite engine's tile action pads it (`rewrites.padding`: the value's
+    component rebuilt on padded shapes in `module`, sums masked, sliced back
+    where it must be whole). Decided again, every split is even, and the
+    builder builds it as any other. Only the first tactic's seeds: the
+    engine pads those before any loop exists, so padding first and deciding
+    after is what it does; a later tactic's padding meets its loops (it pads
+    a smaller component, and moved fewer bytes on an uneven vocabulary or
+    hidden size). Raises `UnsupportedError` before changing anything where a
+    later tactic or an earlier axis on the same dim pads, and after, where a
+    seed names a value the padding rebuilt: the caller restores `module`."""
+    graph = decision.graph
+    padded = [
+        [
+            (v := graph.ids[s.value], s.dim) in decision.padded
+            and graph.shapes[v][s.dim] % decision.mesh[s.axis] != 0
+            for s in seeds
+        ]
+        for seeds in schedule
+    ]
+    for k, (seeds, pads) in enumerate(zip(schedule, padded, strict=True)):
+        for seed, pad in zip(seeds, pads, strict=True):
+            if pad and (k or decision.nesting_of(graph.ids[seed.value])[seed.dim][0] != seed.axis):
+                raise UnsupportedError(
+                    f"build_core: {seed.label or 'a value'} is padded on dim {seed.dim} after "
+                    "an earlier tactic's splits; use the rewrite engine"
+                )
+    scope = entry_function(module)
+    values: dict[tuple[int, int], SSAValue] = {}
+    for k, (seeds, pads) in enumerate(zip(schedule, padded, strict=True)):
+        for j, (seed, pad) in enumerate(zip(seeds, pads, strict=True)):
+            if pad:
+                _check_alive(seed)
+                parts = decision.mesh[seed.axis]
+                values[k, j] = pad_for_divisibility(seed.value, seed.dim, parts, scope).value
+    out = []
+    for k, seeds in enumerate(schedule):
+        planned = []
+        for j, seed in enumerate(seeds):
+            if (k, j) not in values:
+                _check_alive(seed)
+            planned.append(replace(seed, value=values.get((k, j), seed.value)))
+        out.append(planned)
+    return out
+
+
+def _check_alive(seed: Seed) -> None:
+    if _rebuilt(seed.value):
+        raise UnsupportedError(
+            f"build_core: {seed.label or 'a seed'} names a value padding rebuilt; "
+            "use the rewrite engine"
+        )
+
+
+def _rebuilt(value: SSAValue) -> bool:
+    """Whether `value` is gone from the program (its op erased, or its block
+    argument replaced by one of a padded type)."""
+    if isinstance(value, OpResult):
+        return value.op.parent is None
+    assert isinstance(value, BlockArgument)
+    block = value.block
+    return value.index >= len(block.args) or block.args[value.index] is not value
 
 
 LAST_FIXPOINT_SECONDS = [0.0, 0.0]

@@ -1,13 +1,13 @@
 """What used to fall back to the rewrite engine is decided and built once.
 
 `partition`'s default path hands a program to the rewrite-at-a-time engine
-only for what the builder does not build yet (a dim padded for
-divisibility, a window with a halo, a regrouped argmax), `Annotations`
+only for what the builder does not build yet (a dim a later tactic pads
+for divisibility, a window with a halo, a regrouped argmax), `Annotations`
 placed after another tactic, and `Automatic`'s search. These programs
 reached it before: ZeRO-1's whole results, a ZeRO planned again after a
-tactic that split its leaves, JAX's own shardings, and an op resizing its
-properties for two split factors. Each runs here with the rewrite engine
-made to fail, and matches `jax.jit`.
+tactic that split its leaves, JAX's own shardings, an op resizing its
+properties for two split factors, and dims the first tactic pads. Each runs
+here with the rewrite engine made to fail, and matches `jax.jit`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from jax.sharding import PartitionSpec as P
 
 import partir
 from examples import scanned_stack
+from partir.partition import partition
 from tests.numerics import assert_leaves_close
+from tests.test_build_core import collectives
 
 
 @pytest.fixture
@@ -142,9 +144,10 @@ def test_jax_shardings_are_decided_with_the_tactics(no_rewrite_engine: None) -> 
 def test_an_annotated_program_the_builder_refuses_runs_from_a_copy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Taking JAX's shardings out changes the module before the builder can
-    refuse (here a batch of 6 padded over 4 devices): the rewrite engine then
-    starts from the copy taken before, and the numbers are jax.jit's."""
+    """Taking JAX's shardings out, and padding a batch of 6 over 4 devices,
+    change the module before the builder can refuse (here: the annotation
+    names a value the padding rebuilt): the rewrite engine then starts from
+    the copy taken before, and the numbers are jax.jit's."""
     partition_module = sys.modules["partir.partition"]
     restored = []
     original = partition_module.adopt
@@ -163,3 +166,87 @@ def test_an_annotated_program_the_builder_refuses_runs_from_a_copy(
     args = (rng.normal(size=(6, 6)).astype(np.float32), rng.normal(size=(6, 4)).astype(np.float32))
     lowered = _run(f, args, [partir.BatchParallel("batch")], {"batch": 4, "model": 2})
     assert restored and isinstance(lowered.tactics[0], partir.Annotations)
+
+
+def _vocabulary_step():
+    """The gradient of a small language model's loss whose vocabulary (1,001
+    rows, tied input and output embedding) no mesh axis divides."""
+
+    def loss(p, tokens):
+        h = p["embed"][tokens]
+        logits = jax.numpy.tanh(h @ p["w"]) @ p["embed"].T
+        return jax.numpy.mean(jax.nn.logsumexp(logits, axis=-1))
+
+    rng = np.random.default_rng(3)
+    params = {
+        "embed": rng.normal(size=(1001, 16)).astype(np.float32) * 0.1,
+        "w": rng.normal(size=(16, 16)).astype(np.float32) * 0.1,
+    }
+    return jax.grad(loss), (params, rng.integers(0, 1001, size=(8, 5)))
+
+
+def _uneven_rows():
+    scanned = scanned_stack.train_step
+    small = {"layers_": 2, "seq": 4, "width": 16}
+    vocabulary, vocabulary_args = _vocabulary_step()
+    return {
+        "batch 6 over 4, Megatron after": (
+            scanned, scanned_stack.make_args(batch=6, mlp_width=32, **small),
+            [partir.BatchParallel("batch"), partir.Megatron("model")], {"batch": 4, "model": 2},
+        ),
+        "batch 6 over the 4 of a 2x4 mesh": (
+            scanned, scanned_stack.make_args(batch=6, mlp_width=32, **small),
+            [partir.BatchParallel("model"), partir.Megatron("batch")], {"batch": 2, "model": 4},
+        ),
+        "hidden 35 under Megatron first": (
+            scanned, scanned_stack.make_args(batch=8, mlp_width=35, **small),
+            [partir.Megatron("model"), partir.BatchParallel("batch")], {"batch": 4, "model": 2},
+        ),
+        "vocabulary 1001, rows split first": (
+            vocabulary, vocabulary_args,
+            [partir.ManualPartition({"p/embed": {0: "model"}}), partir.BatchParallel("batch")],
+            {"batch": 4, "model": 2},
+        ),
+        "vocabulary 1001 under ZeRO-3": (
+            vocabulary, vocabulary_args, [partir.ZeRO("batch", stage=3)], {"batch": 4, "model": 2},
+        ),
+    }
+
+
+UNEVEN = _uneven_rows()
+
+
+@pytest.mark.parametrize("row", list(UNEVEN))
+def test_a_dim_padded_by_the_first_tactic_is_padded_then_decided_and_built(
+    row: str, no_rewrite_engine: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An uneven batch, hidden size or vocabulary padded for divisibility by
+    the schedule's first tactic is padded before deciding (as the engine
+    pads it before any loop) and built once: jax.jit's numbers, and the
+    rewrite engine's collectives."""
+    step, args, tactics, mesh = UNEVEN[row]
+    lowered = _run(step, args, tactics, mesh)
+    assert "partir.padded" in lowered.stage(-1)
+    monkeypatch.undo()  # the reference: the rewrite engine
+    engine = partir.import_jax(step, *args)
+    partition(engine, partir.Mesh(mesh), list(tactics), engine="rewrite")
+    decided = partir.import_jax(step, *args)
+    partition(decided, partir.Mesh(mesh), list(tactics))
+    assert collectives(decided) == collectives(engine)
+
+
+def test_a_later_tactic_s_padding_is_the_rewrite_engine_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Padding a vocabulary after another tactic's splits meets their loops
+    (the engine pads a smaller component then, and moves fewer bytes than
+    padding first would): the default path hands it to the engine before
+    padding anything, and the numbers are jax.jit's."""
+    partition_module = sys.modules["partir.partition"]
+    handed = []
+    original = partition_module._rewrite
+    monkeypatch.setattr(
+        partition_module, "_rewrite", lambda *a, **k: handed.append(1) or original(*a, **k)
+    )
+    step, args = _vocabulary_step()
+    tactics = [partir.BatchParallel("batch"), partir.ManualPartition({"p/embed": {0: "model"}})]
+    _run(step, args, tactics, {"batch": 4, "model": 2})
+    assert handed
