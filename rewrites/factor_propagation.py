@@ -1178,11 +1178,9 @@ def pad_seeds(
                 values[k, j] = pad_for_divisibility(seed.value, seed.dim, parts, scope).value
     out = []
     for k, seeds in enumerate(schedule):
-        planned = []
-        for j, seed in enumerate(seeds):
-            if (k, j) not in values:
-                _check_alive(seed)
-            planned.append(replace(seed, value=values.get((k, j), seed.value)))
+        planned = [replace(s, value=values.get((k, j), s.value)) for j, s in enumerate(seeds)]
+        for seed in planned:  # a later padding may have rebuilt an earlier one's pad too
+            _check_alive(seed)
         out.append(planned)
     return out
 
