@@ -48,7 +48,16 @@ from rewrites.actions import (
 )
 from rewrites.build_core import build_core, refuse_unbuildable
 from rewrites.conflicts import Conflict, record_conflicts, recorded_conflicts
-from rewrites.factor_propagation import Decision, Seed, decide, pad_seeds
+from rewrites.factor_propagation import (
+    Decision,
+    Seed,
+    check_seeds,
+    decide,
+    one_result_each,
+    pad_seeds,
+    regroup_candidates,
+    regroup_ops,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -243,8 +252,10 @@ def partition_decided(
     tactic k). An `Automatic` searches by rewriting (on a copy); the schedule
     it chose is then built here as its pasted schedule would be, so pasting
     it gives the same program. A dim the first tactic pads for divisibility
-    is padded first, then decided on even shapes (`pad_seeds`). What the
-    builder does not build yet (a later tactic's padding, a halo) and what
+    is padded first, an argmax along a split dim regrouped and a split op of
+    several used results copied per result, then decided again
+    (`_decided_again`). What the builder does not build yet (a later
+    tactic's padding, a halo) and what
     only `apply_plan` does go to the rewrite engine, with the same result."""
     tactics = with_annotations(module, tactics)
     with paused_gc():
@@ -429,20 +440,64 @@ def _checked_actions(
     return actions
 
 
-def _decided_padded(
+def _decided_again(
     module: ModuleOp, mesh: Mesh, seeds: list[list[Seed]], decision: Decision
 ) -> Decision:
-    """The decision of `seeds` once the dims it splits over padded sizes are
-    padded in `module` (`pad_seeds`), which the builder builds; `module` is
-    restored where the builder refuses it (the rewrite engine pads as it tiles)."""
+    """The decision of `seeds` once what the builder does not build is
+    rewritten in `module` as the rewrite engine rewrites it while tiling:
+    the dims the first tactic splits over padded sizes padded (`pad_seeds`),
+    then each argmax or top_k along a split dim regrouped (`regroup_ops`) and
+    each split op of several used results copied per result
+    (`one_result_each`), each followed by deciding again. `module` is restored where the builder
+    refuses it still (the engine then does it all as it tiles)."""
     original = module.clone()
     try:
-        padded = decide(module, dict(mesh.axes), pad_seeds(module, decision, seeds))
-        refuse_unbuildable(module, padded)
+        if decision.padded:
+            seeds = pad_seeds(module, decision, seeds)
+            decision = decide(module, dict(mesh.axes), seeds)
+        for _ in range(_REWRITINGS):
+            if not (regroup_ops(decision) or one_result_each(decision)):
+                break
+            check_seeds(seeds)  # a seed on a regrouped op's result is gone
+            decision = decide(module, dict(mesh.axes), seeds)
+        refuse_unbuildable(module, decision)
     except UnsupportedError:
         adopt(module, original)
         raise
-    return padded
+    return decision
+
+
+_REWRITINGS = 4
+"""Rounds of rewriting: an op regrouped makes ops that pick again over the
+parts' picks, which are never regrouped (the engine's `Regroup`), and may
+then be copied per result."""
+
+
+def _needs_rewriting(decision: Decision) -> bool:
+    """Whether `decision` splits a dim over a padded size, an argmax or
+    top_k's operand along the dim it picks along, or an op of several used
+    results (`_decided_again`)."""
+    if decision.padded:
+        return True
+    graph = decision.graph
+    uses, masks = graph.uses, decision.op_mask
+    return any(
+        rule is not None
+        and (
+            (
+                rule.regroup is not None
+                and rule.regroupable
+                and any(decision.value_mask[v] for v in graph.operands[o])
+                and bool(regroup_candidates(decision, o, rule))
+            )
+            or (
+                masks[o]
+                and len(results := graph.results[o]) > 1
+                and sum(1 for v in results if uses[v]) > 1
+            )
+        )
+        for o, rule in enumerate(graph.rules)
+    )
 
 
 def _decide_and_build(
@@ -474,8 +529,8 @@ def _decide_and_build(
                 )
             except ActionError as err:
                 raise tactic_error(plan, tile, err) from None
-    if decision.padded:  # padded for divisibility first, then decided on even shapes
-        decision = _decided_padded(module, mesh, seeds, decision)
+    if _needs_rewriting(decision):  # padded or regrouped first, then decided again
+        decision = _decided_again(module, mesh, seeds, decision)
     build_core(module, decision)  # checks what it builds before changing anything
     entry = entry_function(module)
     for plan in plans:

@@ -21,9 +21,11 @@ a dim, a summand, or the same in every iteration) is kept with the entry
 function (`rewrites.projection.BuiltRelations`): the SPMD lowering reads it
 instead of deriving it from the IR.
 
-Straight-line programs only: a `while`/`case`/optimization barrier, a
-multi-result op that is split, an argmax or top_k along a split dim (which
-the rewrite engine regroups), a split factor with a halo (a convolution's
+An op of several results is built where one of them is used (its loops
+yield that one; `factor_propagation.one_result_each` copies an op per used
+result first). A multi-result op split with several used, an argmax or
+top_k along a split dim (`factor_propagation.regroup_ops` regroups it
+first), a split factor with a halo (a convolution's
 window), an op whose properties hold sizes split on two factors, or a dim
 padded for divisibility (which `partition` pads in the module first where
 the first tactic pads it: `factor_propagation.pad_seeds`) raises
@@ -55,6 +57,8 @@ from rewrites.factor_propagation import (
     _WHILE,
     Decision,
     Priority,
+    _Graph,
+    regroup_candidates,
 )
 from rewrites.projection import BuiltRelations, record_built
 from rewrites.registry import FactorKind, OpRule
@@ -105,14 +109,16 @@ def _refuse(decision: Decision, top: list[int]) -> None:
         kind, split_over = kinds[o], masks[o]
         if kind in _CARRIERS:
             continue  # carries whole values; its bodies are built as blocks of their own
-        if kind != _RETURN and split_over and len(graph.results[o]) != 1:
+        if kind != _RETURN and split_over and _used_result(graph, o) < 0:
             raise UnsupportedError(
-                f"build_core: {graph.ops[o].name} has several results and is split"
+                f"build_core: {graph.ops[o].name} has several used results and is split"
             )
         if kind == _OTHER and (split_over or inside[o]):
             raise UnsupportedError(f"build_core: {graph.ops[o].name} has no rule but is split")
         rule = rules[o]
-        if rule is not None and rule.regroupable and _regrouped(decision, o, rule):
+        if rule is not None and rule.regroup is not None and rule.regroupable and _regrouped(
+            decision, o, rule
+        ):
             raise UnsupportedError(
                 f"build_core: {graph.ops[o].name} picks along a split dim (regrouped by the "
                 "rewrite engine); use the rewrite engine"
@@ -130,17 +136,28 @@ def _refuse(decision: Decision, top: list[int]) -> None:
                 )
 
 
+def _used_result(graph: _Graph, o: int) -> int:
+    """The index of op `o`'s only result with uses (0 for an op of one
+    result or none used); -1 where several have uses."""
+    results = graph.results[o]
+    if len(results) < 2:
+        return 0
+    used = [k for k, v in enumerate(results) if graph.uses[v]]
+    return used[0] if len(used) == 1 else 0 if not used else -1
+
+
 def _regrouped(decision: Decision, o: int, rule: OpRule) -> bool:
     """Whether an operand of op `o` arrives split along a factor the rewrite
     engine regroups (`OpRule.regroupable`: an argmax or top_k along a split
-    dim), which this builder does not do."""
-    graph = decision.graph
-    for i, v in enumerate(graph.operands[o]):
-        for dim in decision.split_of(v).values():
-            fs = rule.operands[i][dim] if dim < len(rule.operands[i]) else ()
-            if fs and fs[0] in rule.regroupable:
-                return True
-    return False
+    dim; `factor_propagation.regroup_ops`), which this builder does not do.
+    Not where the parts' picks are no fewer than the whole (the op over the
+    picks of a regrouped op): the engine reads its operand whole then."""
+    assert rule.regroup is not None
+    op = decision.graph.ops[o]
+    return any(
+        rule.regroup(op, factor, parts) is not None
+        for factor, parts in regroup_candidates(decision, o, rule)
+    )
 
 
 class _Builder:
@@ -196,7 +213,14 @@ class _Builder:
         rule = self.g.rules[o]
         if rule is None or rule.factors[f].kind is FactorKind.SUM:
             return None
-        return rule.result_dim(f)
+        results = self.g.results[o]
+        return rule.result_dim(f, 0 if len(results) < 2 else self.result_of(o))
+
+    def result_of(self, o: int) -> int:
+        """The result of op `o` its loops yield: its only one, or the only
+        one used of several (`factor_propagation.one_result_each`)."""
+        results = self.g.results[o]
+        return 0 if len(results) < 2 else max(_used_result(self.g, o), 0)
 
     def _own_axes(self, o: int) -> tuple[str, ...]:
         """The axes op `o` splits, outermost loop first: by the decisions'
@@ -242,7 +266,8 @@ class _Builder:
             if not self.dead[q] and (place := self.places[q]) is not None
         ]
         shared: list[_Loop] = []
-        if users and users[0][0].frames and len(self.g.results[o]) == 1 and all(
+        results = self.g.results[o]
+        if users and users[0][0].frames and len(results) and _used_result(self.g, o) >= 0 and all(
             self.g.ops[q].parent is op.parent for v in self.g.results[o] for q, _ in self.g.uses[v]
         ):  # a use inside a body reads it whole, from outside any loop
             own = self._own_axes(o)
@@ -262,7 +287,7 @@ class _Builder:
             if axis in taken:
                 continue
             assert rule is not None
-            ty = self.g.values[self.g.results[o][0]].type
+            ty = self.g.values[self.g.results[o][self.result_of(o)]].type
             for outer in place.frames:
                 dim = self._tile_dim(o, outer.axis)
                 if dim is not None:
@@ -271,7 +296,7 @@ class _Builder:
             block = Block(arg_types=[range_type(self.d.mesh[axis])])
             factor = self.d.factor_of(o, axis)
             assert factor is not None
-            made = LoopOp(axis, loop_action(rule, factor), Region(block), ty,
+            made = LoopOp(axis, loop_action(rule, factor, self.result_of(o)), Region(block), ty,
                           _origin(self.d, o, axis))
             made.location = self.g.ops[o].location
             place.frames.append(_Loop(axis, made, block, block.args[0]))
@@ -415,18 +440,17 @@ class _Builder:
             for block, ops in self.bodies.get(o, ()):
                 self.build_block(block, ops, arguments=False)
             return
-        whole = inner = values[results[0]]  # the op's own result (its part, in loops)
+        yielded = results[self.result_of(o)]
+        whole = inner = values[yielded]  # the op's own result (its part, in loops)
         for k in range(len(place.frames) - 1, place.shared - 1, -1):
             loop = place.frames[k]
             loop.block.add_op(YieldOp(inner))
             parent = place.frames[k - 1].block if k > 0 else self.block
             parent.add_op(loop.op)
             inner = loop.op.results[0]
-        if len(results) == 1:
-            self.reps[results[0]] = inner
-        else:
-            for v in results:
-                self.reps[v] = values[v]
+        for v in results:
+            self.reps[v] = values[v]  # (a result not used: none reads it)
+        self.reps[yielded] = inner
         for block, ops in self.bodies.get(o, ()):
             self.build_block(block, ops, arguments=False)
         if inner is not whole and whole.name_hint:
@@ -687,16 +711,16 @@ def _localize(op: Operation, rule: OpRule | None, decision: Decision, o: int) ->
     counts = _counts(decision, o)
     if not counts or rule is None:
         return
-    result = op.results[0]
-    ty = result.type
-    for f, parts in counts.items():
-        dim = rule.result_dim(f)
-        if dim is not None:
-            assert isinstance(ty, TensorType)
-            ty = part_type(ty, dim, parts)
-    # xDSL has no public setter: the result keeps its uses and name, only its
-    # type becomes the part's
-    result._type = ty
+    for k, result in enumerate(op.results):
+        ty = result.type
+        for f, parts in counts.items():
+            dim = rule.result_dim(f, k)
+            if dim is not None:
+                assert isinstance(ty, TensorType)
+                ty = part_type(ty, dim, parts)
+        # xDSL has no public setter: the result keeps its uses and name, only
+        # its type becomes the part's
+        result._type = ty
 
 
 def refuse_unbuildable(module: ModuleOp, decision: Decision) -> None:

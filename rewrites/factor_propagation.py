@@ -55,8 +55,10 @@ result wants the same split (`_Propagation._demands`).
 
 An argmax or top_k reading an operand split along the dim it picks along
 is kept whole here, and its results decided as the engine's; the engine
-computes it regrouped (`OpRule.regroupable`), which `rewrites.build_core`
-leaves to it.
+computes it regrouped (`OpRule.regroupable`): `regroup_ops` rewrites the
+module so (and `one_result_each` gives a split op of several used results
+a copy per result, the engine's loop per result), after which `partition`
+decides again and `rewrites.build_core` builds it.
 
 Not yet the engine's (`tests/test_factor_propagation.py` states which):
 conflicting splits inside attention under `ManualPartition` (2-4 ops of
@@ -82,6 +84,7 @@ from typing import NamedTuple
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
 from xdsl.ir import Block, BlockArgument, Operation, OpResult, SSAValue
+from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.carried import BRANCHING_OPS, enclosing_carrier
@@ -1176,19 +1179,96 @@ def pad_seeds(
                 _check_alive(seed)
                 parts = decision.mesh[seed.axis]
                 values[k, j] = pad_for_divisibility(seed.value, seed.dim, parts, scope).value
-    out = []
-    for k, seeds in enumerate(schedule):
-        planned = [replace(s, value=values.get((k, j), s.value)) for j, s in enumerate(seeds)]
-        for seed in planned:  # a later padding may have rebuilt an earlier one's pad too
-            _check_alive(seed)
-        out.append(planned)
+    out = [
+        [replace(s, value=values.get((k, j), s.value)) for j, s in enumerate(seeds)]
+        for k, seeds in enumerate(schedule)
+    ]
+    check_seeds(out)  # a later padding may have rebuilt an earlier one's pad too
     return out
+
+
+def check_seeds(schedule: Sequence[Sequence[Seed]]) -> None:
+    """Raise `UnsupportedError` where a seed names a value a rewrite of the
+    module (`pad_seeds`, `regroup_ops`) replaced."""
+    for seeds in schedule:
+        for seed in seeds:
+            _check_alive(seed)
+
+
+def regroup_ops(decision: Decision) -> bool:
+    """Regroup, in the module, each op `decision` keeps whole that reads an
+    operand split along a factor it can regroup (`OpRule.regroupable`: an
+    argmax or top_k along a split dim), as the engine's
+    `PushForward._regroup` does when that split reaches it: the op on each
+    part, then once more over the parts' picks. Whether any op was (decide
+    again then: the new ops split as any others). Raises `UnsupportedError`
+    where two axes split the regrouped dim (the engine regroups that part
+    inside the first's loop)."""
+    g = decision.graph
+    changed = False
+    for o, rule in enumerate(g.rules):
+        if rule is None or rule.regroup is None or not rule.regroupable:
+            continue
+        for factor, parts in regroup_candidates(decision, o, rule):
+            regrouped = rule.regroup(g.ops[o], factor, parts)
+            if regrouped is not None:
+                new_ops, results = regrouped
+                Rewriter.replace_op(g.ops[o], new_ops, results)
+                changed = True
+                break
+    return changed
+
+
+def one_result_each(decision: Decision) -> bool:
+    """Give each op `decision` splits that has several results with uses (a
+    sort, a top_k, an argmax's reduce read for both) a copy per such
+    result, right after it, which that result's uses read: as the engine's
+    `tiling.tile_results` builds one loop per result, each with the op on
+    the parts, so that each op the builder builds yields one result. Whether
+    any op was copied (decide again then)."""
+    g = decision.graph
+    changed = False
+    for o, op in enumerate(g.ops):
+        results = g.results[o]
+        if len(results) < 2 or not decision.op_mask[o] or g.kinds[o] != _COMPUTE:
+            continue
+        used = [k for k, v in enumerate(results) if g.uses[v]]
+        for k in used[1:]:
+            copy = op.clone()
+            Rewriter.insert_op(copy, InsertPoint.after(op))
+            op.results[k].replace_all_uses_with(copy.results[k])
+            changed = True
+    return changed
+
+
+def regroup_candidates(decision: Decision, o: int, rule: OpRule) -> list[tuple[int, int]]:
+    """(factor, parts) of each regroupable factor op `o`'s operands arrive
+    split along, in the order the engine tries them (by the split's
+    priority, then operand)."""
+    g, width = decision.graph, len(decision.axes)
+    found: list[tuple[int, int, int, int]] = []
+    for i, v in enumerate(g.operands[o]):
+        nesting = decision.nesting_of(v)
+        for a in decision.value_axes[v]:
+            dim = decision.value_dim[v * width + a]
+            fs = rule.operands[i][dim] if dim < len(rule.operands[i]) else ()
+            if not fs or fs[0] not in rule.regroupable:
+                continue
+            if len(nesting[dim]) > 1:
+                raise UnsupportedError(
+                    f"build_core: {g.ops[o].name} picks along a dim split over two axes; "
+                    "use the rewrite engine"
+                )
+            priority = decision.value_priority[v * width + a]
+            order = priority[0] if priority is not None else _LAST
+            found.append((order, i, fs[0], decision.sizes[a]))
+    return [(f, parts) for _, _, f, parts in sorted(found)]
 
 
 def _check_alive(seed: Seed) -> None:
     if _rebuilt(seed.value):
         raise UnsupportedError(
-            f"build_core: {seed.label or 'a seed'} names a value padding rebuilt; "
+            f"build_core: {seed.label or 'a seed'} names a value the module's rewriting replaced; "
             "use the rewrite engine"
         )
 

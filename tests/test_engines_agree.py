@@ -18,9 +18,8 @@ import pytest
 
 import partir
 from benchmarks import vs_jit
-from lowering.collectives import collectives as lowered_collectives
 from partir.partition import partition
-from tests.test_build_core import collectives
+from tests.test_build_core import _bytes, collectives
 
 
 def _rows() -> dict[str, tuple]:
@@ -56,11 +55,6 @@ def test_a_vs_jit_row_has_the_rewrite_engines_collectives(row: str) -> None:
     ours, theirs = collectives(decided), collectives(engine)
     if ours != theirs:  # a better plan of the decided path's own: fewer bytes moved
         assert _bytes(decided) < _bytes(engine), (ours, theirs)
-
-
-def _bytes(module) -> int:
-    """Bytes per device the SPMD lowering's collectives move (`Lowered.collectives`)."""
-    return sum(c.bytes_per_device for c in lowered_collectives(module))
 
 
 def test_the_rows_are_the_benchmarks() -> None:

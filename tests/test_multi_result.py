@@ -13,6 +13,8 @@ lowest indices among equals, as jax.jit's are.
 
 from __future__ import annotations
 
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -179,12 +181,23 @@ def test_the_decisions_equal_the_rewrite_engines(name):
 
 @pytest.mark.parametrize("tactics", [[ROWS], [BOTH]], ids=["rows", "rows-and-picks"])
 @pytest.mark.parametrize("name", ["argmax", "router", "argsort"])
-def test_the_decided_engine_gives_the_rewrite_engines_program(name, tactics):
-    """`build_core` builds no split op of several results and no regrouping:
-    `engine="decided"` hands such programs to the rewrite engine."""
+def test_the_decided_engine_gives_the_rewrite_engines_program(name, tactics, monkeypatch):
+    """The decided path builds a split op of several results (a copy per
+    used result, as the engine's loop per result) and regroups a pick along
+    a split dim before deciding again, without the rewrite engine: the
+    engine's numbers and collectives, or fewer bytes (the router's top 2
+    regrouped once gathers one pick array where the engine's two loops
+    gather one each)."""
     from tests.test_build_core import check_against_engine
 
-    check_against_engine(PROGRAMS[name], (grid((8, 16)),), tactics)
+    partition_module = sys.modules["partir.partition"]
+    handed = []
+    original = partition_module._rewrite
+    monkeypatch.setattr(
+        partition_module, "_rewrite", lambda *a, **k: handed.append(1) or original(*a, **k)
+    )
+    check_against_engine(PROGRAMS[name], (grid((8, 16)),), tactics, fewer_bytes=True)
+    assert len(handed) == 1  # the reference's own partition only
 
 
 def test_the_decisions_equal_the_rewrite_engines_in_a_decoding_loop():
@@ -201,7 +214,8 @@ def test_the_decisions_equal_the_rewrite_engines_in_a_decoding_loop():
 def test_the_decisions_equal_the_rewrite_engines_picking_along_a_split_dim():
     """Every value of the program is sharded alike; only how the engine
     computes the pick (regrouped) is its own: `decide` keeps the op whole,
-    and `build_core` hands the program to the engine."""
+    and the default path regroups it in the module and decides again
+    (`factor_propagation.regroup_ops`)."""
     found = compare(partir.import_jax(PROGRAMS["max and argmax"], grid((8, 16))), MESH, [BOTH])
     assert found.ops > 0
     assert not found.mismatched, found.mismatched
