@@ -47,7 +47,15 @@ from xdsl_jax.dialects.stablehlo import WhileOp
 
 from dialects.errors import PartirValueError, UnsupportedError
 from dialects.functions import entry_function
-from dialects.partir import LoopOp, SliceOp, TileAttr, YieldOp, part_type, range_type
+from dialects.partir import (
+    HaloSliceOp,
+    LoopOp,
+    SliceOp,
+    TileAttr,
+    YieldOp,
+    part_type,
+    range_type,
+)
 from rewrites.factor_propagation import (
     _BARRIER,
     _BRANCH,
@@ -125,15 +133,30 @@ def _refuse(decision: Decision, top: list[int]) -> None:
             )
         if not split_over:
             continue
-        op = graph.ops[o]
-        split = {factors[o * width + a] for a in decision.op_axes[o]}
-        for f in split:
-            assert rule is not None
-            if any(rule.factors[f].halo):  # a part reads its neighbours' edges too
-                raise UnsupportedError(
-                    f"build_core: {op.name} is split on a window with a halo; use the "
-                    "rewrite engine"
-                )
+        halos = [
+            a for a in decision.op_axes[o] if any(rule.factors[factors[o * width + a]].halo)
+        ] if rule is not None else []
+        if len(halos) > 1 or (halos and len(decision.op_axes[o]) > 1 and _halo_nested(
+            decision, o, halos[0]
+        )):
+            raise UnsupportedError(
+                f"build_core: {graph.ops[o].name} is split on a window with a halo and on "
+                "another axis of its dim; use the rewrite engine"
+            )
+
+
+def _halo_nested(decision: Decision, o: int, a: int) -> bool:
+    """Whether op `o` splits the factor it splits over axis number `a` (one
+    with a halo) over another axis too (a halo inside a part)."""
+    base, factors = o * len(decision.axes), decision.op_factor
+    return sum(1 for b in decision.op_axes[o] if factors[base + b] == factors[base + a]) > 1
+
+
+def _halo(rule: OpRule, factor: int, i: int) -> tuple[int, int] | None:
+    """The halo operand `i` of an op of `rule` is read with where `factor`
+    is split: a window op's input (`tiling.slice_operands`), or None."""
+    halo = rule.factors[factor].halo
+    return halo if i == 0 and any(halo) else None
 
 
 def _used_result(graph: _Graph, o: int) -> int:
@@ -321,8 +344,13 @@ class _Builder:
                 break
             if factors[base + b] == f and all(loop.axis != d.axes[b] for loop in shared):
                 return False
-        want_dim = d._want_dim
-        return all(want_dim(q, i, a) == dim for _, q, i in users)
+        want_dim, rules, width = d._want_dim, self.g.rules, len(d.axes)
+        return all(
+            want_dim(q, i, a) == dim
+            # a window op's input is read with its neighbours' edges: whole
+            and not (i == 0 and (r := rules[q]) is not None and _halo(r, factors[q * width + a], 0))
+            for _, q, i in users
+        )
 
     # -- building ----------------------------------------------------------
 
@@ -338,6 +366,7 @@ class _Builder:
         if all(
             self.g.kinds[o] not in _CARRIERS  # a carrier reads it whole
             and all(self.d.wanted(o, i).get(axis) == d for axis, d in own.items())
+            and not self._reads_halo(o, i)  # its halo is sliced from the parts
             for o, i in self.g.uses[v]
         ):
             return  # each use slices it itself (fused)
@@ -345,6 +374,15 @@ class _Builder:
         value = self._tile_loops(arg, nesting, origins)
         value.name_hint = arg.name_hint
         self.reps[v] = value
+
+    def _reads_halo(self, o: int, i: int) -> bool:
+        """Whether op `o` reads operand `i` with a halo (a window op's input
+        over a split window)."""
+        rule = self.g.rules[o]
+        if i or rule is None or self.g.kinds[o] != _COMPUTE:
+            return False
+        base, factors = o * len(self.d.axes), self.d.op_factor
+        return any(_halo(rule, factors[base + a], 0) for a in self.d.op_axes[o])
 
     def _tile_loops(
         self,
@@ -522,6 +560,13 @@ class _Builder:
             if loop.axis in done:
                 continue
             level = max(level, k)  # in the loop whose index it reads (slices hoisted)
+            halo = _halo(rule, f, i) if i == 0 else None
+            if halo is not None:  # its part and its neighbours' edges: its own
+                h = HaloSliceOp(value, dim, loop.index, halo)
+                h.location = self.g.ops[o].location
+                place.frames[level].block.add_op(h)
+                value = h.results[0]
+                continue
             key = (id(value), dim, id(loop.index))
             found = made.get(key)
             if found is None:

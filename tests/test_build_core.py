@@ -222,10 +222,10 @@ def test_a_slice_after_a_split_producer_keeps_its_global_bounds():
                          partir.Mesh({"batch": 4}))
 
 
-def test_a_window_split_with_a_halo_goes_to_the_engine():
+def test_a_window_split_with_a_halo_is_built_as_the_engine_builds_it():
     """Rows of a 3x3 SAME convolution split over "model": each part reads its
-    neighbours' edge rows (`partir.halo_slice`), which this builder does not
-    make; it refuses, and `engine="decided"` gives the engine's module."""
+    neighbours' edge rows through a `partir.halo_slice` of the whole input;
+    the builder makes the engine's module."""
 
     def conv(x, w):
         return jax.lax.conv_general_dilated(
@@ -238,11 +238,10 @@ def test_a_window_split_with_a_halo_goes_to_the_engine():
     tactics = [partir.ManualPartition({"x": {1: "model"}})]
     module = partir.import_jax(conv, x, w)
     engine = module.clone()
-    with pytest.raises(UnsupportedError, match="halo"):
-        build_core(module, decide_partition(module, MESH, tactics))
     with pytest.raises(partir.PartirError, match="another module"):
         build_core(engine.clone(), decide_partition(module, MESH, tactics))
     partition(module, MESH, tactics, engine="decided")
+    assert "partir.halo_slice" in str(module)
     partition(engine, MESH, tactics, engine="rewrite")
     assert str(module) == str(engine)
     assert_leaves_close(run_function(module, [x, w]), jax.jit(conv)(x, w))

@@ -251,3 +251,52 @@ def test_a_later_tactic_s_padding_is_the_rewrite_engine_s(monkeypatch: pytest.Mo
     tactics = [partir.BatchParallel("batch"), partir.ManualPartition({"p/embed": {0: "model"}})]
     _run(step, args, tactics, {"batch": 4, "model": 2})
     assert handed
+
+
+def _conv_step():
+    """A 1-D convolution stack (window 5, stride 1, 'SAME'; then window 3,
+    stride 2) and its gradient: every window reads its neighbours' edges
+    where the length is split."""
+
+    def loss(p, x):
+        dims = ("NWC", "WIO", "NWC")
+        h = jax.lax.conv_general_dilated(x, p["k1"], (1,), "SAME", dimension_numbers=dims)
+        h = jax.lax.conv_general_dilated(
+            jax.numpy.tanh(h), p["k2"], (2,), "SAME", dimension_numbers=dims
+        )
+        return jax.numpy.mean(h**2)
+
+    rng = np.random.default_rng(4)
+    params = {
+        "k1": rng.normal(size=(5, 3, 6)).astype(np.float32) * 0.3,
+        "k2": rng.normal(size=(3, 6, 4)).astype(np.float32) * 0.3,
+    }
+    return jax.grad(loss), (params, rng.normal(size=(4, 32, 3)).astype(np.float32))
+
+
+@pytest.mark.parametrize("rows", ["batch", "model"])
+def test_a_window_split_along_its_length_reads_halos_on_the_decided_path(
+    rows: str, no_rewrite_engine: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A convolution whose length is split (over the 4- or the 2-device
+    axis, beside data parallelism on the other) reads each part with its
+    neighbours' edges (`partir.halo_slice`): built once, jax.jit's numbers,
+    the rewrite engine's collectives."""
+    step, args = _conv_step()
+    data = "model" if rows == "batch" else "batch"
+    tactics = [
+        partir.BatchParallel(data, inputs=["x"]),
+        partir.ManualPartition({"x": {1: rows}}),
+    ]
+    mesh = {"batch": 4, "model": 2}
+    lowered = _run(step, args, tactics, mesh)
+    assert "partir.halo_slice" in partir.jit(
+        step, mesh=partir.Mesh(mesh), tactics=tactics
+    ).lower(*args).stage(tactics[-1].name)
+    monkeypatch.undo()
+    engine = partir.import_jax(step, *args)
+    partition(engine, partir.Mesh(mesh), list(tactics), engine="rewrite")
+    decided = partir.import_jax(step, *args)
+    partition(decided, partir.Mesh(mesh), list(tactics))
+    assert collectives(decided) == collectives(engine)
+    assert any(c.kind == "collective_permute" for c in lowered.collectives)
