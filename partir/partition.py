@@ -55,8 +55,8 @@ from rewrites.factor_propagation import (
     decide,
     one_result_each,
     pad_seeds,
-    regroup_candidates,
     regroup_ops,
+    would_regroup,
 )
 
 
@@ -481,23 +481,14 @@ def _needs_rewriting(decision: Decision) -> bool:
         return True
     graph = decision.graph
     uses, masks = graph.uses, decision.op_mask
-    return any(
-        rule is not None
-        and (
-            (
-                rule.regroup is not None
-                and rule.regroupable
-                and any(decision.value_mask[v] for v in graph.operands[o])
-                and bool(regroup_candidates(decision, o, rule))
-            )
-            or (
-                masks[o]
-                and len(results := graph.results[o]) > 1
-                and sum(1 for v in results if uses[v]) > 1
-            )
-        )
-        for o, rule in enumerate(graph.rules)
-    )
+    for o, rule in enumerate(graph.rules):
+        if rule is None or (rule.regroup is None and len(rule.results) < 2):
+            continue  # most ops: one result, nothing to regroup
+        if would_regroup(decision, o, rule):
+            return True
+        if masks[o] and sum(1 for v in graph.results[o] if uses[v]) > 1:
+            return True
+    return False
 
 
 def _decide_and_build(

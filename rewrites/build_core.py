@@ -66,7 +66,7 @@ from rewrites.factor_propagation import (
     Decision,
     Priority,
     _Graph,
-    regroup_candidates,
+    would_regroup,
 )
 from rewrites.projection import BuiltRelations, record_built
 from rewrites.registry import FactorKind, OpRule
@@ -124,24 +124,24 @@ def _refuse(decision: Decision, top: list[int]) -> None:
         if kind == _OTHER and (split_over or inside[o]):
             raise UnsupportedError(f"build_core: {graph.ops[o].name} has no rule but is split")
         rule = rules[o]
-        if rule is not None and rule.regroup is not None and rule.regroupable and _regrouped(
-            decision, o, rule
-        ):
+        if rule is not None and rule.regroup is not None and would_regroup(decision, o, rule):
             raise UnsupportedError(
                 f"build_core: {graph.ops[o].name} picks along a split dim (regrouped by the "
                 "rewrite engine); use the rewrite engine"
             )
         if not split_over:
             continue
+        if rule is None or not rule.unplaced:  # (a halo's factor is unplaced)
+            continue
         halos = [
             a for a in decision.op_axes[o] if any(rule.factors[factors[o * width + a]].halo)
-        ] if rule is not None else []
+        ]
         if len(halos) > 1 or (halos and len(decision.op_axes[o]) > 1 and _halo_nested(
             decision, o, halos[0]
         )):
             raise UnsupportedError(
-                f"build_core: {graph.ops[o].name} is split on a window with a halo and on "
-                "another axis of its dim; use the rewrite engine"
+                f"build_core: {graph.ops[o].name} is split on windows with halos over two "
+                "axes; use the rewrite engine"
             )
 
 
@@ -169,20 +169,6 @@ def _used_result(graph: _Graph, o: int) -> int:
     return used[0] if len(used) == 1 else 0 if not used else -1
 
 
-def _regrouped(decision: Decision, o: int, rule: OpRule) -> bool:
-    """Whether an operand of op `o` arrives split along a factor the rewrite
-    engine regroups (`OpRule.regroupable`: an argmax or top_k along a split
-    dim; `factor_propagation.regroup_ops`), which this builder does not do.
-    Not where the parts' picks are no fewer than the whole (the op over the
-    picks of a regrouped op): the engine reads its operand whole then."""
-    assert rule.regroup is not None
-    op = decision.graph.ops[o]
-    return any(
-        rule.regroup(op, factor, parts) is not None
-        for factor, parts in regroup_candidates(decision, o, rule)
-    )
-
-
 class _Builder:
     def __init__(self, decision: Decision, block: Block) -> None:
         self.d = decision
@@ -207,6 +193,20 @@ class _Builder:
         """A while's or case's op id -> its bodies, each with its ops' ids."""
         self.relations = BuiltRelations()
         """Each op's relation to the loops it is built in (the SPMD lowering's)."""
+        graph, masks = self.g, decision.op_mask
+        self.yields: dict[int, int] = {
+            o: max(_used_result(graph, o), 0)
+            for o, rule in enumerate(graph.rules)
+            if rule is not None and len(rule.results) > 1 and masks[o]
+        }
+        """A split op of several results -> the one its loops yield (the only
+        one used: `factor_propagation.one_result_each`); the others yield 0."""
+        self.windows = {
+            o for o, rule in enumerate(graph.rules)
+            if rule is not None and rule.unplaced and masks[o]  # (a halo's factor is unplaced)
+            and any(any(rule.factors[f].halo) for f in rule.unplaced)
+        }
+        """The split ops whose rule has a factor with a halo (window ops)."""
 
     def build_block(self, block: Block, ops: list[int], arguments: bool) -> None:
         """Place (users first) and build (in program order) the ops of
@@ -236,14 +236,7 @@ class _Builder:
         rule = self.g.rules[o]
         if rule is None or rule.factors[f].kind is FactorKind.SUM:
             return None
-        results = self.g.results[o]
-        return rule.result_dim(f, 0 if len(results) < 2 else self.result_of(o))
-
-    def result_of(self, o: int) -> int:
-        """The result of op `o` its loops yield: its only one, or the only
-        one used of several (`factor_propagation.one_result_each`)."""
-        results = self.g.results[o]
-        return 0 if len(results) < 2 else max(_used_result(self.g, o), 0)
+        return rule.result_dim(f, self.yields.get(o, 0))
 
     def _own_axes(self, o: int) -> tuple[str, ...]:
         """The axes op `o` splits, outermost loop first: by the decisions'
@@ -289,8 +282,7 @@ class _Builder:
             if not self.dead[q] and (place := self.places[q]) is not None
         ]
         shared: list[_Loop] = []
-        results = self.g.results[o]
-        if users and users[0][0].frames and len(results) and _used_result(self.g, o) >= 0 and all(
+        if users and users[0][0].frames and self.g.results[o] and all(
             self.g.ops[q].parent is op.parent for v in self.g.results[o] for q, _ in self.g.uses[v]
         ):  # a use inside a body reads it whole, from outside any loop
             own = self._own_axes(o)
@@ -310,7 +302,7 @@ class _Builder:
             if axis in taken:
                 continue
             assert rule is not None
-            ty = self.g.values[self.g.results[o][self.result_of(o)]].type
+            ty = self.g.values[self.g.results[o][self.yields.get(o, 0)]].type
             for outer in place.frames:
                 dim = self._tile_dim(o, outer.axis)
                 if dim is not None:
@@ -319,7 +311,7 @@ class _Builder:
             block = Block(arg_types=[range_type(self.d.mesh[axis])])
             factor = self.d.factor_of(o, axis)
             assert factor is not None
-            made = LoopOp(axis, loop_action(rule, factor, self.result_of(o)), Region(block), ty,
+            made = LoopOp(axis, loop_action(rule, factor, self.yields.get(o, 0)), Region(block), ty,
                           _origin(self.d, o, axis))
             made.location = self.g.ops[o].location
             place.frames.append(_Loop(axis, made, block, block.args[0]))
@@ -344,13 +336,11 @@ class _Builder:
                 break
             if factors[base + b] == f and all(loop.axis != d.axes[b] for loop in shared):
                 return False
-        want_dim, rules, width = d._want_dim, self.g.rules, len(d.axes)
-        return all(
-            want_dim(q, i, a) == dim
-            # a window op's input is read with its neighbours' edges: whole
-            and not (i == 0 and (r := rules[q]) is not None and _halo(r, factors[q * width + a], 0))
-            for _, q, i in users
-        )
+        want_dim = d._want_dim
+        if not all(want_dim(q, i, a) == dim for _, q, i in users):
+            return False
+        # a window op's input is read with its neighbours' edges: whole
+        return not self.windows or not any(i == 0 and self._reads_halo(q, 0) for _, q, i in users)
 
     # -- building ----------------------------------------------------------
 
@@ -379,7 +369,7 @@ class _Builder:
         """Whether op `o` reads operand `i` with a halo (a window op's input
         over a split window)."""
         rule = self.g.rules[o]
-        if i or rule is None or self.g.kinds[o] != _COMPUTE:
+        if i or o not in self.windows or rule is None:
             return False
         base, factors = o * len(self.d.axes), self.d.op_factor
         return any(_halo(rule, factors[base + a], 0) for a in self.d.op_axes[o])
@@ -478,7 +468,7 @@ class _Builder:
             for block, ops in self.bodies.get(o, ()):
                 self.build_block(block, ops, arguments=False)
             return
-        yielded = results[self.result_of(o)]
+        yielded = results[self.yields.get(o, 0)]
         whole = inner = values[yielded]  # the op's own result (its part, in loops)
         for k in range(len(place.frames) - 1, place.shared - 1, -1):
             loop = place.frames[k]

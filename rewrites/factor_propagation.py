@@ -1241,6 +1241,22 @@ def one_result_each(decision: Decision) -> bool:
     return changed
 
 
+def would_regroup(decision: Decision, o: int, rule: OpRule) -> bool:
+    """Whether `regroup_ops` regroups op `o` (`rule` its rule): an operand
+    arrives split along a factor it regroups (`OpRule.regroupable`), where
+    the parts' picks are fewer than the whole (not the op over the picks of
+    a regrouped op: the engine reads its operand whole then)."""
+    if rule.regroup is None or not rule.regroupable:
+        return False
+    if not any(decision.value_mask[v] for v in decision.graph.operands[o]):
+        return False
+    op = decision.graph.ops[o]
+    return any(
+        rule.regroup(op, factor, parts) is not None
+        for factor, parts in regroup_candidates(decision, o, rule)
+    )
+
+
 def regroup_candidates(decision: Decision, o: int, rule: OpRule) -> list[tuple[int, int]]:
     """(factor, parts) of each regroupable factor op `o`'s operands arrive
     split along, in the order the engine tries them (by the split's

@@ -300,3 +300,52 @@ def test_a_window_split_along_its_length_reads_halos_on_the_decided_path(
     partition(decided, partir.Mesh(mesh), list(tactics))
     assert collectives(decided) == collectives(engine)
     assert any(c.kind == "collective_permute" for c in lowered.collectives)
+
+
+def _classifier():
+    """A classifier's loss and accuracy (an argmax over the classes) and a
+    router's top 2 of 64 experts: picks over a dim Megatron may split."""
+
+    def step(p, x, y):
+        logits = jax.numpy.tanh(x @ p["w1"]) @ p["w2"]
+        accuracy = jax.numpy.mean(jax.numpy.argmax(logits, axis=-1) == y)
+        gates, experts = jax.lax.top_k(jax.nn.softmax(logits), 2)
+        return accuracy, jax.numpy.mean(logits**2), gates.sum(), experts
+
+    rng = np.random.default_rng(5)
+    params = {
+        "w1": rng.normal(size=(16, 32)).astype(np.float32),
+        "w2": rng.normal(size=(32, 64)).astype(np.float32),
+    }
+    x = rng.normal(size=(8, 16)).astype(np.float32)
+    return step, (params, x, rng.integers(0, 64, size=(8,)))
+
+
+@pytest.mark.parametrize(
+    "tactics",
+    [
+        [partir.BatchParallel("batch", inputs=["x", "y"])],
+        [partir.BatchParallel("batch", inputs=["x", "y"]), partir.Megatron("model")],
+        [partir.ManualPartition({"p/w2": {1: "model"}}), partir.BatchParallel("batch", inputs=["x", "y"])],
+    ],
+    ids=["rows", "rows and classes", "classes first"],
+)
+def test_picks_are_built_per_row_and_regrouped_along_a_split_dim(
+    tactics, no_rewrite_engine: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An argmax (a reduce of two results, one used) and a top_k (both
+    used: a copy per result) split over the rows, and regrouped where the
+    classes are split: built once, jax.jit's numbers, the engine's
+    collectives or no more bytes (local slices placed otherwise)."""
+    from tests.test_build_core import _bytes
+
+    step, args = _classifier()
+    mesh = {"batch": 4, "model": 2}
+    _run(step, args, tactics, mesh)
+    monkeypatch.undo()
+    engine = partir.import_jax(step, *args)
+    partition(engine, partir.Mesh(mesh), list(tactics), engine="rewrite")
+    decided = partir.import_jax(step, *args)
+    partition(decided, partir.Mesh(mesh), list(tactics))
+    ours, theirs = collectives(decided), collectives(engine)
+    assert ours == theirs or _bytes(decided) <= _bytes(engine), (ours, theirs)
