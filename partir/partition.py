@@ -46,18 +46,10 @@ from rewrites.actions import (
     check_size,
     take_action_numbers,
 )
-from rewrites.build_core import build_core, refuse_unbuildable
+from rewrites.build_core import build_core
+from rewrites.buildable import buildable, needs_rewriting
 from rewrites.conflicts import Conflict, record_conflicts, recorded_conflicts
-from rewrites.factor_propagation import (
-    Decision,
-    Seed,
-    check_seeds,
-    decide,
-    one_result_each,
-    pad_seeds,
-    regroup_ops,
-    would_regroup,
-)
+from rewrites.factor_propagation import Decision, Seed, decide
 
 
 @dataclass(frozen=True, eq=False)
@@ -254,9 +246,9 @@ def partition_decided(
     it gives the same program. A dim the first tactic pads for divisibility
     is padded first, an argmax along a split dim regrouped and a split op of
     several used results copied per result, then decided again
-    (`_decided_again`). What the builder does not build yet (a later
-    tactic's padding, a halo) and what
-    only `apply_plan` does go to the rewrite engine, with the same result."""
+    (`rewrites.buildable`). What the builder does not build yet (a later
+    tactic's padding, a window or a pick split over two axes) and what only
+    `apply_plan` does go to the rewrite engine, with the same result."""
     tactics = with_annotations(module, tactics)
     with paused_gc():
         plans = plan_schedule(module, mesh, tactics)
@@ -440,57 +432,6 @@ def _checked_actions(
     return actions
 
 
-def _decided_again(
-    module: ModuleOp, mesh: Mesh, seeds: list[list[Seed]], decision: Decision
-) -> Decision:
-    """The decision of `seeds` once what the builder does not build is
-    rewritten in `module` as the rewrite engine rewrites it while tiling:
-    the dims the first tactic splits over padded sizes padded (`pad_seeds`),
-    then each argmax or top_k along a split dim regrouped (`regroup_ops`) and
-    each split op of several used results copied per result
-    (`one_result_each`), each followed by deciding again. `module` is restored where the builder
-    refuses it still (the engine then does it all as it tiles)."""
-    original = module.clone()
-    try:
-        if decision.padded:
-            seeds = pad_seeds(module, decision, seeds)
-            decision = decide(module, dict(mesh.axes), seeds)
-        for _ in range(_REWRITINGS):
-            if not (regroup_ops(decision) or one_result_each(decision)):
-                break
-            check_seeds(seeds)  # a seed on a regrouped op's result is gone
-            decision = decide(module, dict(mesh.axes), seeds)
-        refuse_unbuildable(module, decision)
-    except UnsupportedError:
-        adopt(module, original)
-        raise
-    return decision
-
-
-_REWRITINGS = 4
-"""Rounds of rewriting: an op regrouped makes ops that pick again over the
-parts' picks, which are never regrouped (the engine's `Regroup`), and may
-then be copied per result."""
-
-
-def _needs_rewriting(decision: Decision) -> bool:
-    """Whether `decision` splits a dim over a padded size, an argmax or
-    top_k's operand along the dim it picks along, or an op of several used
-    results (`_decided_again`)."""
-    if decision.padded:
-        return True
-    graph = decision.graph
-    uses, masks = graph.uses, decision.op_mask
-    for o, rule in enumerate(graph.rules):
-        if rule is None or (rule.regroup is None and len(rule.results) < 2):
-            continue  # most ops: one result, nothing to regroup
-        if would_regroup(decision, o, rule):
-            return True
-        if masks[o] and sum(1 for v in graph.results[o] if uses[v]) > 1:
-            return True
-    return False
-
-
 def _decide_and_build(
     module: ModuleOp, mesh: Mesh, tactics: Sequence[Tactic], plans: list[Plan]
 ) -> Partitioned:
@@ -520,9 +461,17 @@ def _decide_and_build(
                 )
             except ActionError as err:
                 raise tactic_error(plan, tile, err) from None
-    if _needs_rewriting(decision):  # padded or regrouped first, then decided again
-        decision = _decided_again(module, mesh, seeds, decision)
-    build_core(module, decision)  # checks what it builds before changing anything
+    # what the builder does not build is rewritten first (padded, regrouped),
+    # and decided again; the engine gets the module as it was if it refuses
+    original = module.clone() if needs_rewriting(decision) else None
+    try:
+        if original is not None:
+            decision = buildable(module, dict(mesh.axes), seeds, decision)
+        build_core(module, decision)  # checks what it builds before changing anything
+    except UnsupportedError:
+        if original is not None:
+            adopt(module, original)
+        raise
     entry = entry_function(module)
     for plan in plans:
         for kept in plan.whole:

@@ -22,15 +22,12 @@ function (`rewrites.projection.BuiltRelations`): the SPMD lowering reads it
 instead of deriving it from the IR.
 
 An op of several results is built where one of them is used (its loops
-yield that one; `factor_propagation.one_result_each` copies an op per used
-result first). A multi-result op split with several used, an argmax or
-top_k along a split dim (`factor_propagation.regroup_ops` regroups it
-first), a split factor with a halo (a convolution's
-window), an op whose properties hold sizes split on two factors, or a dim
-padded for divisibility (which `partition` pads in the module first where
-the first tactic pads it: `factor_propagation.pad_seeds`) raises
-`UnsupportedError` before anything is built (the rewrite engine handles
-them); the module is not changed then.
+yield that one). Whatever `rewrites.buildable` rewrites in the module first
+(a dim the first tactic pads, a split op of several used results, an
+argmax or top_k along a split dim) and a window split over two axes, an
+op whose properties hold sizes split on two factors, or a dim padded by a
+later tactic raise `UnsupportedError` before anything is built (the rewrite
+engine handles them); the module is not changed then.
 """
 
 from __future__ import annotations
@@ -56,6 +53,7 @@ from dialects.partir import (
     part_type,
     range_type,
 )
+from rewrites.buildable import would_regroup
 from rewrites.factor_propagation import (
     _BARRIER,
     _BRANCH,
@@ -66,7 +64,6 @@ from rewrites.factor_propagation import (
     Decision,
     Priority,
     _Graph,
-    would_regroup,
 )
 from rewrites.projection import BuiltRelations, record_built
 from rewrites.registry import FactorKind, OpRule
@@ -197,10 +194,10 @@ class _Builder:
         self.yields: dict[int, int] = {
             o: max(_used_result(graph, o), 0)
             for o, rule in enumerate(graph.rules)
-            if rule is not None and len(rule.results) > 1 and masks[o]
+            if rule is not None and len(rule.results) > 1
         }
-        """A split op of several results -> the one its loops yield (the only
-        one used: `factor_propagation.one_result_each`); the others yield 0."""
+        """An op of several results -> the one its loops yield (the only one
+        used: `rewrites.buildable`); the others yield 0."""
         self.windows = {
             o for o, rule in enumerate(graph.rules)
             if rule is not None and rule.unplaced and masks[o]  # (a halo's factor is unplaced)
@@ -282,7 +279,7 @@ class _Builder:
             if not self.dead[q] and (place := self.places[q]) is not None
         ]
         shared: list[_Loop] = []
-        if users and users[0][0].frames and self.g.results[o] and all(
+        if users and users[0][0].frames and _used_result(self.g, o) >= 0 and all(
             self.g.ops[q].parent is op.parent for v in self.g.results[o] for q, _ in self.g.uses[v]
         ):  # a use inside a body reads it whole, from outside any loop
             own = self._own_axes(o)
@@ -756,13 +753,6 @@ def _localize(op: Operation, rule: OpRule | None, decision: Decision, o: int) ->
         # xDSL has no public setter: the result keeps its uses and name, only
         # its type becomes the part's
         result._type = ty
-
-
-def refuse_unbuildable(module: ModuleOp, decision: Decision) -> None:
-    """Raise `UnsupportedError` where `build_core` would refuse `decision`
-    (see the module doc); nothing changes."""
-    blocks = _program_blocks(decision, entry_function(module).body.block)
-    _refuse(decision, [o for _, ops in blocks for o in ops])
 
 
 def build_core(module: ModuleOp, decision: Decision) -> None:

@@ -39,8 +39,8 @@ The decisions follow the rewrite engine's (`rewrites.propagation`):
   carry).
 - **uneven dims**: a seed on a dim its axis does not divide pads it
   (`rewrites.padding`); the factors such a split flows through are split
-  over their padded size. `pad_seeds` pads the first tactic's such dims in
-  the module, so that deciding again splits only even sizes, which
+  over their padded size. `rewrites.buildable` pads the first tactic's such
+  dims in the module, so that deciding again splits only even sizes, which
   `rewrites.build_core` builds.
 - **order**: the worklist is a stack filled in program order, so a change is
   followed through its users before the next op (the engine's walker visits
@@ -55,10 +55,10 @@ result wants the same split (`_Propagation._demands`).
 
 An argmax or top_k reading an operand split along the dim it picks along
 is kept whole here, and its results decided as the engine's; the engine
-computes it regrouped (`OpRule.regroupable`): `regroup_ops` rewrites the
-module so (and `one_result_each` gives a split op of several used results
-a copy per result, the engine's loop per result), after which `partition`
-decides again and `rewrites.build_core` builds it.
+computes it regrouped (`OpRule.regroupable`): `rewrites.buildable`
+rewrites the module so (and gives a split op of several used results a
+copy per result, the engine's loop per result), decides again, and
+`rewrites.build_core` builds it.
 
 Not yet the engine's (`tests/test_factor_propagation.py` states which):
 conflicting splits inside attention under `ManualPartition` (2-4 ops of
@@ -78,24 +78,21 @@ from __future__ import annotations
 import time
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, TensorType
-from xdsl.ir import Block, BlockArgument, Operation, OpResult, SSAValue
-from xdsl.rewriter import InsertPoint, Rewriter
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl_jax.dialects import stablehlo as shlo
 
 from dialects.carried import BRANCHING_OPS, enclosing_carrier
 from dialects.distribution import Distribution
 from dialects.dtypes import tensor_bytes
-from dialects.errors import UnsupportedError
 from dialects.functions import entry_function
 from dialects.partir import OriginAttr
 from rewrites.actions import describe_value
 from rewrites.conflicts import Conflict, ConflictLog, cheaper_exchange, describe_origin
-from rewrites.padding import pad_for_divisibility
 from rewrites.registry import FactorKind, OpRule, rule_for
 
 _COMPUTE, _WHILE, _BRANCH, _BARRIER, _RETURN, _OTHER = range(6)
@@ -1138,165 +1135,6 @@ def decide(module: ModuleOp, mesh: dict[str, int], schedule: Sequence[Sequence[S
         propagation.run()
     LAST_FIXPOINT_SECONDS[:] = [time.perf_counter() - start, time.process_time() - start_cpu]
     return propagation.d
-
-
-def pad_seeds(
-    module: ModuleOp, decision: Decision, schedule: Sequence[Sequence[Seed]]
-) -> list[list[Seed]]:
-    """`schedule` with each seed `decision` split over a padded size (a dim
-    its axis does not divide) on its value padded for divisibility, as the
-    rewrite engine's tile action pads it (`rewrites.padding`: the value's
-    component rebuilt on padded shapes in `module`, sums masked, sliced back
-    where it must be whole). Decided again, every split is even, and the
-    builder builds it as any other. Only the first tactic's seeds: the
-    engine pads those before any loop exists, so padding first and deciding
-    after is what it does; a later tactic's padding meets its loops (it pads
-    a smaller component, and moved fewer bytes on an uneven vocabulary or
-    hidden size). Raises `UnsupportedError` before changing anything where a
-    later tactic or an earlier axis on the same dim pads, and after, where a
-    seed names a value the padding rebuilt: the caller restores `module`."""
-    graph = decision.graph
-    padded = [
-        [
-            (v := graph.ids[s.value], s.dim) in decision.padded
-            and graph.shapes[v][s.dim] % decision.mesh[s.axis] != 0
-            for s in seeds
-        ]
-        for seeds in schedule
-    ]
-    for k, (seeds, pads) in enumerate(zip(schedule, padded, strict=True)):
-        for seed, pad in zip(seeds, pads, strict=True):
-            if pad and (k or decision.nesting_of(graph.ids[seed.value])[seed.dim][0] != seed.axis):
-                raise UnsupportedError(
-                    f"build_core: {seed.label or 'a value'} is padded on dim {seed.dim} after "
-                    "an earlier tactic's splits; use the rewrite engine"
-                )
-    scope = entry_function(module)
-    values: dict[tuple[int, int], SSAValue] = {}
-    for k, (seeds, pads) in enumerate(zip(schedule, padded, strict=True)):
-        for j, (seed, pad) in enumerate(zip(seeds, pads, strict=True)):
-            if pad:
-                _check_alive(seed)
-                parts = decision.mesh[seed.axis]
-                values[k, j] = pad_for_divisibility(seed.value, seed.dim, parts, scope).value
-    out = [
-        [replace(s, value=values.get((k, j), s.value)) for j, s in enumerate(seeds)]
-        for k, seeds in enumerate(schedule)
-    ]
-    check_seeds(out)  # a later padding may have rebuilt an earlier one's pad too
-    return out
-
-
-def check_seeds(schedule: Sequence[Sequence[Seed]]) -> None:
-    """Raise `UnsupportedError` where a seed names a value a rewrite of the
-    module (`pad_seeds`, `regroup_ops`) replaced."""
-    for seeds in schedule:
-        for seed in seeds:
-            _check_alive(seed)
-
-
-def regroup_ops(decision: Decision) -> bool:
-    """Regroup, in the module, each op `decision` keeps whole that reads an
-    operand split along a factor it can regroup (`OpRule.regroupable`: an
-    argmax or top_k along a split dim), as the engine's
-    `PushForward._regroup` does when that split reaches it: the op on each
-    part, then once more over the parts' picks. Whether any op was (decide
-    again then: the new ops split as any others). Raises `UnsupportedError`
-    where two axes split the regrouped dim (the engine regroups that part
-    inside the first's loop)."""
-    g = decision.graph
-    changed = False
-    for o, rule in enumerate(g.rules):
-        if rule is None or rule.regroup is None or not rule.regroupable:
-            continue
-        for factor, parts in regroup_candidates(decision, o, rule):
-            regrouped = rule.regroup(g.ops[o], factor, parts)
-            if regrouped is not None:
-                new_ops, results = regrouped
-                Rewriter.replace_op(g.ops[o], new_ops, results)
-                changed = True
-                break
-    return changed
-
-
-def one_result_each(decision: Decision) -> bool:
-    """Give each op `decision` splits that has several results with uses (a
-    sort, a top_k, an argmax's reduce read for both) a copy per such
-    result, right after it, which that result's uses read: as the engine's
-    `tiling.tile_results` builds one loop per result, each with the op on
-    the parts, so that each op the builder builds yields one result. Whether
-    any op was copied (decide again then)."""
-    g = decision.graph
-    changed = False
-    for o, op in enumerate(g.ops):
-        results = g.results[o]
-        if len(results) < 2 or not decision.op_mask[o] or g.kinds[o] != _COMPUTE:
-            continue
-        used = [k for k, v in enumerate(results) if g.uses[v]]
-        for k in used[1:]:
-            copy = op.clone()
-            Rewriter.insert_op(copy, InsertPoint.after(op))
-            op.results[k].replace_all_uses_with(copy.results[k])
-            changed = True
-    return changed
-
-
-def would_regroup(decision: Decision, o: int, rule: OpRule) -> bool:
-    """Whether `regroup_ops` regroups op `o` (`rule` its rule): an operand
-    arrives split along a factor it regroups (`OpRule.regroupable`), where
-    the parts' picks are fewer than the whole (not the op over the picks of
-    a regrouped op: the engine reads its operand whole then)."""
-    if rule.regroup is None or not rule.regroupable:
-        return False
-    if not any(decision.value_mask[v] for v in decision.graph.operands[o]):
-        return False
-    op = decision.graph.ops[o]
-    return any(
-        rule.regroup(op, factor, parts) is not None
-        for factor, parts in regroup_candidates(decision, o, rule)
-    )
-
-
-def regroup_candidates(decision: Decision, o: int, rule: OpRule) -> list[tuple[int, int]]:
-    """(factor, parts) of each regroupable factor op `o`'s operands arrive
-    split along, in the order the engine tries them (by the split's
-    priority, then operand)."""
-    g, width = decision.graph, len(decision.axes)
-    found: list[tuple[int, int, int, int]] = []
-    for i, v in enumerate(g.operands[o]):
-        nesting = decision.nesting_of(v)
-        for a in decision.value_axes[v]:
-            dim = decision.value_dim[v * width + a]
-            fs = rule.operands[i][dim] if dim < len(rule.operands[i]) else ()
-            if not fs or fs[0] not in rule.regroupable:
-                continue
-            if len(nesting[dim]) > 1:
-                raise UnsupportedError(
-                    f"build_core: {g.ops[o].name} picks along a dim split over two axes; "
-                    "use the rewrite engine"
-                )
-            priority = decision.value_priority[v * width + a]
-            order = priority[0] if priority is not None else _LAST
-            found.append((order, i, fs[0], decision.sizes[a]))
-    return [(f, parts) for _, _, f, parts in sorted(found)]
-
-
-def _check_alive(seed: Seed) -> None:
-    if _rebuilt(seed.value):
-        raise UnsupportedError(
-            f"build_core: {seed.label or 'a seed'} names a value the module's rewriting replaced; "
-            "use the rewrite engine"
-        )
-
-
-def _rebuilt(value: SSAValue) -> bool:
-    """Whether `value` is gone from the program (its op erased, or its block
-    argument replaced by one of a padded type)."""
-    if isinstance(value, OpResult):
-        return value.op.parent is None
-    assert isinstance(value, BlockArgument)
-    block = value.block
-    return value.index >= len(block.args) or block.args[value.index] is not value
 
 
 LAST_FIXPOINT_SECONDS = [0.0, 0.0]

@@ -2,12 +2,12 @@
 
 `partition`'s default path hands a program to the rewrite-at-a-time engine
 only for what the builder does not build yet (a dim a later tactic pads
-for divisibility, a window with a halo), `Annotations`
+for divisibility, a window or a pick split over two axes), `Annotations`
 placed after another tactic, and `Automatic`'s search. These programs
 reached it before: ZeRO-1's whole results, a ZeRO planned again after a
 tactic that split its leaves, JAX's own shardings, an op resizing its
-properties for two split factors, dims the first tactic pads, and split
-ops of several results (`tests/test_multi_result.py`). Each runs
+properties for two split factors, dims the first tactic pads, split ops
+of several results, picks along a split dim and windows with halos. Each runs
 here with the rewrite engine made to fail, and matches `jax.jit`.
 """
 
