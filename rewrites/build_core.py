@@ -63,7 +63,6 @@ from rewrites.factor_propagation import (
     _WHILE,
     Decision,
     Priority,
-    _Graph,
 )
 from rewrites.projection import BuiltRelations, record_built
 from rewrites.registry import FactorKind, OpRule
@@ -114,7 +113,7 @@ def _refuse(decision: Decision, top: list[int]) -> None:
         kind, split_over = kinds[o], masks[o]
         if kind in _CARRIERS:
             continue  # carries whole values; its bodies are built as blocks of their own
-        if kind != _RETURN and split_over and _used_result(graph, o) < 0:
+        if split_over and len(graph.results[o]) > 1 and graph.used_result(o) < 0:
             raise UnsupportedError(
                 f"build_core: {graph.ops[o].name} has several used results and is split"
             )
@@ -126,44 +125,21 @@ def _refuse(decision: Decision, top: list[int]) -> None:
                 f"build_core: {graph.ops[o].name} picks along a split dim (regrouped by the "
                 "rewrite engine); use the rewrite engine"
             )
-        if not split_over:
+        if not split_over or rule is None or not rule.windowed:
             continue
-        if rule is None or not rule.unplaced:  # (a halo's factor is unplaced)
-            continue
-        halos = [
-            a for a in decision.op_axes[o] if any(rule.factors[factors[o * width + a]].halo)
-        ]
-        if len(halos) > 1 or (halos and len(decision.op_axes[o]) > 1 and _halo_nested(
-            decision, o, halos[0]
-        )):
+        base = o * width
+        if sum(1 for a in decision.op_axes[o] if _halo(rule, factors[base + a])) > 1:
             raise UnsupportedError(
                 f"build_core: {graph.ops[o].name} is split on windows with halos over two "
                 "axes; use the rewrite engine"
             )
 
 
-def _halo_nested(decision: Decision, o: int, a: int) -> bool:
-    """Whether op `o` splits the factor it splits over axis number `a` (one
-    with a halo) over another axis too (a halo inside a part)."""
-    base, factors = o * len(decision.axes), decision.op_factor
-    return sum(1 for b in decision.op_axes[o] if factors[base + b] == factors[base + a]) > 1
-
-
-def _halo(rule: OpRule, factor: int, i: int) -> tuple[int, int] | None:
-    """The halo operand `i` of an op of `rule` is read with where `factor`
-    is split: a window op's input (`tiling.slice_operands`), or None."""
+def _halo(rule: OpRule, factor: int) -> tuple[int, int] | None:
+    """The halo a window op's input (its operand 0) is read with where
+    `factor` is split (`tiling.slice_operands`), or None."""
     halo = rule.factors[factor].halo
-    return halo if i == 0 and any(halo) else None
-
-
-def _used_result(graph: _Graph, o: int) -> int:
-    """The index of op `o`'s only result with uses (0 for an op of one
-    result or none used); -1 where several have uses."""
-    results = graph.results[o]
-    if len(results) < 2:
-        return 0
-    used = [k for k, v in enumerate(results) if graph.uses[v]]
-    return used[0] if len(used) == 1 else 0 if not used else -1
+    return halo if any(halo) else None
 
 
 class _Builder:
@@ -190,20 +166,24 @@ class _Builder:
         """A while's or case's op id -> its bodies, each with its ops' ids."""
         self.relations = BuiltRelations()
         """Each op's relation to the loops it is built in (the SPMD lowering's)."""
-        graph, masks = self.g, decision.op_mask
-        self.yields: dict[int, int] = {
-            o: max(_used_result(graph, o), 0)
-            for o, rule in enumerate(graph.rules)
-            if rule is not None and len(rule.results) > 1
-        }
+        self.yields: dict[int, int] = {}
         """An op of several results -> the one its loops yield (the only one
         used: `rewrites.buildable`); the others yield 0."""
-        self.windows = {
-            o for o, rule in enumerate(graph.rules)
-            if rule is not None and rule.unplaced and masks[o]  # (a halo's factor is unplaced)
-            and any(any(rule.factors[f].halo) for f in rule.unplaced)
-        }
+        self.several_used: set[int] = set()
+        """Ops with several used results (unsplit): in no loop of their users'."""
+        self.windows: set[int] = set()
         """The split ops whose rule has a factor with a halo (window ops)."""
+        graph, masks = self.g, decision.op_mask
+        for o, rule in enumerate(graph.rules):
+            if rule is None or (len(rule.results) < 2 and not rule.windowed):
+                continue
+            if len(rule.results) > 1:
+                used = graph.used_result(o)
+                self.yields[o] = max(used, 0)
+                if used < 0:
+                    self.several_used.add(o)
+            if rule.windowed and masks[o]:
+                self.windows.add(o)
 
     def build_block(self, block: Block, ops: list[int], arguments: bool) -> None:
         """Place (users first) and build (in program order) the ops of
@@ -279,7 +259,7 @@ class _Builder:
             if not self.dead[q] and (place := self.places[q]) is not None
         ]
         shared: list[_Loop] = []
-        if users and users[0][0].frames and _used_result(self.g, o) >= 0 and all(
+        if users and users[0][0].frames and o not in self.several_used and all(
             self.g.ops[q].parent is op.parent for v in self.g.results[o] for q, _ in self.g.uses[v]
         ):  # a use inside a body reads it whole, from outside any loop
             own = self._own_axes(o)
@@ -308,7 +288,8 @@ class _Builder:
             block = Block(arg_types=[range_type(self.d.mesh[axis])])
             factor = self.d.factor_of(o, axis)
             assert factor is not None
-            made = LoopOp(axis, loop_action(rule, factor, self.yields.get(o, 0)), Region(block), ty,
+            made = LoopOp(axis, loop_action(rule, factor, self.yields.get(o, 0)),
+                          Region(block), ty,
                           _origin(self.d, o, axis))
             made.location = self.g.ops[o].location
             place.frames.append(_Loop(axis, made, block, block.args[0]))
@@ -337,7 +318,7 @@ class _Builder:
         if not all(want_dim(q, i, a) == dim for _, q, i in users):
             return False
         # a window op's input is read with its neighbours' edges: whole
-        return not self.windows or not any(i == 0 and self._reads_halo(q, 0) for _, q, i in users)
+        return not self.windows or not any(self._reads_halo(q, i) for _, q, i in users)
 
     # -- building ----------------------------------------------------------
 
@@ -365,11 +346,12 @@ class _Builder:
     def _reads_halo(self, o: int, i: int) -> bool:
         """Whether op `o` reads operand `i` with a halo (a window op's input
         over a split window)."""
-        rule = self.g.rules[o]
-        if i or o not in self.windows or rule is None:
+        if i or o not in self.windows:
             return False
+        rule = self.g.rules[o]
+        assert rule is not None
         base, factors = o * len(self.d.axes), self.d.op_factor
-        return any(_halo(rule, factors[base + a], 0) for a in self.d.op_axes[o])
+        return any(_halo(rule, factors[base + a]) for a in self.d.op_axes[o])
 
     def _tile_loops(
         self,
@@ -547,7 +529,7 @@ class _Builder:
             if loop.axis in done:
                 continue
             level = max(level, k)  # in the loop whose index it reads (slices hoisted)
-            halo = _halo(rule, f, i) if i == 0 else None
+            halo = _halo(rule, f) if i == 0 else None
             if halo is not None:  # its part and its neighbours' edges: its own
                 h = HaloSliceOp(value, dim, loop.index, halo)
                 h.location = self.g.ops[o].location

@@ -72,7 +72,7 @@ def needs_rewriting(decision: Decision) -> bool:
     if decision.padded:
         return True
     graph = decision.graph
-    uses, masks = graph.uses, decision.op_mask
+    masks = decision.op_mask
     for o, rule in enumerate(graph.rules):
         if rule is None or (rule.regroup is None and len(rule.results) < 2):
             continue  # most ops: one result, nothing to regroup
@@ -83,7 +83,7 @@ def needs_rewriting(decision: Decision) -> bool:
             and regroup_candidates(decision, o, rule)
         ):
             return True
-        if masks[o] and sum(1 for v in graph.results[o] if uses[v]) > 1:
+        if masks[o] and graph.used_result(o) < 0:
             return True
     return False
 

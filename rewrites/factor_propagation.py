@@ -244,6 +244,15 @@ class _Graph:
         rule = rule_for(op)
         return (_COMPUTE, rule) if rule is not None else (_OTHER, None)
 
+    def used_result(self, o: int) -> int:
+        """The index of op `o`'s only result with uses (0 for an op of one
+        result, or of none used); -1 where several have uses."""
+        results = self.results[o]
+        if len(results) < 2:
+            return 0
+        used = [k for k, v in enumerate(results) if self.uses[v]]
+        return used[0] if len(used) == 1 else -1 if used else 0
+
     def _feeds(self, carrier: int, k: int) -> list[int]:
         op = self.ops[carrier]
         found = []

@@ -179,6 +179,12 @@ class OpRule:
         return tuple(_majors(dims) for dims in self.results)
 
     @cached_property
+    def windowed(self) -> bool:
+        """Whether a factor has a halo (a convolution's window): a part of
+        the result reads its operand 0's part and its neighbours' edges."""
+        return any(any(f.halo) for f in self.factors)
+
+    @cached_property
     def splittable(self) -> tuple[bool, ...]:
         """Per factor, whether some number of parts may split it: the part of
         `why_not_tileable` that does not depend on the sizes (propagation
