@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 
 
@@ -36,3 +38,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # the examples/ package lives at the repository root
+
+
+
+@pytest.fixture
+def rewrite_engine_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one each time `partition` hands a program to
+    the rewrite engine (`partir.partition._rewrite`), which still runs."""
+    partition_module = sys.modules["partir.partition"]  # `partir.partition` is the function
+    runs: list[int] = []
+    original = partition_module._rewrite
+    monkeypatch.setattr(
+        partition_module, "_rewrite", lambda *a, **k: runs.append(1) or original(*a, **k)
+    )
+    return runs

@@ -29,7 +29,7 @@ import partir
 from examples import scanned_stack
 from partir.partition import partition
 from tests.numerics import assert_leaves_close
-from tests.test_build_core import collectives
+from tests.test_build_core import _bytes, collectives
 
 
 @pytest.fixture
@@ -169,6 +169,17 @@ def test_an_annotated_program_the_builder_refuses_runs_from_a_copy(
     assert restored and isinstance(lowered.tactics[0], partir.Annotations)
 
 
+def _against_the_engine(step, args, tactics, mesh):
+    """The collectives of the default path's program and of the rewrite
+    engine's, and whether the default path's move no more bytes."""
+    engine = partir.import_jax(step, *args)
+    partition(engine, partir.Mesh(mesh), list(tactics), engine="rewrite")
+    decided = partir.import_jax(step, *args)
+    partition(decided, partir.Mesh(mesh), list(tactics))
+    ours, theirs = collectives(decided), collectives(engine)
+    return ours, theirs, _bytes(decided) <= _bytes(engine)
+
+
 def _vocabulary_step():
     """The gradient of a small language model's loss whose vocabulary (1,001
     rows, tied input and output embedding) no mesh axis divides."""
@@ -229,28 +240,19 @@ def test_a_dim_padded_by_the_first_tactic_is_padded_then_decided_and_built(
     lowered = _run(step, args, tactics, mesh)
     assert "partir.padded" in lowered.stage(-1)
     monkeypatch.undo()  # the reference: the rewrite engine
-    engine = partir.import_jax(step, *args)
-    partition(engine, partir.Mesh(mesh), list(tactics), engine="rewrite")
-    decided = partir.import_jax(step, *args)
-    partition(decided, partir.Mesh(mesh), list(tactics))
-    assert collectives(decided) == collectives(engine)
+    ours, theirs, _ = _against_the_engine(step, args, tactics, mesh)
+    assert ours == theirs
 
 
-def test_a_later_tactic_s_padding_is_the_rewrite_engine_s(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_later_tactic_s_padding_is_the_rewrite_engine_s(rewrite_engine_runs: list) -> None:
     """Padding a vocabulary after another tactic's splits meets their loops
     (the engine pads a smaller component then, and moves fewer bytes than
     padding first would): the default path hands it to the engine before
     padding anything, and the numbers are jax.jit's."""
-    partition_module = sys.modules["partir.partition"]
-    handed = []
-    original = partition_module._rewrite
-    monkeypatch.setattr(
-        partition_module, "_rewrite", lambda *a, **k: handed.append(1) or original(*a, **k)
-    )
     step, args = _vocabulary_step()
     tactics = [partir.BatchParallel("batch"), partir.ManualPartition({"p/embed": {0: "model"}})]
     _run(step, args, tactics, {"batch": 4, "model": 2})
-    assert handed
+    assert rewrite_engine_runs
 
 
 def _conv_step():
@@ -294,11 +296,8 @@ def test_a_window_split_along_its_length_reads_halos_on_the_decided_path(
         step, mesh=partir.Mesh(mesh), tactics=tactics
     ).lower(*args).stage(tactics[-1].name)
     monkeypatch.undo()
-    engine = partir.import_jax(step, *args)
-    partition(engine, partir.Mesh(mesh), list(tactics), engine="rewrite")
-    decided = partir.import_jax(step, *args)
-    partition(decided, partir.Mesh(mesh), list(tactics))
-    assert collectives(decided) == collectives(engine)
+    ours, theirs, _ = _against_the_engine(step, args, tactics, mesh)
+    assert ours == theirs
     assert any(c.kind == "collective_permute" for c in lowered.collectives)
 
 
@@ -337,15 +336,9 @@ def test_picks_are_built_per_row_and_regrouped_along_a_split_dim(
     used: a copy per result) split over the rows, and regrouped where the
     classes are split: built once, jax.jit's numbers, the engine's
     collectives or no more bytes (local slices placed otherwise)."""
-    from tests.test_build_core import _bytes
-
     step, args = _classifier()
     mesh = {"batch": 4, "model": 2}
     _run(step, args, tactics, mesh)
     monkeypatch.undo()
-    engine = partir.import_jax(step, *args)
-    partition(engine, partir.Mesh(mesh), list(tactics), engine="rewrite")
-    decided = partir.import_jax(step, *args)
-    partition(decided, partir.Mesh(mesh), list(tactics))
-    ours, theirs = collectives(decided), collectives(engine)
-    assert ours == theirs or _bytes(decided) <= _bytes(engine), (ours, theirs)
+    ours, theirs, fewer = _against_the_engine(step, args, tactics, mesh)
+    assert ours == theirs or fewer, (ours, theirs)
