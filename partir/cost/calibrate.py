@@ -401,8 +401,12 @@ def fit_profile(
     transposed = []
     for p, s in timed:
         if p.what == "transposed":  # its write streams; the rest is the strided read
-            strided = max(s - p.size / bandwidth, p.size / bandwidth)
-            transposed.append((p.size, p.size / strided))
+            strided = s - p.size / bandwidth
+            # never above the streaming rate: where the read took less than a
+            # stream (a loaded host timing the stream slow), the rate is the
+            # bandwidth itself (size / (size / bandwidth) rounds past it)
+            rate = p.size / strided if strided > p.size / bandwidth else bandwidth
+            transposed.append((p.size, rate))
     if transposed:
         notes.append(
             "transposed reads: "
