@@ -19,6 +19,9 @@ from typing import Any
 from jaxlib.mlir import ir
 from xdsl.context import Context
 from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DictionaryAttr,
+    FunctionType,
     IntAttr,
     LocationAttr,
     ModuleOp,
@@ -45,26 +48,60 @@ class AttributeCache:
     def __init__(self, ctx: Context):
         self._ctx = ctx
         self._attrs: dict[str, Attribute] = {}
+        self._opaque: dict[str, Attribute] = {}
         self._types: dict[str, Attribute] = {}
 
-    def attribute(self, text: str) -> Attribute:
-        attr = self._attrs.get(text)
-        if attr is None:
-            attr = self._attrs[text] = self._parse_attribute(text)
-        return attr
+    def convert(self, mlir_attr: Any) -> Attribute:
+        """An op's jaxlib attribute: an array, a dictionary or a type read
+        part by part (`_parts`), anything else by its text (`attribute`)."""
+        if isinstance(mlir_attr, ir.ArrayAttr | ir.DictAttr | ir.TypeAttr):
+            return self._parts(mlir_attr)
+        return self.attribute(str(mlir_attr))
 
-    def _parse_attribute(self, text: str) -> Attribute:
+    def _parts(self, mlir_attr: Any) -> Attribute:
+        """An array, a dictionary or a function type made of its parts, each
+        read once per distinct text: an entry function's signature and its
+        per-argument dictionaries are one text each, thousands of characters
+        of a few distinct types, and parsed whole they took a third of a
+        6-layer step's import. A part xDSL cannot read fails the whole
+        attribute, as its text did (never kept opaque: an annotation inside
+        it would be dropped)."""
+        if isinstance(mlir_attr, ir.ArrayAttr):
+            return ArrayAttr([self._parts(element) for element in mlir_attr])
+        if isinstance(mlir_attr, ir.DictAttr):
+            return DictionaryAttr({named.name: self._parts(named.attr) for named in mlir_attr})
+        if isinstance(mlir_attr, ir.TypeAttr) and isinstance(mlir_attr.value, ir.FunctionType):
+            signature = mlir_attr.value
+            return FunctionType.from_lists(
+                [self.type(str(t)) for t in signature.inputs],
+                [self.type(str(t)) for t in signature.results],
+            )
+        return self._read(str(mlir_attr))
+
+    def attribute(self, text: str) -> Attribute:
         """xDSL's reading of the text; an attribute xDSL cannot read (e.g.
         `#stablehlo.conv<...>` of an op xdsl-jax lacks) is kept opaque, printed
         back verbatim, so its op still imports and fails later by name."""
+        found = self._opaque.get(text)
+        if found is not None:
+            return found
         try:
-            return Parser(self._ctx, text).parse_attribute()
+            return self._read(text)
         except ParseError:
             if not text.startswith("#") or "<" not in text:
                 raise
-            name, _, body = text[1:].partition("<")
-            opaque = UnregisteredAttr.with_name_and_type(name, False)
-            return opaque(StringAttr(name), IntAttr(0), IntAttr(0), StringAttr("<" + body))
+        name, _, body = text[1:].partition("<")
+        opaque = UnregisteredAttr.with_name_and_type(name, False)
+        found = self._opaque[text] = opaque(
+            StringAttr(name), IntAttr(0), IntAttr(0), StringAttr("<" + body)
+        )
+        return found
+
+    def _read(self, text: str) -> Attribute:
+        attr = self._attrs.get(text)
+        if attr is None:
+            attr = self._attrs[text] = Parser(self._ctx, text).parse_attribute()
+        return attr
 
     def type(self, text: str) -> Attribute:
         ty = self._types.get(text)
@@ -77,8 +114,8 @@ def _unsafe_attributes(mlir_op: Any) -> bool:
     """Whether reading the op's attributes through jaxlib would abort the
     process: its bindings cannot cast complex dense attributes (a C++ error,
     not a Python exception)."""
-    return any("complex<" in str(r.type) for r in mlir_op.results) and (
-        mlir_op.name.endswith(".constant")
+    return mlir_op.name.endswith(".constant") and any(
+        "complex<" in str(r.type) for r in mlir_op.results
     )
 
 
@@ -193,11 +230,12 @@ class MlirToXdsl:
         attributes: dict[str, Attribute] = {}
         named = mlir_op.attributes
         for key in named:
-            text = str(named[key])
+            mlir_attr = named[key]
             try:
-                attr = self._cache.attribute(text)
+                attr = self._cache.convert(mlir_attr)
             except ParseError as err:
-                raise self._unreadable(mlir_op, f"its attribute {key} = {text}", err) from None
+                what = f"its attribute {key} = {mlir_attr}"
+                raise self._unreadable(mlir_op, what, err) from None
             (properties if key in property_names else attributes)[key] = attr
         regions = [self._convert_region(r) for r in mlir_op.regions]
         operands = [self._values[v] for v in mlir_op.operands]
@@ -205,18 +243,19 @@ class MlirToXdsl:
             result_types = [self._cache.type(str(r.type)) for r in mlir_op.results]
         except ParseError as err:
             raise self._unreadable(mlir_op, "its result types", err) from None
+        location = self._location(mlir_op.location)
+        if mlir_op.name in USER_FRAME_OPS:
+            location = _in_user_code(location, mlir_op.location)
         op = op_type.create(
             operands=operands,
             result_types=result_types,
             properties=properties,
             attributes=attributes,
+            location=location,
             regions=regions,
         )
         for mlir_result, result in zip(mlir_op.results, op.results, strict=True):
             self._values[mlir_result] = result
-        op.location = self._location(mlir_op.location)
-        if mlir_op.name in USER_FRAME_OPS:
-            op.location = _in_user_code(op.location, mlir_op.location)
         return op
 
     def _unreadable(self, mlir_op: Any, what: str, err: ParseError) -> UnsupportedError:

@@ -213,3 +213,39 @@ def test_complex_constants_import_and_run():
     module = partir.import_jax(lambda x: jnp.abs(x + 1j), x)
     (got,) = run_function(module, [x])
     np.testing.assert_allclose(got, np.abs(x + 1j), rtol=1e-6)
+
+
+def test_attributes_read_part_by_part_equal_their_whole_text():
+    """An op's arrays, dictionaries and function types are read part by part
+    (`AttributeCache.convert`): each equals xDSL's reading of its whole text,
+    on a program whose signature holds shardings, result names and nesting."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    from partir.importer import _CONTEXT
+    from partir.mlir_bridge import AttributeCache
+
+    mesh = jax.make_mesh((4, 2), ("batch", "model"), axis_types=(AxisType.Auto,) * 2)
+
+    def step(x, p):
+        y = jax.lax.with_sharding_constraint(
+            x @ p["w"], NamedSharding(mesh, PartitionSpec("batch", "model"))
+        )
+        return {"out": (y, jnp.sum(y)), "w": p["w"] * 2}
+
+    args = (np.ones((8, 4), np.float32), {"w": np.ones((4, 6), np.float32)})
+    in_shardings = (NamedSharding(mesh, PartitionSpec("batch")), {"w": NamedSharding(mesh, PartitionSpec())})
+    lowered = jax.jit(step, in_shardings=in_shardings).lower(*args)
+    cache = AttributeCache(_CONTEXT)
+    composite, sharded = 0, 0
+    pending = [lowered.compiler_ir("stablehlo").operation]
+    while pending:
+        op = pending.pop()
+        for key in op.attributes:
+            mlir_attr = op.attributes[key]
+            whole = PartirParser(make_context(), str(mlir_attr)).parse_attribute()
+            assert cache.convert(mlir_attr) == whole
+            composite += str(mlir_attr).startswith(("[", "{", "("))
+            sharded += str(mlir_attr).startswith("[") and "sharding" in str(mlir_attr)
+        pending += [inner for region in op.regions for block in region for inner in block]
+    assert composite >= 3  # the entry's signature, its arguments' and results' dictionaries
+    assert sharded  # an argument's sharding, inside its dictionary
