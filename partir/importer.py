@@ -33,7 +33,7 @@ from dialects.functions import NAME_ATTR, entry_function
 from dialects.heap import paused_gc
 from dialects.locations import source_location
 from dialects.manual_regions import normalize_manual_regions
-from dialects.sdy import SHARDING
+from dialects.sdy import SHARDING, ManualComputationOp
 from lowering.emittable import refuse_unemittable
 from partir.mlir_bridge import AttributeCache, MlirToXdsl
 from partir.selectors import POSITIONAL_ROOT
@@ -136,7 +136,8 @@ def import_lowered(mlir_module: Any, *, supported_only: bool = False) -> ModuleO
     with paused_gc():
         module = converter.convert_module(mlir_module)
         InlineCallsPass().apply(_CONTEXT, module)
-        normalize_manual_regions(module)
+        if ManualComputationOp.name in converter.op_names:  # a nested jax.shard_map
+            normalize_manual_regions(module)
     if supported_only:
         refuse_unemittable(module, lambda op: source_location(op.location).frame)
     return module

@@ -203,6 +203,12 @@ class MlirToXdsl:
         self._op_types: dict[str, tuple[type[Operation], frozenset[str]]] = {}
         self._locations: dict[Any, LocationAttr] = {}
 
+    @property
+    def op_names(self) -> frozenset[str]:
+        """The names of the ops converted so far (an import that made no op
+        of a kind need not walk the program for it)."""
+        return frozenset(self._op_types)
+
     def convert_module(self, mlir_module: Any) -> ModuleOp:
         module = self.convert_op(mlir_module.operation)
         assert isinstance(module, ModuleOp)

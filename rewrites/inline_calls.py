@@ -23,8 +23,8 @@ from xdsl.utils.exceptions import PassFailedException
 from dialects.locations import inlined_location
 
 
-def _callees(function: func.FuncOp) -> set[str]:
-    return {op.callee.root_reference.data for op in function.walk() if isinstance(op, func.CallOp)}
+def _calls(function: func.FuncOp) -> list[func.CallOp]:
+    return [op for op in function.walk() if isinstance(op, func.CallOp)]
 
 
 def _inline_call(call: func.CallOp, callee: func.FuncOp) -> None:
@@ -50,8 +50,10 @@ def _inline_call(call: func.CallOp, callee: func.FuncOp) -> None:
     block.erase_op(call)
 
 
-def _topological_order(functions: dict[str, func.FuncOp]) -> list[str]:
-    """Callees before callers; a recursive call is an error."""
+def _topological_order(
+    functions: dict[str, func.FuncOp], calls: dict[str, list[func.CallOp]]
+) -> list[str]:
+    """Callees before callers (`calls`: each function's); a recursive call is an error."""
     order: list[str] = []
     state: dict[str, str] = {}
 
@@ -62,7 +64,7 @@ def _topological_order(functions: dict[str, func.FuncOp]) -> list[str]:
             cycle = " -> ".join([*chain, name])
             raise PassFailedException(f"cannot inline recursive calls: {cycle}")
         state[name] = "active"
-        for callee in sorted(_callees(functions[name])):
+        for callee in sorted({call.callee.root_reference.data for call in calls[name]}):
             if callee not in functions:
                 raise PassFailedException(f"func.call to unknown function @{callee} in @{name}")
             visit(callee, [*chain, name])
@@ -82,8 +84,11 @@ class InlineCallsPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         functions = {f.sym_name.data: f for f in op.body.block.ops if isinstance(f, func.FuncOp)}
-        for name in _topological_order(functions):
-            for call in [c for c in functions[name].walk() if isinstance(c, func.CallOp)]:
+        # a function's calls, found once: inlining its callees (first) does
+        # not change its own
+        calls = {name: _calls(f) for name, f in functions.items()}
+        for name in _topological_order(functions, calls):
+            for call in calls[name]:
                 _inline_call(call, functions[call.callee.root_reference.data])
         for f in functions.values():
             if f.sym_visibility is not None and f.sym_visibility.data == "private":
