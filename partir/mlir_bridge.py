@@ -69,7 +69,8 @@ class AttributeCache:
         if isinstance(mlir_attr, ir.ArrayAttr):
             return ArrayAttr([self._parts(element) for element in mlir_attr])
         if isinstance(mlir_attr, ir.DictAttr):
-            return DictionaryAttr({named.name: self._parts(named.attr) for named in mlir_attr})
+            entries = (mlir_attr[k] for k in range(len(mlir_attr)))
+            return DictionaryAttr({named.name: self._parts(named.attr) for named in entries})
         if isinstance(mlir_attr, ir.TypeAttr) and isinstance(mlir_attr.value, ir.FunctionType):
             signature = mlir_attr.value
             return FunctionType.from_lists(
