@@ -59,25 +59,34 @@ class AttributeCache:
         return self.attribute(str(mlir_attr))
 
     def _parts(self, mlir_attr: Any) -> Attribute:
-        """An array, a dictionary or a function type made of its parts, each
-        read once per distinct text: an entry function's signature and its
-        per-argument dictionaries are one text each, thousands of characters
-        of a few distinct types, and parsed whole they took a third of a
-        6-layer step's import. A part xDSL cannot read fails the whole
-        attribute, as its text did (never kept opaque: an annotation inside
-        it would be dropped)."""
+        """An array, a dictionary or a function type made of its parts, once
+        per distinct text (one object per text, as parsing gave: the rule
+        memo reads properties by identity), each part read once per distinct
+        text: an entry function's signature and its per-argument
+        dictionaries are one text each, thousands of characters of a few
+        distinct types, and parsed whole they took a third of a 6-layer
+        step's import. A part xDSL cannot read fails the whole attribute, as
+        its text did (never kept opaque: an annotation inside it would be
+        dropped)."""
+        text = str(mlir_attr)
+        found = self._attrs.get(text)
+        if found is not None:
+            return found
         if isinstance(mlir_attr, ir.ArrayAttr):
-            return ArrayAttr([self._parts(element) for element in mlir_attr])
-        if isinstance(mlir_attr, ir.DictAttr):
+            found = ArrayAttr([self._parts(element) for element in mlir_attr])
+        elif isinstance(mlir_attr, ir.DictAttr):
             entries = (mlir_attr[k] for k in range(len(mlir_attr)))
-            return DictionaryAttr({named.name: self._parts(named.attr) for named in entries})
-        if isinstance(mlir_attr, ir.TypeAttr) and isinstance(mlir_attr.value, ir.FunctionType):
+            found = DictionaryAttr({named.name: self._parts(named.attr) for named in entries})
+        elif isinstance(mlir_attr, ir.TypeAttr) and isinstance(mlir_attr.value, ir.FunctionType):
             signature = mlir_attr.value
-            return FunctionType.from_lists(
+            found = FunctionType.from_lists(
                 [self.type(str(t)) for t in signature.inputs],
                 [self.type(str(t)) for t in signature.results],
             )
-        return self._read(str(mlir_attr))
+        else:
+            return self._read(text)
+        self._attrs[text] = found
+        return found
 
     def attribute(self, text: str) -> Attribute:
         """xDSL's reading of the text; an attribute xDSL cannot read (e.g.
