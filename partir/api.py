@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from dialects.errors import PartirTypeError
+from dialects.heap import paused_gc
 from partir.devices import devices_for
 from partir.importer import check_arguments
 from partir.keys import KeyBoundary
@@ -128,10 +129,14 @@ class PartitionedFunction:
         key = _signature(raw)
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self._compile(key, args)
             # the stages (xDSL modules, cycles) go before the first run traces
-            # the program and XLA compiles it: 85 MiB at 96 layers
-            gc.collect(1)
+            # the program and XLA compiles it (85 MiB at 96 layers), in one
+            # collection: with the collector resuming as `lower` returns, its
+            # first collection scanned every object the stages made, and this
+            # one scanned them again
+            with paused_gc():
+                compiled = self._compile(key, args)
+                gc.collect(1)
         if self.check:
             return compiled.keys.typed(self._checked[key](*raw))
         return compiled(*args)
