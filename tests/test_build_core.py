@@ -15,11 +15,14 @@ with a halo) goes to the rewrite engine unchanged.
 from __future__ import annotations
 
 import collections
+import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import partir
 from dialects.errors import UnsupportedError
@@ -245,3 +248,41 @@ def test_a_window_split_with_a_halo_is_built_as_the_engine_builds_it():
     partition(engine, MESH, tactics, engine="rewrite")
     assert str(module) == str(engine)
     assert_leaves_close(run_function(module, [x, w]), jax.jit(conv)(x, w))
+
+
+@given(st.lists(st.integers(0, 12), max_size=24))
+@settings(max_examples=300, deadline=None)
+def test_the_ops_kept_in_place_are_a_longest_increasing_run(values):
+    """`_move_into_order` keeps in place the ops whose positions run in
+    order (`_longest_increasing`) and moves the rest: the run kept is
+    increasing, and as long as any (the fewest ops move)."""
+    from rewrites.build_core import _longest_increasing
+
+    kept = sorted(_longest_increasing(values))
+    assert all(values[a] < values[b] for a, b in itertools.pairwise(kept))
+    best = [1] * len(values)  # the longest increasing run ending at each index
+    for k in range(len(values)):
+        for j in range(k):
+            if values[j] < values[k]:
+                best[k] = max(best[k], best[j] + 1)
+    assert len(kept) == max(best, default=0)
+
+
+@given(st.integers(1, 12).flatmap(lambda n: st.tuples(st.just(n), st.permutations(range(n)))))
+@settings(max_examples=200, deadline=None)
+def test_a_body_is_moved_into_the_order_wanted(case):
+    """`_move_into_order` leaves a block's ops in the order wanted, whatever
+    the permutation (its first ops already in place)."""
+    from xdsl.dialects.test import TestOp
+    from xdsl.ir import Block
+
+    from rewrites.build_core import _move_into_order
+
+    n, order = case
+    ops = [TestOp() for _ in range(n)]
+    block = Block(ops)
+    wanted = [ops[k] for k in order]
+    first = next((k for k in range(n) if ops[k] is not wanted[k]), None)
+    if first is not None:
+        _move_into_order(block, ops, wanted, first)
+    assert [id(op) for op in block.ops] == [id(op) for op in wanted]
