@@ -193,10 +193,14 @@ def would_regroup(decision: Decision, o: int, rule: OpRule) -> bool:
     if not any(decision.value_mask[v] for v in decision.graph.operands[o]):
         return False
     op = decision.graph.ops[o]
-    return any(
-        rule.regroup(op, factor, parts) is not None
-        for factor, parts in regroup_candidates(decision, o, rule)
-    )
+    for factor, parts in regroup_candidates(decision, o, rule):
+        regrouped = rule.regroup(op, factor, parts)
+        if regrouped is not None:
+            # made only to ask: they would stay uses of the op's operands
+            for made in reversed(regrouped[0]):
+                made.erase(safe_erase=False)
+            return True
+    return False
 
 
 def regroup_candidates(decision: Decision, o: int, rule: OpRule) -> list[tuple[int, int]]:

@@ -40,7 +40,6 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # the examples/ package lives at the repository root
 
 
-
 @pytest.fixture
 def rewrite_engine_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A list that grows by one each time `partition` hands a program to

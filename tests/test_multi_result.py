@@ -211,3 +211,25 @@ def test_the_decisions_equal_the_rewrite_engines_picking_along_a_split_dim():
     found = compare(partir.import_jax(PROGRAMS["max and argmax"], grid((8, 16))), MESH, [BOTH])
     assert found.ops > 0
     assert not found.mismatched, found.mismatched
+
+
+@pytest.mark.parametrize("name", ["argmax", "router"])
+def test_asking_whether_a_pick_regroups_leaves_the_program_as_it_was(name):
+    """`would_regroup` answers by making the regrouped ops: it erases them,
+    so the operands it read keep the uses they had (an op made and left
+    would stay a use of the program's values)."""
+    from partir.partition import decide_partition
+    from rewrites.buildable import would_regroup
+
+    module = partir.import_jax(PROGRAMS[name], grid((8, 16)))
+    decision = decide_partition(module, MESH, [BOTH])
+    graph = decision.graph
+    asked = [
+        o for o, rule in enumerate(graph.rules)
+        if rule is not None and rule.regroup is not None
+    ]
+    before = [[sum(1 for _ in v.uses) for v in graph.ops[o].operands] for o in asked]
+    answers = [would_regroup(decision, o, graph.rules[o]) for o in asked]
+    assert any(answers)
+    assert [[sum(1 for _ in v.uses) for v in graph.ops[o].operands] for o in asked] == before
+    module.verify()
